@@ -1,0 +1,291 @@
+"""Reading MemWAL state that pylance 14 does not expose (read-only).
+
+pylance 14.0.2 has no public API that lists a shard's flushed generations
+(SSTables) or the generations already compacted into the base table, so
+lance_async reads them from storage, defensively. What is relied on,
+observed on pylance 14.0.2 (Lance file format 2.x, MemWAL shard manifest
+format of the same release):
+
+Shard manifests
+    ``<table>/_mem_wal/<shard uuid>/manifest/<64 binary digits>.binpb``. The
+    file name is the manifest version written in binary, least significant
+    bit first; ``version_hint.json`` holds ``{"version": N}`` but may lag.
+    Each file is a protobuf ``ShardManifest``: field 1 version, 2
+    writer_epoch, 5 shard_spec_id, 6 current_generation, 8 repeated SSTable
+    entries ``{1 generation, 2 path, 4 rows}``, 11 the shard id. ``path`` is
+    the generation folder (``<8 hex>_gen_<N>``) relative to the shard folder,
+    which is how ``ShardSnapshot.with_sstable`` wants it.
+Compaction progress
+    Kept in the dataset manifest, in the ``__lance_mem_wal`` index's details
+    (``google.protobuf.Any`` with type URL ``/lance.table.MemWalIndexDetails``):
+    field 9, repeated ``{1 {1 shard uuid (16 bytes)}, 2 generation}`` -- the
+    highest generation compacted per shard. Read from the dataset manifest
+    file of the version in hand (``_versions/``, V2 or V1 naming).
+
+Any file that does not decode as expected raises :class:`ManifestFormatError`
+(never a wrong answer); callers fall back to what the engine can tell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+
+import pyarrow.fs as pafs
+
+from .errors import LanceAsyncError
+
+__all__ = [
+    "ManifestFormatError",
+    "ShardManifest",
+    "SsTableEntry",
+    "compacted_generations",
+    "list_shards",
+    "read_shard_manifest",
+]
+
+_U64_MAX = (1 << 64) - 1
+_MEMWAL_TYPE_URL = b"/lance.table.MemWalIndexDetails"
+
+
+class ManifestFormatError(LanceAsyncError):
+    """A MemWAL manifest did not have the layout this version of lance_async
+    knows (pylance 14.0.2). Upgrade lance_async to match your pylance."""
+
+
+# -- protobuf wire format (just enough) ---------------------------------------
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise ManifestFormatError("truncated varint")
+        b = buf[i]
+        i += 1
+        result |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return result, i
+
+
+def _fields(buf: bytes) -> list[tuple[int, int | bytes]]:
+    out: list[tuple[int, int | bytes]] = []
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+            out.append((num, value))
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            if i + n > len(buf):
+                raise ManifestFormatError("truncated field")
+            out.append((num, buf[i : i + n]))
+            i += n
+        elif wire == 1:
+            out.append((num, buf[i : i + 8]))
+            i += 8
+        elif wire == 5:
+            out.append((num, buf[i : i + 4]))
+            i += 4
+        else:
+            raise ManifestFormatError(f"unsupported wire type {wire}")
+    return out
+
+
+# -- storage ------------------------------------------------------------------
+
+
+def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
+    if "://" not in uri:
+        uri = os.path.abspath(uri)
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return fs, path.rstrip("/")
+
+
+def _read(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as f:
+        return bytes(f.read())
+
+
+def _children(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
+    try:
+        return list(fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
+    except FileNotFoundError:
+        return []
+
+
+# -- shard manifests -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SsTableEntry:
+    """One flushed generation of a shard."""
+
+    generation: int
+    path: str
+    rows: int | None = None
+
+
+@dataclass(frozen=True)
+class ShardManifest:
+    """The decoded newest manifest of one shard."""
+
+    shard_id: str
+    version: int
+    writer_epoch: int
+    spec_id: int
+    current_generation: int
+    sstables: tuple[SsTableEntry, ...] = field(default_factory=tuple)
+
+
+def _decode_shard_manifest(data: bytes, shard_id: str) -> ShardManifest:
+    version = epoch = spec = current = 0
+    sstables: list[SsTableEntry] = []
+    for num, value in _fields(data):
+        if num == 1 and isinstance(value, int):
+            version = value
+        elif num == 2 and isinstance(value, int):
+            epoch = value
+        elif num == 5 and isinstance(value, int):
+            spec = value
+        elif num == 6 and isinstance(value, int):
+            current = value
+        elif num == 8 and isinstance(value, bytes):
+            gen = 0
+            path = ""
+            rows: int | None = None
+            for n2, v2 in _fields(value):
+                if n2 == 1 and isinstance(v2, int):
+                    gen = v2
+                elif n2 == 2 and isinstance(v2, bytes):
+                    path = v2.decode("utf-8")
+                elif n2 == 4 and isinstance(v2, int):
+                    rows = v2
+            if gen <= 0 or "_gen_" not in path or not path.endswith(f"_gen_{gen}"):
+                raise ManifestFormatError(f"unexpected SSTable entry {gen!r} {path!r}")
+            sstables.append(SsTableEntry(gen, path, rows))
+    if version <= 0 or current <= 0:
+        raise ManifestFormatError("shard manifest without version or current generation")
+    return ShardManifest(
+        shard_id, version, epoch, spec, current, tuple(sorted(sstables, key=lambda s: s.generation))
+    )
+
+
+def _manifest_version(name: str) -> int | None:
+    stem = name[: -len(".binpb")] if name.endswith(".binpb") else None
+    if stem is None or len(stem) != 64 or set(stem) - {"0", "1"}:
+        return None
+    return int(stem[::-1], 2)
+
+
+def list_shards(uri: str) -> list[str]:
+    """Shard ids that have a folder under ``<uri>/_mem_wal`` (blocking)."""
+    fs, root = _fs(uri)
+    out = []
+    for info in _children(fs, root + "/_mem_wal"):
+        if info.type == pafs.FileType.Directory:
+            name = info.base_name
+            try:
+                uuid.UUID(name)
+            except ValueError:
+                continue
+            out.append(name)
+    return sorted(out)
+
+
+def read_shard_manifest(uri: str, shard_id: str) -> ShardManifest | None:
+    """The newest decodable manifest of a shard, or None if it has none (blocking).
+
+    Raises
+    ------
+    ManifestFormatError
+        Manifest files exist but none decodes as expected.
+    """
+    fs, root = _fs(uri)
+    folder = f"{root}/_mem_wal/{shard_id}/manifest"
+    versions: list[tuple[int, str]] = []
+    for info in _children(fs, folder):
+        v = _manifest_version(info.base_name)
+        if v is not None:
+            versions.append((v, info.path))
+    if not versions:
+        return None
+    errors: list[str] = []
+    for _v, path in sorted(versions, reverse=True)[:3]:
+        try:
+            return _decode_shard_manifest(_read(fs, path), shard_id)
+        except (ManifestFormatError, OSError) as exc:  # a newer file may be mid-write
+            errors.append(f"{path}: {exc}")
+    raise ManifestFormatError("no shard manifest decodes: " + "; ".join(errors))
+
+
+def read_version_hint(uri: str, shard_id: str) -> int | None:
+    """``version_hint.json`` of a shard, if present (blocking)."""
+    fs, root = _fs(uri)
+    try:
+        return int(
+            json.loads(_read(fs, f"{root}/_mem_wal/{shard_id}/manifest/version_hint.json"))[
+                "version"
+            ]
+        )
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+# -- compaction progress --------------------------------------------------------
+
+
+def _dataset_manifest_path(fs: pafs.FileSystem, root: str, version: int) -> str:
+    for name in (f"{_U64_MAX - version:020d}.manifest", f"{version}.manifest"):
+        path = f"{root}/_versions/{name}"
+        if fs.get_file_info(path).type == pafs.FileType.File:
+            return path
+    raise ManifestFormatError(f"no manifest file for version {version} under {root}/_versions")
+
+
+def compacted_generations(uri: str, version: int) -> dict[str, int]:
+    """Highest compacted generation per shard id, as of dataset ``version`` (blocking).
+
+    Returns
+    -------
+    dict of str to int
+        Empty when the MemWAL index records no compaction.
+
+    Raises
+    ------
+    ManifestFormatError
+        The MemWAL index details are present but not in the known layout.
+    """
+    fs, root = _fs(uri)
+    data = _read(fs, _dataset_manifest_path(fs, root, version))
+    at = data.rfind(_MEMWAL_TYPE_URL)
+    if at < 0:
+        return {}
+    i = at + len(_MEMWAL_TYPE_URL)
+    if i >= len(data) or data[i] != 0x12:
+        raise ManifestFormatError("MemWalIndexDetails: no value after the type URL")
+    n, i = _varint(data, i + 1)
+    details = data[i : i + n]
+    out: dict[str, int] = {}
+    for num, value in _fields(details):
+        if num != 9 or not isinstance(value, bytes):
+            continue
+        shard: str | None = None
+        gen: int | None = None
+        for n2, v2 in _fields(value):
+            if n2 == 1 and isinstance(v2, bytes):
+                inner = [v for k, v in _fields(v2) if k == 1 and isinstance(v, bytes)]
+                if len(inner) != 1 or len(inner[0]) != 16:
+                    raise ManifestFormatError("compacted SSTable entry without a 16-byte shard id")
+                shard = str(uuid.UUID(bytes=inner[0]))
+            elif n2 == 2 and isinstance(v2, int):
+                gen = v2
+        if shard is None or gen is None:
+            raise ManifestFormatError("incomplete compacted SSTable entry")
+        out[shard] = max(out.get(shard, 0), gen)
+    return out

@@ -1,0 +1,188 @@
+"""Worker threads: the one place where blocking engine calls leave the loop.
+
+Every blocking pylance or pyarrow call lance_async makes goes through
+:func:`run_sync`, on anyio's worker threads, gated by a
+:class:`anyio.CapacityLimiter` that the library owns (one per event loop,
+kept in an :class:`anyio.lowlevel.RunVar`, as anyio does for its own default
+limiter). There are two limiters so that one kind of work can never starve or
+deadlock the other:
+
+``engine``
+    engine calls: merge_insert attempts, writes, MemWAL puts, planners. An
+    engine call may drain a bridged async source whose producer needs a
+    ``stream`` thread; the two pools never wait on each other.
+``stream``
+    the prefetch threads of :class:`~lance_async.AsyncBatchStream` and file
+    parsing.
+
+Cancellation rule
+-----------------
+``run_sync`` does not abandon its thread by default. When the awaiting task is
+cancelled, the engine call runs to its end in its thread; the result (or
+error) is handed to ``on_cancel_result`` if one is given -- so a clean-up can
+close what the call opened, or a commit can be logged -- and then the
+cancellation is delivered to the caller. No worker thread is left running on
+the caller's behalf, and the caller's outcome is knowable (see
+``AsyncMergeInsertBuilder.last_result``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio
+import anyio.to_thread
+from anyio.lowlevel import RunVar
+
+__all__ = ["ThreadLimits", "configure_threads", "engine_limiter", "run_sync", "stream_limiter"]
+
+T = TypeVar("T")
+log = logging.getLogger("lance_async")
+
+
+@dataclass
+class ThreadLimits:
+    """How many worker threads lance_async may use at once, per event loop.
+
+    Attributes
+    ----------
+    engine : int
+        Threads for engine calls (merges, writes, MemWAL puts, lookups).
+    stream : int
+        Threads for stream prefetch and file parsing.
+    """
+
+    engine: int = 16
+    stream: int = 16
+
+
+_limits = ThreadLimits()
+_engine: RunVar[anyio.CapacityLimiter] = RunVar("lance_async.engine_limiter")
+_stream: RunVar[anyio.CapacityLimiter] = RunVar("lance_async.stream_limiter")
+_lock = threading.Lock()
+
+
+def configure_threads(*, engine: int | None = None, stream: int | None = None) -> ThreadLimits:
+    """Set how many worker threads lance_async may use, per event loop.
+
+    Parameters
+    ----------
+    engine : int, optional
+        Maximum concurrent engine calls (default 16). Must be >= 1.
+    stream : int, optional
+        Maximum concurrent stream prefetch / parse threads (default 16).
+
+    Returns
+    -------
+    ThreadLimits
+        The limits now in force.
+
+    Raises
+    ------
+    ValueError
+        If a limit is below 1.
+
+    Notes
+    -----
+    Does not block. Applies to event loops that start afterwards and, when
+    called inside a running loop, to that loop's limiters at once (like
+    setting ``CapacityLimiter.total_tokens``).
+    """
+    for name, value in (("engine", engine), ("stream", stream)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} threads must be >= 1, got {value}")
+    with _lock:
+        if engine is not None:
+            _limits.engine = engine
+        if stream is not None:
+            _limits.stream = stream
+    try:
+        if engine is not None:
+            _engine.get().total_tokens = engine
+        if stream is not None:
+            _stream.get().total_tokens = stream
+    except (LookupError, RuntimeError):
+        pass  # no limiter yet in this loop, or no loop running
+    return ThreadLimits(_limits.engine, _limits.stream)
+
+
+def engine_limiter() -> anyio.CapacityLimiter:
+    """The running event loop's limiter for engine calls (created on first use)."""
+    try:
+        return _engine.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(_limits.engine)
+        _engine.set(limiter)
+        return limiter
+
+
+def stream_limiter() -> anyio.CapacityLimiter:
+    """The running event loop's limiter for stream prefetch threads."""
+    try:
+        return _stream.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(_limits.stream)
+        _stream.set(limiter)
+        return limiter
+
+
+async def run_sync(
+    func: Callable[[], T],
+    *,
+    limiter: anyio.CapacityLimiter | None = None,
+    on_cancel_result: Callable[[T | None, BaseException | None], None] | None = None,
+) -> T:
+    """Run a blocking call on a worker thread and await its result.
+
+    Parameters
+    ----------
+    func : callable
+        A blocking callable with no arguments (use ``functools.partial`` or a
+        closure). It runs on an anyio worker thread, never on the loop.
+    limiter : anyio.CapacityLimiter, optional
+        Defaults to the library's engine limiter (see :func:`engine_limiter`).
+    on_cancel_result : callable, optional
+        Called on the loop with ``(result, None)`` or ``(None, error)`` when the
+        awaiting task was cancelled while ``func`` ran, before the cancellation
+        is re-raised. Use it to close what ``func`` opened or to record a
+        commit.
+
+    Returns
+    -------
+    T
+        Whatever ``func`` returned.
+
+    Raises
+    ------
+    BaseException
+        Whatever ``func`` raised; the cancellation exception of the backend
+        when the caller was cancelled (after ``func`` finished).
+    """
+    result: T | None = None
+    error: BaseException | None = None
+    try:
+        result = await anyio.to_thread.run_sync(
+            func, abandon_on_cancel=False, limiter=limiter or engine_limiter()
+        )
+    except BaseException as exc:
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
+            raise
+        error = exc
+    # The thread has finished. If the awaiting task was cancelled meanwhile,
+    # hand the outcome over before the cancellation is delivered.
+    if on_cancel_result is not None:
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except anyio.get_cancelled_exc_class():
+            try:
+                on_cancel_result(result, error)
+            except Exception:  # pragma: no cover - clean-up must not mask cancel
+                log.exception("lance_async: clean-up after a cancelled call failed")
+            raise
+    if error is not None:
+        raise error
+    return result  # type: ignore[return-value]

@@ -1,0 +1,204 @@
+"""Acknowledgements for rows handed to a MemWAL shard writer.
+
+An :class:`Ack` is to a :class:`~lance_async.AsyncShardWriter` what a
+``RecordMetadata`` future is to aiokafka's producer: one object per
+:meth:`~lance_async.AsyncShardWriter.send`, resolved when every row of that
+send is durable (or accepted by the engine when ``durable_write=False``), or
+failed with the error of the engine put that carried them. It is built on an
+:class:`anyio.Event` and a result slot, so it works on asyncio and trio.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from .errors import LanceAsyncError
+
+__all__ = ["Ack", "PutSummary"]
+
+
+@dataclass(frozen=True)
+class PutSummary:
+    """What happened to the rows of one put / send.
+
+    Attributes
+    ----------
+    rows : int
+        Rows written.
+    batches : int
+        Record batches they arrived in.
+    engine_puts : int
+        Engine ``ShardWriter.put`` calls that carried them (coalesced puts
+        carry many sends; a large send may span several puts).
+    deletes : int
+        Keys deleted (for :meth:`~lance_async.AsyncShardWriter.delete`).
+    """
+
+    rows: int
+    batches: int
+    engine_puts: int
+    deletes: int = 0
+
+
+class Ack:
+    """Awaitable acknowledgement of one send's rows.
+
+    ``await ack`` returns a :class:`PutSummary` once every part is written,
+    or raises the first error among its parts. Awaiting never affects the
+    rows: cancelling a task that awaits an ack leaves the rows queued; they
+    are written (or failed) all the same, and the ack still resolves.
+
+    Notes
+    -----
+    Not thread-safe: resolve and await it on the writer's event loop.
+    """
+
+    __slots__ = (
+        "_batches",
+        "_callbacks",
+        "_deletes",
+        "_done",
+        "_error",
+        "_event",
+        "_parts",
+        "_puts",
+        "_rows",
+        "_sealed",
+        "created",
+        "resolved_at",
+    )
+
+    def __init__(self) -> None:
+        self._event: anyio.Event | None = None
+        self._parts = 0
+        self._sealed = False
+        self._done = False
+        self._error: BaseException | None = None
+        self._rows = 0
+        self._batches = 0
+        self._puts: set[Any] = set()
+        self._deletes = 0
+        self._callbacks: list[Callable[[Ack], None]] = []
+        self.created = time.monotonic()
+        self.resolved_at: float | None = None
+
+    # -- writer side ----------------------------------------------------
+    def _add_part(self) -> None:
+        self._parts += 1
+
+    def _part_done(
+        self, *, rows: int = 0, batches: int = 0, put_id: int | None = None, deletes: int = 0
+    ) -> None:
+        self._parts -= 1
+        self._rows += rows
+        self._batches += batches
+        self._deletes += deletes
+        if put_id is not None:
+            self._puts.add(put_id)
+        self._maybe_resolve()
+
+    def _part_failed(self, error: BaseException) -> None:
+        self._parts -= 1
+        if self._error is None:
+            self._error = error
+        self._maybe_resolve()
+
+    def _seal(self) -> None:
+        """No more parts will be added."""
+        self._sealed = True
+        self._maybe_resolve()
+
+    def _fail_unsealed(self, error: BaseException) -> None:
+        """The send stopped before its end (bad batch, cancellation)."""
+        if self._error is None:
+            self._error = error
+        self._seal()
+
+    def _maybe_resolve(self) -> None:
+        if self._sealed and self._parts <= 0 and not self._done:
+            self._done = True
+            self.resolved_at = time.monotonic()
+            if self._event is not None:
+                self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+            for callback in callbacks:
+                callback(self)
+
+    @classmethod
+    def combine(cls, acks: Iterable[Ack]) -> Ack:
+        """One ack that resolves when all ``acks`` have, failing with the first error.
+
+        Its summary adds the parts' rows, batches and deletes; ``engine_puts``
+        adds each part's count (puts on different shards are different puts).
+        """
+        parent = cls()
+        children = list(acks)
+
+        def child_done(child: Ack) -> None:
+            if child._error is not None:
+                parent._part_failed(child._error)
+            else:
+                parent._parts -= 1
+                parent._rows += child._rows
+                parent._batches += child._batches
+                parent._deletes += child._deletes
+                parent._puts.update((id(child), p) for p in child._puts)
+                parent._maybe_resolve()
+
+        for child in children:
+            parent._add_part()
+            if child._done:
+                child_done(child)
+            else:
+                child._callbacks.append(child_done)
+        parent._seal()
+        return parent
+
+    # -- user side -------------------------------------------------------
+    def done(self) -> bool:
+        """True once the ack is resolved (success or failure)."""
+        return self._done
+
+    def result(self) -> PutSummary:
+        """The summary of a resolved ack.
+
+        Raises
+        ------
+        LanceAsyncError
+            Not resolved yet.
+        BaseException
+            The error the rows failed with.
+        """
+        if not self._done:
+            raise LanceAsyncError("the ack is not resolved yet; await it")
+        if self._error is not None:
+            raise self._error
+        return PutSummary(self._rows, self._batches, len(self._puts), self._deletes)
+
+    def exception(self) -> BaseException | None:
+        """The error of a resolved ack, or None."""
+        if not self._done:
+            raise LanceAsyncError("the ack is not resolved yet; await it")
+        return self._error
+
+    async def wait(self) -> PutSummary:
+        """Wait until resolved; return the summary or raise the error."""
+        if not self._done:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
+        else:
+            await anyio.lowlevel.checkpoint()
+        return self.result()
+
+    def __await__(self) -> Generator[Any, None, PutSummary]:
+        return self.wait().__await__()
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._done else ("failed" if self._error else "done")
+        return f"<Ack {state} rows={self._rows}>"

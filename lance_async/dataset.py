@@ -1,0 +1,530 @@
+"""``AsyncDataset``: a Lance dataset whose every blocking call runs off the loop.
+
+:func:`open_dataset` and :func:`write_dataset` are the entry points. Reads
+(:meth:`AsyncDataset.scan`, :meth:`~AsyncDataset.count_rows`, ...) and
+mutations (:meth:`~AsyncDataset.delete`, :meth:`~AsyncDataset.update`, index
+builds, compaction) run on the library's engine threads. Mutations work on a
+private copy of the dataset object and then move this ``AsyncDataset`` to the
+version they committed, so concurrent reads never see a dataset object change
+under them (pylance mutates its ``LanceDataset`` in place).
+
+MemWAL and LSM features hang off the same object: :meth:`~AsyncDataset.merge_insert`
+(``merge.py``), :meth:`~AsyncDataset.mem_wal_writer` (``mem_wal.py``) and the
+LSM reads and compaction (``lsm.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import lance
+import pyarrow as pa
+from lance.dataset import LanceDataset
+
+from ._schema import primary_key
+from ._threads import run_sync
+from .errors import DatasetNotFoundError, map_engine_error
+from .sources import resolve_source
+from .streams import AsyncBatchStream
+
+if TYPE_CHECKING:
+    from .lsm import ShardSnapshots
+    from .mem_wal import AsyncShardWriter
+    from .merge import AsyncMergeInsertBuilder
+    from .router import ShardRouter
+
+__all__ = ["AsyncDataset", "open_dataset", "write_dataset"]
+
+T = TypeVar("T")
+
+
+def _raise_mapped(exc: BaseException) -> None:
+    mapped = map_engine_error(exc)
+    if mapped is not None:
+        raise mapped from exc
+
+
+async def _engine(func: Callable[[], T]) -> T:
+    """Run an engine call on a worker thread, mapping engine errors."""
+    try:
+        return await run_sync(func)
+    except (OSError, ValueError, RuntimeError) as exc:
+        _raise_mapped(exc)
+        raise
+
+
+def _projected_schema(
+    schema: pa.Schema,
+    columns: Sequence[str] | None,
+    with_row_id: bool,
+    nearest: Mapping[str, Any] | None,
+) -> pa.Schema | None:
+    if columns is not None and not isinstance(columns, (list, tuple)):
+        return None  # SQL projections: known once the scan opens
+    fields = [schema.field(c) for c in columns] if columns is not None else list(schema)
+    if any(f is None for f in fields):
+        return None
+    if nearest:
+        fields.append(pa.field("_distance", pa.float32()))
+    if with_row_id:
+        fields.append(pa.field("_rowid", pa.uint64()))
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+class AsyncDataset:
+    """A Lance dataset for async code (asyncio or trio).
+
+    Obtain one with :func:`open_dataset` or :func:`write_dataset`. Every
+    method that touches storage is a coroutine and runs its pylance call on a
+    worker thread (see :func:`lance_async.configure_threads`).
+
+    Parameters
+    ----------
+    dataset : lance.LanceDataset
+        The pylance dataset to wrap (not copied).
+    """
+
+    def __init__(self, dataset: LanceDataset) -> None:
+        self._ds = dataset
+
+    def __repr__(self) -> str:
+        return f"<AsyncDataset {self.uri!r} version={self.version}>"
+
+    # -- identity ---------------------------------------------------------
+    @property
+    def lance(self) -> LanceDataset:
+        """The underlying ``lance.LanceDataset`` (for sync code on a worker thread)."""
+        return self._ds
+
+    @property
+    def uri(self) -> str:
+        """The dataset's URI."""
+        return str(self._ds.uri)
+
+    @property
+    def version(self) -> int:
+        """The version this object reads (does not block)."""
+        return int(self._ds.version)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The dataset's Arrow schema, field metadata included (does not block)."""
+        return self._ds.schema
+
+    @property
+    def primary_key(self) -> list[str]:
+        """Primary-key column names, from Lance's field metadata ([] if none)."""
+        return primary_key(self.schema)
+
+    def _replace(self, dataset: LanceDataset) -> None:
+        """Move to a newer dataset object (never backwards)."""
+        if int(dataset.version) >= self.version:
+            self._ds = dataset
+
+    async def _latest_copy(self) -> LanceDataset:
+        def work() -> LanceDataset:
+            return self._ds.checkout_version(self._ds.latest_version)
+
+        return await _engine(work)
+
+    async def latest_version(self) -> int:
+        """The newest committed version (reads the version hint on a worker thread)."""
+        return int(await _engine(lambda: self._ds.latest_version))
+
+    async def checkout(self, version: int | str) -> AsyncDataset:
+        """A new ``AsyncDataset`` at ``version`` (a number or a tag).
+
+        Raises
+        ------
+        ValueError
+            No such version.
+        """
+        return AsyncDataset(await _engine(lambda: self._ds.checkout_version(version)))
+
+    async def refresh(self) -> AsyncDataset:
+        """Move this object to the latest version; returns ``self``."""
+        self._replace(await self._latest_copy())
+        return self
+
+    async def versions(self) -> list[dict[str, Any]]:
+        """All versions with their timestamps and metadata."""
+        return [dict(v) for v in await _engine(self._ds.versions)]
+
+    # -- reads --------------------------------------------------------------
+    def scan(
+        self,
+        columns: Sequence[str] | Mapping[str, str] | None = None,
+        filter: str | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        batch_size: int | None = None,
+        with_row_id: bool = False,
+        nearest: Mapping[str, Any] | None = None,
+        prefetch: int = 4,
+        **scanner_options: Any,
+    ) -> AsyncBatchStream:
+        """Scan the dataset as an ``async for`` stream of record batches.
+
+        Parameters mirror ``LanceDataset.scanner`` (pylance 14); extra keyword
+        arguments are passed through to it.
+
+        Parameters
+        ----------
+        columns : list of str or dict, optional
+            Columns to read, or ``{name: SQL expression}``.
+        filter : str, optional
+            Lance SQL filter.
+        limit, offset : int, optional
+            Rows to return / skip.
+        batch_size : int, optional
+            Rows per batch (Lance's default otherwise).
+        with_row_id : bool
+            Add the ``_rowid`` column.
+        nearest : dict, optional
+            Vector search, as in ``LanceDataset.scanner(nearest=...)``; adds
+            ``_distance``.
+        prefetch : int
+            Batches read ahead by the worker thread (default 4).
+
+        Returns
+        -------
+        AsyncBatchStream
+            Reads this object's current version. Nothing happens until the
+            first ``__anext__``; ``break`` or ``aclose()`` stops the scan and
+            closes the reader promptly.
+        """
+        ds = self._ds
+        options: dict[str, Any] = dict(scanner_options)
+        for key, value in (
+            ("columns", columns),
+            ("filter", filter),
+            ("limit", limit),
+            ("offset", offset),
+            ("batch_size", batch_size),
+            ("nearest", nearest),
+        ):
+            if value is not None:
+                options[key] = value
+        if with_row_id:
+            options["with_row_id"] = True
+
+        def opener() -> pa.RecordBatchReader:
+            try:
+                return ds.scanner(**options).to_reader()
+            except (OSError, ValueError) as exc:
+                _raise_mapped(exc)
+                raise
+
+        schema = None
+        if not scanner_options:
+            schema = _projected_schema(ds.schema, columns, with_row_id, nearest)  # type: ignore[arg-type]
+        return AsyncBatchStream(opener, schema=schema, prefetch=prefetch)
+
+    async def to_table(self, **scanner_options: Any) -> pa.Table:
+        """Read rows into one table (``LanceDataset.to_table`` on a worker thread).
+
+        Keyword arguments are those of ``LanceDataset.scanner`` (columns,
+        filter, limit, offset, nearest, ...).
+        """
+        return await _engine(lambda: self._ds.to_table(**scanner_options))
+
+    async def count_rows(self, filter: str | None = None) -> int:
+        """Number of rows, optionally matching a Lance SQL ``filter``."""
+        return int(await _engine(lambda: self._ds.count_rows(filter)))
+
+    async def take(self, indices: Sequence[int], columns: Sequence[str] | None = None) -> pa.Table:
+        """Rows at the given offsets (0-based, in the given order)."""
+        cols = list(columns) if columns is not None else None
+        return await _engine(lambda: self._ds.take(list(indices), columns=cols))
+
+    async def head(self, n: int = 5) -> pa.Table:
+        """The first ``n`` rows."""
+        table: pa.Table = await _engine(lambda: self._ds.to_table(limit=n))
+        return table
+
+    # -- mutations (copy, mutate, move) -----------------------------------
+    async def _mutate(self, action: Callable[[LanceDataset], T]) -> T:
+        def work() -> tuple[LanceDataset, T]:
+            copy = self._ds.checkout_version(self._ds.latest_version)
+            result = action(copy)
+            return copy, result
+
+        copy, result = await _engine(work)
+        self._replace(copy)
+        return result
+
+    async def delete(self, filter: str, **options: Any) -> Any:
+        """Delete rows matching a Lance SQL ``filter``; returns pylance's DeleteResult."""
+        return await self._mutate(lambda d: d.delete(filter, **options))
+
+    async def update(
+        self, values: Mapping[str, str], where: str | None = None, **options: Any
+    ) -> dict[str, Any]:
+        """Set columns to SQL expressions where ``where`` holds.
+
+        Returns
+        -------
+        dict
+            pylance's result, e.g. ``{"num_rows_updated": n}``.
+        """
+        return dict(await self._mutate(lambda d: d.update(dict(values), where=where, **options)))
+
+    async def create_index(
+        self, column: str | list[str], index_type: str, **options: Any
+    ) -> AsyncDataset:
+        """Build a vector index (``LanceDataset.create_index``); returns ``self``."""
+        await self._mutate(lambda d: d.create_index(column, index_type, **options))
+        return self
+
+    async def create_scalar_index(
+        self, column: str, index_type: Any = "BTREE", **options: Any
+    ) -> AsyncDataset:
+        """Build a scalar index (``LanceDataset.create_scalar_index``); returns ``self``."""
+        await self._mutate(lambda d: d.create_scalar_index(column, index_type, **options))
+        return self
+
+    async def compact_files(self, **options: Any) -> Any:
+        """Compact small fragments (``dataset.optimize.compact_files``); returns its metrics."""
+        return await self._mutate(lambda d: d.optimize.compact_files(**options))
+
+    async def cleanup_old_versions(
+        self,
+        older_than: timedelta | None = None,
+        retain_versions: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """Delete old versions' files (``LanceDataset.cleanup_old_versions``)."""
+        return await _engine(
+            lambda: self._ds.cleanup_old_versions(
+                older_than=older_than, retain_versions=retain_versions, **options
+            )
+        )
+
+    # -- merge_insert ------------------------------------------------------
+    def merge_insert(self, on: str | Iterable[str] | None = None) -> AsyncMergeInsertBuilder:
+        """Start an upsert (see :class:`~lance_async.AsyncMergeInsertBuilder`).
+
+        Parameters
+        ----------
+        on : str or list of str, optional
+            Join columns; default the schema's primary key.
+        """
+        from .merge import AsyncMergeInsertBuilder
+
+        return AsyncMergeInsertBuilder(self, on)
+
+    # -- MemWAL ---------------------------------------------------------------
+    async def initialize_mem_wal(self, **options: Any) -> AsyncDataset:
+        """Enable the MemWAL (``LanceDataset.initialize_mem_wal``, every pylance 14
+        argument accepted); returns ``self`` at the new version.
+
+        Raises
+        ------
+        OSError
+            MemWAL already initialized, or an unknown maintained index.
+        ValueError
+            Conflicting sharding options.
+        """
+        await self._mutate(lambda d: d.initialize_mem_wal(**options))
+        return self
+
+    async def mem_wal_index_details(self) -> dict[str, Any] | None:
+        """The MemWAL index details (shards, specs, writer defaults) or None."""
+        fresh = await self._latest_copy()
+        self._replace(fresh)
+        details = await _engine(fresh.mem_wal_index_details)
+        return dict(details) if details is not None else None
+
+    def mem_wal_writer(self, shard_id: str, **options: Any) -> AsyncShardWriter:
+        """A writer for one MemWAL shard; use it as ``async with``.
+
+        See :class:`~lance_async.AsyncShardWriter` for the options.
+        """
+        from .mem_wal import AsyncShardWriter
+
+        return AsyncShardWriter(self, shard_id, **options)
+
+    def shard_router(self, **options: Any) -> ShardRouter:
+        """A router feeding one writer per shard of a sharded table (``async with``)."""
+        from .router import ShardRouter
+
+        return ShardRouter(self, **options)
+
+    # -- LSM reads (lsm.py) ------------------------------------------------
+    async def shard_snapshots(self) -> ShardSnapshots:
+        """Each MemWAL shard's flushed generations (see ``lsm.shard_snapshots``)."""
+        from .lsm import shard_snapshots
+
+        return await shard_snapshots(self)
+
+    def lsm_scan(
+        self,
+        snapshots: ShardSnapshots | None = None,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        limit: int | None = None,
+    ) -> AsyncBatchStream:
+        """Scan base table and flushed SSTables, newest row per primary key."""
+        from .lsm import lsm_scan
+
+        return lsm_scan(self, snapshots=snapshots, columns=columns, filter=filter, limit=limit)
+
+    async def lsm_point_lookup(
+        self,
+        key: Any,
+        columns: Sequence[str] | None = None,
+        snapshots: ShardSnapshots | None = None,
+    ) -> pa.Table:
+        """The newest row for one primary key (a table of 0 or 1 row)."""
+        from .lsm import lsm_point_lookup
+
+        return await lsm_point_lookup(self, key, columns=columns, snapshots=snapshots)
+
+    async def lsm_vector_search(
+        self,
+        query: Any,
+        *,
+        column: str,
+        k: int = 10,
+        nprobes: int = 20,
+        filter: str | None = None,
+        snapshots: ShardSnapshots | None = None,
+        **options: Any,
+    ) -> pa.Table:
+        """k nearest rows across the LSM levels, with ``_distance``."""
+        from .lsm import lsm_vector_search
+
+        return await lsm_vector_search(
+            self,
+            query,
+            column=column,
+            k=k,
+            nprobes=nprobes,
+            filter=filter,
+            snapshots=snapshots,
+            **options,
+        )
+
+    async def compact_mem_wal(self, shard_ids: Iterable[str] | None = None) -> Any:
+        """Merge flushed MemWAL generations into the base table (see ``lsm.py``)."""
+        from .lsm import compact_mem_wal
+
+        return await compact_mem_wal(self, shard_ids=shard_ids)
+
+
+async def open_dataset(
+    uri: str | os.PathLike[str],
+    *,
+    version: int | str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    **options: Any,
+) -> AsyncDataset:
+    """Open a Lance dataset without blocking the loop.
+
+    Parameters
+    ----------
+    uri : str or PathLike
+        Local path or object-store URI.
+    version : int or str, optional
+        A version number or tag; default the latest.
+    storage_options : dict, optional
+        Passed to pylance.
+    **options
+        Other ``lance.dataset`` arguments (``commit_lock``, caches, ...).
+
+    Returns
+    -------
+    AsyncDataset
+
+    Raises
+    ------
+    DatasetNotFoundError
+        No dataset at ``uri``.
+    """
+    path = os.fspath(uri)
+
+    def work() -> LanceDataset:
+        return lance.dataset(
+            path,
+            version=version,
+            storage_options=dict(storage_options) if storage_options else None,
+            **options,
+        )
+
+    try:
+        return AsyncDataset(await _engine(work))
+    except DatasetNotFoundError:
+        raise
+    except ValueError as exc:
+        if "not found" in str(exc).lower():
+            raise DatasetNotFoundError(f"no Lance dataset at {path!r}") from exc
+        raise
+
+
+async def write_dataset(
+    source: Any,
+    uri: str | os.PathLike[str],
+    *,
+    mode: str = "create",
+    schema: pa.Schema | None = None,
+    **lance_kwargs: Any,
+) -> AsyncDataset:
+    """Write a source to a Lance dataset, streaming it from the source.
+
+    Parameters
+    ----------
+    source : anything :func:`~lance_async.coerce_source` accepts
+        Tables, readers, datasets, (async) iterators of batches, files...
+        Streams are never materialized: a bounded bridge feeds the writer.
+    uri : str or PathLike
+        Where to write.
+    mode : {"create", "append", "overwrite"}
+    schema : pa.Schema, optional
+        Schema of the rows (and of a new dataset: put primary-key metadata
+        here). Materialized inputs are converted to it losslessly; streams
+        are checked against it batch by batch.
+    **lance_kwargs
+        Passed to ``lance.write_dataset`` (``max_rows_per_file``,
+        ``data_storage_version``, ``storage_options``, ...).
+
+    Returns
+    -------
+    AsyncDataset
+        At the version written.
+
+    Raises
+    ------
+    SchemaMismatchError
+        A batch does not match the schema (nothing is committed).
+    BaseException
+        Whatever the source raised, as itself (nothing is committed).
+    """
+    if mode not in ("create", "append", "overwrite"):
+        raise ValueError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
+    path = os.fspath(uri)
+    src = await resolve_source(source, schema=schema)
+    batches = src.batches()
+    async with src.reader_plan() as plan:
+
+        def work() -> LanceDataset:
+            data: Any = (
+                pa.Table.from_batches(batches, schema=src.schema)
+                if batches is not None
+                else plan.make()
+            )
+            return lance.write_dataset(data, path, schema=src.schema, mode=mode, **lance_kwargs)
+
+        try:
+            written = await run_sync(work)
+        except BaseException as exc:
+            if plan.error is not None and plan.error is not exc:
+                raise plan.error  # noqa: B904 - the source's own error; the engine's is its context
+            if isinstance(exc, (OSError, ValueError, RuntimeError)):
+                _raise_mapped(exc)
+            raise
+    await anyio.lowlevel.checkpoint()
+    return AsyncDataset(written)

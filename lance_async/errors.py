@@ -1,0 +1,222 @@
+"""The exceptions lance_async raises.
+
+Every error the library raises on purpose derives from :class:`LanceAsyncError`,
+so ``except lance_async.LanceAsyncError`` catches them all. Each message says
+what to do next. Errors that a retry can cure carry ``retryable = True``.
+
+The tree::
+
+    LanceAsyncError
+    ├── ClosedError                 used after aclose() / after the context exited
+    ├── WrongEventLoopError         a loop-bound object used from another event loop
+    ├── DatasetNotFoundError        no Lance dataset at the URI
+    ├── SourceError                 something is wrong with a write source
+    │   ├── SourceConsumedError     a one-shot (streaming) source asked to replay
+    │   └── SourceChangedError      a replayable source gave different data on replay
+    ├── InvalidInputError           rows the engine would reject (raised before any commit)
+    │   ├── SchemaMismatchError     a schema or batch does not match (names the field)
+    │   └── DecodeError             a feed message could not be decoded (names the offset)
+    ├── ConflictError               a commit lost to a concurrent writer (.retryable)
+    │   └── ContentionError         retries exhausted (.num_attempts)
+    ├── WriterFailedError           a MemWAL shard writer broke; every pending ack fails
+    └── BackpressureTimeoutError    no room in a writer's queue before the timeout
+
+Engine errors are mapped in one place, :func:`map_engine_error`: by exception
+type first (``lance.commit.CommitConflictError``), by message text only where
+pylance 14 gives nothing else (``OSError("Invalid user input: ...")``). The
+original engine exception is always kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackpressureTimeoutError",
+    "ClosedError",
+    "ConflictError",
+    "ContentionError",
+    "DatasetNotFoundError",
+    "DecodeError",
+    "InvalidInputError",
+    "LanceAsyncError",
+    "SchemaMismatchError",
+    "SourceChangedError",
+    "SourceConsumedError",
+    "SourceError",
+    "WriterFailedError",
+    "WrongEventLoopError",
+    "map_engine_error",
+]
+
+
+class LanceAsyncError(Exception):
+    """Base class of every error lance_async raises on purpose.
+
+    Attributes
+    ----------
+    retryable : bool
+        True when running the same operation again may succeed.
+    """
+
+    retryable: bool = False
+
+
+class ClosedError(LanceAsyncError):
+    """The object (writer, stream, router) was closed; open a new one."""
+
+
+class WrongEventLoopError(LanceAsyncError):
+    """A loop-bound object was used from an event loop other than the one it
+    was first used in. Create one object per event loop."""
+
+
+class DatasetNotFoundError(LanceAsyncError):
+    """No Lance dataset exists at the given URI. Check the path, or create the
+    dataset first with :func:`lance_async.write_dataset`."""
+
+
+class SourceError(LanceAsyncError):
+    """A write source cannot be opened or read as asked."""
+
+
+class SourceConsumedError(SourceError):
+    """A one-shot (streaming) source was asked for a second pass.
+
+    Wrap a reader factory with :func:`lance_async.replayable` to make the
+    source replayable, or pass a materialized table.
+    """
+
+
+class SourceChangedError(SourceError):
+    """A replayable source produced a different schema, or its files changed,
+    between passes. Nothing was committed; make the factory deterministic or
+    stop changing the files while they are being merged."""
+
+
+class InvalidInputError(LanceAsyncError):
+    """The rows are not acceptable for the target table. Raised before
+    anything is committed; the writer or dataset stays usable."""
+
+
+class SchemaMismatchError(InvalidInputError):
+    """A schema or a batch does not match what was declared.
+
+    Attributes
+    ----------
+    field : str or None
+        The first field that differs, when one can be named.
+    batch_index : int or None
+        Index (0-based) of the offending batch within its source, when known.
+    """
+
+    def __init__(
+        self, message: str, *, field: str | None = None, batch_index: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.field = field
+        self.batch_index = batch_index
+
+
+class DecodeError(InvalidInputError):
+    """A feed message could not be decoded into rows of the table's schema.
+
+    Attributes
+    ----------
+    offset : object
+        The message's offset or id in its feed (stream sequence, entry id, ...).
+    """
+
+    def __init__(self, message: str, *, offset: object = None) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
+class ConflictError(LanceAsyncError):
+    """A commit conflicted with a concurrent writer.
+
+    ``retryable`` says whether running the operation again on the latest
+    version can succeed; lance_async's merge_insert already retries those.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class ContentionError(ConflictError):
+    """Every attempt lost to concurrent writers; retries are exhausted.
+
+    Attributes
+    ----------
+    num_attempts : int
+        How many attempts ran (first try plus retries).
+    """
+
+    def __init__(self, message: str, *, num_attempts: int) -> None:
+        super().__init__(message, retryable=True)
+        self.num_attempts = num_attempts
+
+
+class WriterFailedError(LanceAsyncError):
+    """A MemWAL shard writer hit an error it cannot recover from (an I/O error,
+    a failed WAL flush). Every pending and later ack fails with this error.
+    Close the writer and open a new one on the same shard: the WAL replays
+    every row that was acknowledged."""
+
+
+class BackpressureTimeoutError(LanceAsyncError):
+    """The writer's queue stayed full for longer than the given timeout.
+    Nothing was queued; retry later or raise the queue limits."""
+
+    retryable = True
+
+
+def _message(exc: BaseException) -> str:
+    return str(exc).split(", /home/runner", 1)[0].split(", src/", 1)[0]
+
+
+def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
+    """Translate a pylance exception into the lance_async error it means.
+
+    Parameters
+    ----------
+    exc : BaseException
+        An exception raised by a pylance call.
+
+    Returns
+    -------
+    LanceAsyncError or None
+        The typed error to raise (``raise mapped from exc``), or None when the
+        exception has no lance_async meaning and should propagate unchanged.
+
+    Notes
+    -----
+    Mapping by type comes first: ``lance.commit.CommitConflictError`` becomes
+    :class:`ConflictError` with its ``retryable`` flag. pylance 14 raises plain
+    ``OSError`` for the rest, so a few message prefixes are recognised, each
+    covered by a test: "Invalid user input" (bad rows, but also "ShardWriter is
+    already closed"), "Failed to read batches" (a batch whose own schema says
+    non-nullable holds nulls), "Too many concurrent writers" (retries
+    exhausted inside Lance), "Dataset at path ... was not found".
+    """
+    from lance.commit import CommitConflictError as _LanceConflict
+
+    if isinstance(exc, LanceAsyncError):
+        return exc
+    if isinstance(exc, _LanceConflict):
+        return ConflictError(
+            f"commit conflict: {_message(exc)}", retryable=bool(getattr(exc, "retryable", False))
+        )
+    if not isinstance(exc, (OSError, ValueError, RuntimeError)):
+        return None
+    text = str(exc)
+    if "ShardWriter is already closed" in text:
+        return ClosedError("the MemWAL shard writer is closed; open a new one")
+    if text.startswith("Invalid user input"):
+        return InvalidInputError(f"the engine rejected the input: {_message(exc)}")
+    if text.startswith("Failed to read batches"):
+        return InvalidInputError(f"the engine could not read the batches: {_message(exc)}")
+    if "Too many concurrent writers" in text:
+        return ConflictError(f"commit conflict: {_message(exc)}", retryable=True)
+    if "was not found" in text and ("Dataset at path" in text or "Not found" in text):
+        return DatasetNotFoundError(f"{_message(exc)}; create it first with write_dataset")
+    return None

@@ -1,0 +1,921 @@
+"""``AsyncShardWriter``: a MemWAL shard writer with a bounded queue and group commit.
+
+A durable ``ShardWriter.put`` waits for a WAL flush (about 55 ms on pylance
+14 whatever the batch size) and puts on one writer serialize, so throughput
+comes only from putting many rows per put. The writer task here coalesces:
+while one engine put is in flight, everything that arrives queues up; the
+next put takes all of it (up to ``max_put_rows`` / ``max_put_bytes``,
+concatenated into one batch), like aiokafka's accumulator batches records
+while a request is in flight.
+
+Guarantees
+----------
+* Backpressure: :meth:`AsyncShardWriter.send` waits while the queue holds
+  ``max_queue_rows`` rows or ``max_queue_bytes`` bytes (queued or in flight).
+  Nothing is dropped; ``timeout=`` turns a long wait into
+  :class:`~lance_async.BackpressureTimeoutError`.
+* Validation before queueing: each batch is checked against the table
+  (names, types, nulls in key and non-nullable columns) before it enters the
+  queue, so a bad batch fails only its sender.
+* Acks: an :class:`~lance_async.Ack` resolves when the engine put that
+  carried its rows returned -- after the WAL flush when ``durable_write`` is
+  on (the engine's default). If the engine still rejects a coalesced put, its
+  items are retried one by one so exactly the bad ones fail; the writer stays
+  usable.
+* Fatal errors: an engine error that is not about the input (an I/O error, a
+  failed WAL flush) fails every pending and later ack, promptly, with one
+  :class:`~lance_async.WriterFailedError`.
+* Order: puts and deletes on one writer reach the engine in the order they
+  were queued.
+* Read-your-writes: the writer's LSM reads wait out a sealed ("frozen")
+  memtable before planning, so every acked row is visible (pylance 14's own
+  scanner hides a frozen memtable's rows until its SSTable is written).
+
+Cancellation rule
+-----------------
+Rows are either queued whole or not at all per batch. Cancelling a task
+blocked in ``send``/``put`` before its batch was queued queues nothing;
+cancelling it afterwards (while it awaits the ack) leaves the rows queued:
+they are written exactly once and the :class:`~lance_async.Ack` (kept by
+``send`` callers) still resolves. Closing the writer flushes everything
+queued (shielded from cancellation, bounded by ``close_timeout``).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import time
+import warnings
+from collections import deque
+from collections.abc import AsyncIterable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pyarrow as pa
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ._loop import LoopHandle, unwrap_groups
+from ._schema import TableFit, conform_to_table, primary_key
+from ._threads import run_sync
+from .acks import Ack, PutSummary
+from .errors import (
+    BackpressureTimeoutError,
+    ClosedError,
+    InvalidInputError,
+    LanceAsyncError,
+    SchemaMismatchError,
+    WriterFailedError,
+    map_engine_error,
+)
+from .sources import SourceMode, resolve_source
+
+if TYPE_CHECKING:
+    from .dataset import AsyncDataset
+    from .lsm import ShardSnapshots
+    from .streams import AsyncBatchStream
+
+__all__ = ["AsyncShardWriter", "WriterState", "WriterStats"]
+
+log = logging.getLogger("lance_async")
+
+DEFAULT_MAX_MEMTABLE_ROWS = 100_000
+_LATENCY_SAMPLES = 20_000
+
+
+class WriterState(enum.Enum):
+    """Life cycle of an :class:`AsyncShardWriter`."""
+
+    NEW = "new"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class WriterStats:
+    """A snapshot of an :class:`AsyncShardWriter` (from :meth:`~AsyncShardWriter.stats`).
+
+    Attributes
+    ----------
+    state : WriterState
+    queue_rows, queue_bytes : int
+        Rows / bytes accepted and not yet acknowledged (queued or in flight).
+    max_queue_rows_seen, max_queue_bytes_seen : int
+        The highest those have been.
+    engine_puts, engine_deletes : int
+        Engine calls made.
+    rows : int
+        Rows written.
+    rows_per_put : float
+        ``rows / engine_puts``.
+    ack_latency_p50, ack_latency_p99 : float
+        Seconds from queueing to ack, over the last 20,000 acked parts.
+    failed_puts : int
+        Engine puts rejected (their items were retried one by one).
+    engine : dict
+        The engine's ``stats()`` after the last put.
+    memtable : dict
+        The engine's ``memtable_stats()`` after the last put.
+    """
+
+    state: WriterState
+    queue_rows: int
+    queue_bytes: int
+    max_queue_rows_seen: int
+    max_queue_bytes_seen: int
+    engine_puts: int
+    engine_deletes: int
+    rows: int
+    rows_per_put: float
+    ack_latency_p50: float
+    ack_latency_p99: float
+    failed_puts: int
+    engine: dict[str, Any] = field(default_factory=dict)
+    memtable: dict[str, Any] = field(default_factory=dict)
+
+
+class _Kind(enum.Enum):
+    PUT = 1
+    DELETE = 2
+    FLUSH = 3
+
+
+@dataclass
+class _Item:
+    kind: _Kind
+    batch: pa.RecordBatch | None
+    ack: Ack
+    rows: int
+    nbytes: int
+    queued_at: float
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    idx = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return float(ordered[idx])
+
+
+class AsyncShardWriter:
+    """Write one MemWAL shard from async code, with group commit.
+
+    Obtain it from :meth:`AsyncDataset.mem_wal_writer` and use it as
+    ``async with``; it owns one ``lance.mem_wal.ShardWriter`` and one writer
+    task (in a task group owned by the ``async with`` block, so the task's
+    errors reach you).
+
+    Parameters
+    ----------
+    dataset : AsyncDataset
+        A dataset on which ``initialize_mem_wal`` ran.
+    shard_id : str
+        The shard's UUID string. Reopening the same shard replays its WAL.
+    max_queue_rows : int, optional
+        Rows queued or in flight before senders wait (default
+        ``2 * max_put_rows``).
+    max_queue_bytes : int
+        Bytes queued or in flight before senders wait (default 256 MiB).
+    max_put_rows : int, optional
+        Rows per engine put (default half the engine's ``max_memtable_rows``;
+        never above it, since one put never spans memtables).
+    max_put_bytes : int
+        Bytes per engine put (default 64 MiB).
+    linger : float
+        Seconds to wait for more rows when the queue holds less than
+        ``max_put_rows`` (default 0: coalescing then comes only from what
+        arrives while a put is in flight).
+    close_timeout : float
+        Seconds that closing may spend flushing (default 60).
+    **lance_writer_kwargs
+        Passed to ``LanceDataset.mem_wal_writer`` (``durable_write``,
+        ``max_memtable_rows``, ``max_wal_flush_interval_ms``, ...).
+    """
+
+    def __init__(
+        self,
+        dataset: AsyncDataset,
+        shard_id: str,
+        *,
+        max_queue_rows: int | None = None,
+        max_queue_bytes: int = 256 * 1024 * 1024,
+        max_put_rows: int | None = None,
+        max_put_bytes: int = 64 * 1024 * 1024,
+        linger: float = 0.0,
+        close_timeout: float = 60.0,
+        **lance_writer_kwargs: Any,
+    ) -> None:
+        import uuid
+
+        try:
+            uuid.UUID(str(shard_id))
+        except ValueError:
+            raise ValueError(f"shard_id must be a UUID string, got {shard_id!r}") from None
+        for name, value in (
+            ("max_queue_rows", max_queue_rows),
+            ("max_put_rows", max_put_rows),
+            ("max_queue_bytes", max_queue_bytes),
+            ("max_put_bytes", max_put_bytes),
+        ):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if linger < 0:
+            raise ValueError("linger must be >= 0")
+        self._dataset = dataset
+        self.shard_id = str(shard_id)
+        self._requested_queue_rows = max_queue_rows
+        self._requested_put_rows = max_put_rows
+        self.max_queue_bytes = max_queue_bytes
+        self.max_put_bytes = max_put_bytes
+        self.max_queue_rows = 0
+        self.max_put_rows = 0
+        self.linger = linger
+        self.close_timeout = close_timeout
+        self._writer_kwargs = dict(lance_writer_kwargs)
+        self.durable_write = bool(self._writer_kwargs.get("durable_write", True))
+        self._table_schema = dataset.schema
+        self._keys = primary_key(self._table_schema)
+        self._fit = TableFit(self._table_schema, self._keys)
+        self._state = WriterState.NEW
+        self._engine: Any = None
+        self._loop: LoopHandle | None = None
+        self._tg: TaskGroup | None = None
+        self._task_scope: anyio.CancelScope | None = None
+        self._send_stream: MemoryObjectSendStream[_Item] | None = None
+        self._recv_stream: MemoryObjectReceiveStream[_Item] | None = None
+        self._gate: anyio.Lock | None = None
+        self._task_done: anyio.Event | None = None
+        self._space: anyio.Event | None = None
+        self._failure: WriterFailedError | None = None
+        self._queue_rows = 0
+        self._queue_bytes = 0
+        self._max_rows_seen = 0
+        self._max_bytes_seen = 0
+        self._engine_puts = 0
+        self._engine_deletes = 0
+        self._rows = 0
+        self._failed_puts = 0
+        self._latencies: deque[float] = deque(maxlen=_LATENCY_SAMPLES)
+        self._engine_stats: dict[str, Any] = {}
+        self._memtable_stats: dict[str, Any] = {}
+        self._put_seq = 0
+
+    def __repr__(self) -> str:
+        return f"<AsyncShardWriter shard={self.shard_id} state={self._state.value}>"
+
+    def __del__(self) -> None:
+        if self._state in (WriterState.OPEN, WriterState.FAILED):
+            warnings.warn(
+                f"{self!r} was never closed; use `async with` or await aclose()",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+    # -- life cycle ---------------------------------------------------------
+    @property
+    def state(self) -> WriterState:
+        """Where the writer is in its life cycle."""
+        return self._state
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table schema that every batch must match."""
+        return self._table_schema
+
+    async def __aenter__(self) -> AsyncShardWriter:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def open(self, task_group: TaskGroup | None = None) -> AsyncShardWriter:
+        """Open the engine writer and start the writer task.
+
+        Prefer ``async with``. After ``open()`` you must ``await aclose()``:
+        in the same task when no ``task_group`` is given (the writer then owns
+        one), from anywhere when the writer task runs in ``task_group``.
+
+        Parameters
+        ----------
+        task_group : anyio.abc.TaskGroup, optional
+            Run the writer task in this task group (its owner sees the task's
+            errors) instead of one owned by the writer.
+
+        Raises
+        ------
+        ClosedError
+            Already opened once.
+        OSError, ValueError
+            The engine refused (MemWAL not initialized, bad options).
+        """
+        if self._state is not WriterState.NEW:
+            raise ClosedError(f"{self!r} was already opened; open a new writer")
+        self._loop = LoopHandle()
+        kwargs = self._writer_kwargs
+        ds = self._dataset.lance
+
+        def work() -> tuple[Any, int]:
+            engine = ds.mem_wal_writer(self.shard_id, **kwargs)
+            limit = kwargs.get("max_memtable_rows")
+            if limit is None:
+                details = ds.mem_wal_index_details() or {}
+                limit = (details.get("writer_config_defaults") or {}).get("max_memtable_rows")
+            return engine, int(limit or DEFAULT_MAX_MEMTABLE_ROWS)
+
+        try:
+            self._engine, memtable_rows = await run_sync(work)
+        except (OSError, ValueError, RuntimeError) as exc:
+            mapped = map_engine_error(exc)
+            if mapped is not None:
+                raise mapped from exc
+            raise
+        put_rows = self._requested_put_rows or max(1, memtable_rows // 2)
+        self.max_put_rows = min(put_rows, memtable_rows)
+        self.max_queue_rows = self._requested_queue_rows or 2 * self.max_put_rows
+        self._gate = anyio.Lock()
+        self._task_done = anyio.Event()
+        self._send_stream, self._recv_stream = anyio.create_memory_object_stream[_Item](math.inf)
+        self._task_scope = anyio.CancelScope()
+        if task_group is None:
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
+            task_group = self._tg
+        task_group.start_soon(self._run_scoped, name=f"lance_async writer {self.shard_id}")
+        self._state = WriterState.OPEN
+        return self
+
+    def _check_usable(self) -> None:
+        if self._loop is not None and not self._loop.is_current():
+            self._loop.check(repr(self))
+        self._check_state()
+
+    def _check_state(self) -> None:
+        if self._state is WriterState.FAILED:
+            assert self._failure is not None
+            raise self._failure
+        if self._state is not WriterState.OPEN:
+            raise ClosedError(f"{self!r} is not open; use `async with dataset.mem_wal_writer(...)`")
+
+    async def flush(self) -> PutSummary:
+        """Wait until everything queued before this call is written.
+
+        With ``durable_write`` on (the default) written means durable in the
+        WAL; with it off, accepted by the engine (durable after close).
+
+        Raises
+        ------
+        WriterFailedError
+            The writer broke before the queue drained.
+        """
+        self._check_usable()
+        assert self._send_stream is not None
+        ack = Ack()
+        ack._add_part()
+        ack._seal()
+        self._send_stream.send_nowait(_Item(_Kind.FLUSH, None, ack, 0, 0, time.monotonic()))
+        return await ack
+
+    async def aclose(self) -> None:
+        """Flush what is queued, close the engine writer, stop the writer task.
+
+        Safe to call twice. The flush is shielded from cancellation and
+        bounded by ``close_timeout``; acks still pending after it fail with
+        :class:`ClosedError`. Errors of the writer task are raised here.
+        """
+        if self._state in (WriterState.NEW, WriterState.CLOSED, WriterState.CLOSING):
+            if self._state is WriterState.NEW:
+                self._state = WriterState.CLOSED
+            return
+        failed = self._state is WriterState.FAILED
+        self._state = WriterState.CLOSING
+        assert self._send_stream is not None and self._task_scope is not None
+        assert self._task_done is not None
+        engine = self._engine
+
+        def close_engine() -> None:
+            try:
+                engine.close()
+            except (OSError, ValueError, RuntimeError) as exc:
+                if failed or "already closed" in str(exc):
+                    log.debug("lance_async: closing a failed writer: %s", exc)
+                    return
+                raise
+
+        try:
+            with anyio.CancelScope(shield=True):
+                self._send_stream.close()  # the writer task drains the queue, then ends
+                with anyio.move_on_after(self.close_timeout):
+                    await self._task_done.wait()
+                if not self._task_done.is_set():
+                    log.warning("lance_async: %r did not drain within close_timeout", self)
+                    self._task_scope.cancel()
+                    await self._task_done.wait()
+                try:
+                    await run_sync(close_engine)
+                except (OSError, ValueError, RuntimeError) as exc:
+                    mapped = map_engine_error(exc)
+                    raise (mapped or self._fail_writer(exc)) from exc
+        finally:
+            self._state = WriterState.CLOSED
+            self._wake_senders()
+            if self._tg is not None:
+                tg, self._tg = self._tg, None
+                with unwrap_groups():
+                    await tg.__aexit__(None, None, None)
+
+    # -- sending -------------------------------------------------------------
+    def _wake_senders(self) -> None:
+        if self._space is not None:
+            self._space.set()
+            self._space = None
+
+    async def _reserve(self, rows: int, nbytes: int, deadline: float | None) -> None:
+        while self._queue_rows > 0 and (
+            self._queue_rows + rows > self.max_queue_rows
+            or self._queue_bytes + nbytes > self.max_queue_bytes
+        ):
+            self._check_state()
+            if self._space is None:
+                self._space = anyio.Event()
+            if deadline is None:
+                await self._space.wait()
+            else:
+                with anyio.move_on_at(deadline) as scope:
+                    await self._space.wait()
+                if scope.cancelled_caught:
+                    raise BackpressureTimeoutError(
+                        f"{self!r}: the queue stayed full ({self._queue_rows} rows, "
+                        f"{self._queue_bytes} bytes) past the timeout; nothing was queued"
+                    )
+        self._check_state()
+        self._queue_rows += rows
+        self._queue_bytes += nbytes
+        self._max_rows_seen = max(self._max_rows_seen, self._queue_rows)
+        self._max_bytes_seen = max(self._max_bytes_seen, self._queue_bytes)
+
+    def _release(self, rows: int, nbytes: int) -> None:
+        self._queue_rows -= rows
+        self._queue_bytes -= nbytes
+        self._wake_senders()
+
+    def _conform(self, batch: pa.RecordBatch, index: int) -> pa.RecordBatch:
+        return self._fit.check(batch, index)
+
+    async def _enqueue(
+        self, kind: _Kind, batch: pa.RecordBatch, ack: Ack, deadline: float | None
+    ) -> None:
+        limit = self.max_put_rows
+        pieces = (
+            [batch]
+            if batch.num_rows <= limit
+            else [batch.slice(i, limit) for i in range(0, batch.num_rows, limit)]
+        )
+        assert self._send_stream is not None
+        for piece in pieces:
+            nbytes = piece.get_total_buffer_size()
+            await self._reserve(piece.num_rows, nbytes, deadline)
+            ack._add_part()
+            self._send_stream.send_nowait(
+                _Item(kind, piece, ack, piece.num_rows, nbytes, time.monotonic())
+            )
+
+    async def _send_batches(
+        self, kind: _Kind, data: Any, timeout: float | None, schema: pa.Schema | None
+    ) -> Ack:
+        self._check_usable()
+        await anyio.lowlevel.checkpoint()  # every send is a checkpoint (trio's rule)
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        ack = Ack()
+        conform = self._conform if kind is _Kind.PUT else self._conform_keys
+        # fast path: one batch or table, checked before anything is queued
+        if isinstance(data, pa.RecordBatch):
+            batches = [conform(data, 0)]
+        elif isinstance(data, pa.Table):
+            batches = [conform(b, i) for i, b in enumerate(data.to_batches()) if b.num_rows]
+        else:
+            source = await resolve_source(data, schema=schema)
+            if source.mode is SourceMode.MATERIALIZED:
+                batches = [conform(b, i) for i, b in enumerate(source.batches() or [])]
+            else:
+                await self._send_stream_source(kind, source.open(), ack, deadline, conform)
+                return ack
+        for batch in batches:
+            await self._enqueue(kind, batch, ack, deadline)
+        ack._seal()
+        return ack
+
+    async def _send_stream_source(
+        self, kind: _Kind, stream: Any, ack: Ack, deadline: float | None, conform: Any
+    ) -> None:
+        index = 0
+        try:
+            async for batch in stream:
+                if batch.num_rows:
+                    await self._enqueue(kind, conform(batch, index), ack, deadline)
+                index += 1
+        except BaseException as exc:
+            # batches already queued are written; the ack reports the failure
+            ack._fail_unsealed(exc if isinstance(exc, Exception) else ClosedError("send cancelled"))
+            raise
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+        ack._seal()
+
+    async def send(
+        self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
+    ) -> Ack:
+        """Queue rows for writing; wait only for room in the queue.
+
+        Parameters
+        ----------
+        data : anything :func:`~lance_async.coerce_source` accepts
+            Rows with exactly the table's column names (any order) and types.
+            A stream (iterator, async iterator, reader) is queued batch by
+            batch under backpressure; this returns after its last batch.
+        timeout : float, optional
+            Seconds to wait for room; then :class:`BackpressureTimeoutError`
+            (batches queued before the timeout stay queued).
+        schema : pa.Schema, optional
+            The data's schema, for generators (saves peeking).
+
+        Returns
+        -------
+        Ack
+            Resolves when every row is written (see the module notes).
+
+        Raises
+        ------
+        SchemaMismatchError
+            A batch does not fit the table (nothing of that batch is queued).
+        BackpressureTimeoutError
+            No room before ``timeout``.
+        ClosedError, WriterFailedError
+            The writer is closed or broken.
+        """
+        return await self._send_batches(_Kind.PUT, data, timeout, schema)
+
+    async def put(
+        self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
+    ) -> PutSummary:
+        """Write rows and wait until they are written (``await (await send(data))``).
+
+        Returns
+        -------
+        PutSummary
+            Rows, batches and the engine puts that carried them.
+
+        Raises
+        ------
+        SchemaMismatchError, BackpressureTimeoutError, ClosedError, WriterFailedError
+            As :meth:`send`.
+        InvalidInputError
+            The engine rejected these rows (the writer stays usable).
+        """
+        ack = await self.send(data, timeout=timeout, schema=schema)
+        return await ack
+
+    async def put_stream(
+        self, stream: AsyncIterable[Any] | Iterable[Any], *, timeout: float | None = None
+    ) -> PutSummary:
+        """Drain a feed of batches through the queue and wait for all of it.
+
+        Memory stays bounded by the queue limits, whatever the feed's length:
+        each batch waits for room before it is queued.
+
+        Returns
+        -------
+        PutSummary
+        """
+        return await self.put(stream, timeout=timeout)
+
+    def _conform_keys(self, batch: pa.RecordBatch, index: int) -> pa.RecordBatch:
+        if not self._keys:
+            raise InvalidInputError("delete needs a primary key, and the table has none")
+        missing = [k for k in self._keys if k not in batch.schema.names]
+        if missing:
+            raise SchemaMismatchError(f"delete keys lack column {missing[0]!r}", field=missing[0])
+        key_schema = pa.schema([self._table_schema.field(k) for k in self._keys])
+        return conform_to_table(
+            batch.select(self._keys), key_schema, key_columns=self._keys, index=index
+        )
+
+    async def delete(self, keys: Any, *, timeout: float | None = None) -> PutSummary:
+        """Delete rows by primary key, in order with the puts queued before it.
+
+        Parameters
+        ----------
+        keys : table-like
+            Rows holding the primary-key column(s); other columns are ignored.
+            A dict of columns works: ``{"id": [1, 2]}``.
+
+        Returns
+        -------
+        PutSummary
+            With ``deletes`` = number of keys.
+        """
+        ack = await self._send_batches(_Kind.DELETE, keys, timeout, None)
+        return await ack
+
+    # -- the writer task ---------------------------------------------------
+    async def _run_scoped(self) -> None:
+        assert self._task_scope is not None and self._task_done is not None
+        try:
+            with self._task_scope:
+                await self._run()
+        finally:
+            self._task_done.set()
+
+    async def _run(self) -> None:
+        assert self._recv_stream is not None
+        pending: deque[_Item] = deque()
+        recv = self._recv_stream
+        try:
+            while True:
+                if not pending:
+                    try:
+                        pending.append(await recv.receive())
+                    except anyio.EndOfStream:
+                        return
+                self._drain_nowait(pending)
+                if self.linger > 0 and pending[0].kind is _Kind.PUT:
+                    await self._linger(pending)
+                await self._execute(self._take_run(pending))
+        finally:
+            self._drain_nowait(pending)
+            error = self._failure or ClosedError(f"{self!r} closed before these rows were written")
+            for item in pending:
+                self._fail_item(item, error)
+            pending.clear()
+
+    def _drain_nowait(self, pending: deque[_Item]) -> None:
+        assert self._recv_stream is not None
+        while True:
+            try:
+                pending.append(self._recv_stream.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                return
+
+    async def _linger(self, pending: deque[_Item]) -> None:
+        assert self._recv_stream is not None
+        remaining = pending[0].queued_at + self.linger - time.monotonic()
+        rows = sum(i.rows for i in pending if i.kind is _Kind.PUT)
+        if remaining <= 0:
+            return
+        with anyio.move_on_after(remaining):
+            while rows < self.max_put_rows:
+                try:
+                    item = await self._recv_stream.receive()
+                except anyio.EndOfStream:
+                    return
+                pending.append(item)
+                rows += item.rows
+
+    def _take_run(self, pending: deque[_Item]) -> list[_Item]:
+        first = pending.popleft()
+        run = [first]
+        if first.kind is _Kind.FLUSH:
+            return run
+        rows, nbytes = first.rows, first.nbytes
+        while pending and pending[0].kind is first.kind:
+            nxt = pending[0]
+            if rows + nxt.rows > self.max_put_rows or nbytes + nxt.nbytes > self.max_put_bytes:
+                break
+            run.append(pending.popleft())
+            rows += nxt.rows
+            nbytes += nxt.nbytes
+        return run
+
+    def _fail_item(self, item: _Item, error: BaseException) -> None:
+        if item.kind is not _Kind.FLUSH:
+            self._release(item.rows, item.nbytes)
+        item.ack._part_failed(error)
+
+    def _done_item(self, item: _Item, put_id: int) -> None:
+        now = time.monotonic()
+        if item.kind is _Kind.FLUSH:
+            item.ack._part_done()
+            return
+        self._release(item.rows, item.nbytes)
+        self._latencies.append(now - item.queued_at)
+        if item.kind is _Kind.PUT:
+            item.ack._part_done(rows=item.rows, batches=1, put_id=put_id)
+        else:
+            item.ack._part_done(deletes=item.rows, put_id=put_id)
+
+    def _fail_writer(self, exc: BaseException) -> WriterFailedError:
+        if self._failure is None:
+            failure = WriterFailedError(
+                f"{self!r} failed and cannot write any more: {exc}. Close it and open a new "
+                "writer on the same shard; acknowledged rows are replayed from the WAL"
+            )
+            failure.__cause__ = exc
+            self._failure = failure
+            self._state = WriterState.FAILED if self._state is WriterState.OPEN else self._state
+            self._wake_senders()
+        return self._failure
+
+    async def _engine_call(self, kind: _Kind, batches: list[pa.RecordBatch]) -> None:
+        engine = self._engine
+        fit = self._fit
+
+        def work() -> tuple[dict[str, Any], dict[str, Any]]:
+            if kind is _Kind.PUT:
+                engine.put(fit.relabel(batches))
+            else:
+                engine.delete(pa.Table.from_batches(batches).combine_chunks())
+            return engine.stats(), engine.memtable_stats()
+
+        assert self._gate is not None
+        async with self._gate:
+            self._engine_stats, self._memtable_stats = await run_sync(work)
+
+    async def _execute(self, run: list[_Item]) -> None:
+        kind = run[0].kind
+        if kind is _Kind.FLUSH:
+            for item in run:
+                self._done_item(item, 0)
+            return
+        if self._failure is not None:
+            for item in run:
+                self._fail_item(item, self._failure)
+            return
+        outcome = await self._try_engine(kind, run)
+        if outcome is None:
+            return
+        # The engine rejected the input. Retry one by one so only bad items fail.
+        if len(run) == 1:
+            self._fail_item(run[0], outcome)
+            return
+        for item in run:
+            single = await self._try_engine(kind, [item])
+            if single is not None:
+                self._fail_item(item, single)
+
+    async def _try_engine(self, kind: _Kind, run: list[_Item]) -> BaseException | None:
+        """One engine call; resolve acks on success. Returns an input error to
+        retry item by item, or None when the run is settled."""
+        batches = [i.batch for i in run if i.batch is not None]
+        try:
+            await self._engine_call(kind, batches)
+        except anyio.get_cancelled_exc_class():
+            # run_sync let the engine call finish; its outcome is unknown to us
+            # only if the thread raised. Treat the rows as not written.
+            for item in run:
+                self._fail_item(item, ClosedError("the writer task was cancelled"))
+            raise
+        except BaseException as exc:
+            mapped = map_engine_error(exc)
+            if isinstance(mapped, InvalidInputError):
+                self._failed_puts += 1
+                mapped.__cause__ = exc
+                return mapped
+            failure = self._fail_writer(exc)
+            for item in run:
+                self._fail_item(item, failure)
+            return None
+        self._put_seq += 1
+        if kind is _Kind.PUT:
+            self._engine_puts += 1
+            self._rows += sum(i.rows for i in run)
+        else:
+            self._engine_deletes += 1
+        for item in run:
+            self._done_item(item, self._put_seq)
+        return None
+
+    # -- statistics ---------------------------------------------------------
+    def stats(self) -> WriterStats:
+        """Queue depth, engine puts, rows per put, ack latency (does not block).
+
+        The engine's own ``stats()`` / ``memtable_stats()`` are those read
+        after the last put; :meth:`engine_stats` reads them fresh.
+        """
+        lat = list(self._latencies)
+        return WriterStats(
+            state=self._state,
+            queue_rows=self._queue_rows,
+            queue_bytes=self._queue_bytes,
+            max_queue_rows_seen=self._max_rows_seen,
+            max_queue_bytes_seen=self._max_bytes_seen,
+            engine_puts=self._engine_puts,
+            engine_deletes=self._engine_deletes,
+            rows=self._rows,
+            rows_per_put=self._rows / self._engine_puts if self._engine_puts else 0.0,
+            ack_latency_p50=_percentile(lat, 0.50),
+            ack_latency_p99=_percentile(lat, 0.99),
+            failed_puts=self._failed_puts,
+            engine=dict(self._engine_stats),
+            memtable=dict(self._memtable_stats),
+        )
+
+    async def engine_stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The engine's ``stats()`` and ``memtable_stats()``, read on a worker thread."""
+        if self._engine is None:
+            raise ClosedError(f"{self!r} is not open")
+        engine = self._engine
+        return await run_sync(lambda: (engine.stats(), engine.memtable_stats()))
+
+    # -- read-your-writes ----------------------------------------------------
+    async def _scanner(self, snapshots: ShardSnapshots | None) -> Any:
+        """An engine LSM scanner that sees every acked row (see module notes)."""
+        if self._state not in (WriterState.OPEN, WriterState.FAILED):
+            raise ClosedError(f"{self!r} is not open")
+        if self._loop is not None:
+            self._loop.check(repr(self))
+        engine = self._engine
+        raw = [s for s in (snapshots or []) if s.shard_id != self.shard_id]
+        assert self._gate is not None
+        async with self._gate:
+            deadline = time.monotonic() + 30.0
+            while True:
+                mt = await run_sync(engine.memtable_stats)
+                if not mt.get("frozen_count"):
+                    break
+                if time.monotonic() > deadline:
+                    raise LanceAsyncError(
+                        f"{self!r}: a sealed memtable has not been flushed for 30 s"
+                    )
+                await anyio.sleep(0.005)
+            return await run_sync(lambda: engine.lsm_scanner([s.lance for s in raw]))
+
+    def lsm_scan(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        limit: int | None = None,
+        snapshots: ShardSnapshots | None = None,
+    ) -> AsyncBatchStream:
+        """Scan base table, flushed SSTables and this writer's memtable.
+
+        Newest row per primary key wins; every row acked so far is visible.
+
+        Returns
+        -------
+        AsyncBatchStream
+        """
+        from .lsm import scanner_stream
+
+        return scanner_stream(lambda: self._scanner(snapshots), columns, filter, limit)
+
+    async def lsm_point_lookup(
+        self,
+        key: Any,
+        columns: Sequence[str] | None = None,
+        snapshots: ShardSnapshots | None = None,
+    ) -> pa.Table:
+        """The newest row for ``key`` across all levels, this writer's memtable
+        included (a table of 0 or 1 row). Composite keys as a dict or tuple."""
+        from .lsm import key_filter
+
+        expr = key_filter(self._table_schema, self._keys, key)
+        scanner = await self._scanner(snapshots)
+
+        def work() -> pa.Table:
+            sc = scanner.filter(expr).limit(1)
+            if columns is not None:
+                sc = sc.project(list(columns))
+            return sc.to_table()
+
+        return await run_sync(work)
+
+    async def lsm_vector_search(
+        self,
+        query: Any,
+        *,
+        column: str,
+        k: int = 10,
+        filter: str | None = None,
+        metric: str = "l2",
+        snapshots: ShardSnapshots | None = None,
+    ) -> pa.Table:
+        """Exact k-nearest search over every level, this writer's memtable included.
+
+        pylance 14 gives no vector planner over a live memtable, so this scans
+        the LSM view (projected to the needed columns) on a worker thread and
+        ranks exactly. For large tables prefer :meth:`AsyncDataset.lsm_vector_search`
+        (indexed, flushed levels only).
+
+        Returns
+        -------
+        pa.Table
+            At most ``k`` rows, newest version per key, with ``_distance``.
+        """
+        from .lsm import exact_knn
+
+        scanner = await self._scanner(snapshots)
+
+        def work() -> pa.Table:
+            sc = scanner.filter(filter) if filter else scanner
+            return exact_knn(sc.to_table(), column, query, k, metric)
+
+        return await run_sync(work)

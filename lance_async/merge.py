@@ -1,0 +1,472 @@
+"""Awaitable merge_insert (upsert) whose conflict retries replay the source.
+
+:class:`AsyncMergeInsertBuilder` mirrors ``lance.MergeInsertBuilder`` of
+pylance 14. What differs is how a commit conflict is retried, chosen by the
+source's :class:`~lance_async.SourceMode`:
+
+MATERIALIZED
+    Lance's in-memory path (``execute_batches``) with Lance's own retries;
+    the rows are in memory already, nothing spills.
+REPLAYABLE
+    Lance's retries are turned off (``conflict_retries(0)``), so Lance never
+    buffers or spills the input. On a retryable conflict lance_async backs off
+    (about 50, 100, 200, 400 ms ... with jitter, and never less than the last
+    attempt took), reopens the target at its latest version, opens a fresh
+    pass of the source (calls the factory again) and tries again, up to
+    ``conflict_retries`` retries within ``retry_timeout``.
+STREAMING
+    One pass. Lance's own buffered retries when ``conflict_retries > 0``;
+    a conflict fails at once with ``conflict_retries(0)``.
+
+Every attempt runs on an engine thread; the loop stays free during attempts
+and during backoff.
+
+Cancellation
+------------
+Cancelling the task that awaits :meth:`AsyncMergeInsertBuilder.execute`
+never leaves a thread running on its behalf: an attempt in flight runs to its
+end in its thread (a merge cannot be interrupted half-way), then the
+cancellation is delivered. If that attempt committed, its
+:class:`MergeResult` is stored in :attr:`AsyncMergeInsertBuilder.last_result`
+and logged (logger ``lance_async``, level WARNING) so the outcome is known.
+Cancelled during backoff, nothing is in flight and nothing more is committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pyarrow as pa
+from lance.dataset import LanceDataset
+
+from ._threads import run_sync
+from .errors import (
+    ConflictError,
+    ContentionError,
+    SchemaMismatchError,
+    map_engine_error,
+)
+from .sources import SourceMode, WriteSource, resolve_source
+
+if TYPE_CHECKING:
+    from .dataset import AsyncDataset
+
+__all__ = ["AsyncMergeInsertBuilder", "MergeResult", "backoff_delay"]
+
+log = logging.getLogger("lance_async")
+
+BASE_BACKOFF = 0.05
+MAX_BACKOFF = 5.0
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What one merge_insert did.
+
+    Attributes
+    ----------
+    num_inserted_rows, num_updated_rows, num_deleted_rows : int
+        Row counts reported by Lance for the committed attempt.
+    num_attempts : int
+        Attempts lance_async ran (1 + retries). For MATERIALIZED sources Lance
+        retries inside one attempt, so this stays 1 there.
+    source_mode : SourceMode
+        How the source was read (decides the retry strategy).
+    version : int
+        The dataset version the merge committed.
+    """
+
+    num_inserted_rows: int
+    num_updated_rows: int
+    num_deleted_rows: int
+    num_attempts: int
+    source_mode: SourceMode
+    version: int
+
+
+def backoff_delay(
+    attempt: int, last_attempt_seconds: float, rng: random.Random | None = None
+) -> float:
+    """Seconds to wait before retry number ``attempt`` (1-based).
+
+    ``0.05 * 2**(attempt-1)`` seconds -- 50, 100, 200, 400 ms ... -- or the
+    duration of the last attempt when that is longer (slow attempts back off
+    more, so contending writers spread out), times a jitter in [0.5, 1.5),
+    capped at 5 s. The shape follows Lance's own commit retry backoff.
+    """
+    base = max(BASE_BACKOFF * (2 ** max(attempt - 1, 0)), last_attempt_seconds)
+    jitter = (rng or random).uniform(0.5, 1.5)
+    return float(min(MAX_BACKOFF, base * jitter))
+
+
+_RETRIES_RE = re.compile(r"Attempted (\d+) retries")
+
+
+def _is_retryable_conflict(exc: BaseException) -> bool:
+    mapped = map_engine_error(exc)
+    return isinstance(mapped, ConflictError) and mapped.retryable
+
+
+def _stats(result: Any) -> tuple[int, int, int]:
+    get = result.get if isinstance(result, dict) else (lambda k, d=0: getattr(result, k, d))
+    return (
+        int(get("num_inserted_rows", 0)),
+        int(get("num_updated_rows", 0)),
+        int(get("num_deleted_rows", 0)),
+    )
+
+
+class AsyncMergeInsertBuilder:
+    """Configure and run an upsert, like ``lance.MergeInsertBuilder`` (pylance 14).
+
+    Obtain one from :meth:`AsyncDataset.merge_insert`. The configuration
+    methods return ``self`` for chaining and do not block; :meth:`execute`,
+    :meth:`execute_uncommitted`, :meth:`analyze_plan` and :meth:`explain_plan`
+    are coroutines that run the engine on a worker thread.
+
+    Attributes
+    ----------
+    last_result : MergeResult or None
+        The result of the last committed execution, also set when the
+        awaiting task was cancelled after the commit landed.
+    """
+
+    def __init__(self, dataset: AsyncDataset, on: str | Iterable[str] | None) -> None:
+        self._dataset = dataset
+        if on is None:
+            keys = dataset.primary_key
+            if not keys:
+                raise ValueError(
+                    "merge_insert(on=None) uses the primary key, but the schema marks none; "
+                    "pass on='column' or add the lance-schema:unenforced-primary-key metadata"
+                )
+            self._on = keys
+        else:
+            self._on = [on] if isinstance(on, str) else list(on)
+        unknown = [c for c in self._on if c not in dataset.schema.names]
+        if unknown:
+            raise SchemaMismatchError(
+                f"join column {unknown[0]!r} is not in the table", field=unknown[0]
+            )
+        self._steps: list[tuple[str, tuple[Any, ...]]] = []
+        self._retries = 10
+        self._timeout = timedelta(seconds=30)
+        self._marked = False
+        self.last_result: MergeResult | None = None
+
+    # -- configuration (mirrors pylance) -----------------------------------
+    def _add(self, name: str, *args: Any) -> AsyncMergeInsertBuilder:
+        self._steps.append((name, args))
+        return self
+
+    def when_matched_update_all(self, condition: str | None = None) -> AsyncMergeInsertBuilder:
+        """Update target rows that match a source row (optionally only where
+        the SQL ``condition`` over ``source.`` / ``target.`` columns holds)."""
+        return self._add("when_matched_update_all", condition)
+
+    def when_matched_delete(self) -> AsyncMergeInsertBuilder:
+        """Delete target rows that match a source row."""
+        return self._add("when_matched_delete")
+
+    def when_matched_fail(self) -> AsyncMergeInsertBuilder:
+        """Fail the whole operation if any row matches."""
+        return self._add("when_matched_fail")
+
+    def when_not_matched_insert_all(self) -> AsyncMergeInsertBuilder:
+        """Insert source rows that match no target row."""
+        return self._add("when_not_matched_insert_all")
+
+    def when_not_matched_by_source_delete(self, expr: str | None = None) -> AsyncMergeInsertBuilder:
+        """Delete target rows that no source row matches (only those matching
+        the SQL ``expr`` when given)."""
+        return self._add("when_not_matched_by_source_delete", expr)
+
+    def conflict_retries(self, max_retries: int) -> AsyncMergeInsertBuilder:
+        """Retries after a commit conflict (default 10; 0 fails at once)."""
+        if max_retries < 0:
+            raise ValueError("conflict_retries must be >= 0")
+        self._retries = int(max_retries)
+        return self
+
+    def retry_timeout(self, timeout: timedelta) -> AsyncMergeInsertBuilder:
+        """Time budget for retries (default 30 s); the first attempt always runs."""
+        self._timeout = timeout
+        return self
+
+    def use_index(self, use_index: bool) -> AsyncMergeInsertBuilder:
+        """Whether to use an index on the join key (default True)."""
+        return self._add("use_index", use_index)
+
+    def write_mode(self, mode: str) -> AsyncMergeInsertBuilder:
+        """``"auto"``, ``"rewrite_rows"`` or ``"rewrite_columns"`` (see pylance)."""
+        return self._add("write_mode", mode)
+
+    def data_storage_version(self, version: str) -> AsyncMergeInsertBuilder:
+        """File format version for the files this merge writes."""
+        return self._add("data_storage_version", version)
+
+    def mark_sstables_as_compacted(self, sstables: Sequence[Any]) -> AsyncMergeInsertBuilder:
+        """Record, in the merge's own commit, that MemWAL SSTables were compacted
+        (a list of ``lance.mem_wal.CompactedSsTable``; at most one per shard)."""
+        self._marked = True
+        return self._add("mark_sstables_as_compacted", list(sstables))
+
+    # -- building -----------------------------------------------------------
+    def _build(self, target: LanceDataset, retries: int) -> Any:
+        builder = target.merge_insert(self._on)
+        for name, args in self._steps:
+            builder = getattr(builder, name)(*args)
+        return builder.conflict_retries(retries).retry_timeout(self._timeout)
+
+    def _check_source(self, source: WriteSource) -> None:
+        table = self._dataset.schema
+        for name in self._on:
+            if name not in source.schema.names:
+                raise SchemaMismatchError(f"the source lacks join column {name!r}", field=name)
+        for field in source.schema:
+            target = table.field(field.name) if field.name in table.names else None
+            if target is None:
+                raise SchemaMismatchError(
+                    f"the source has column {field.name!r}, which the table lacks", field=field.name
+                )
+            if not target.type.equals(field.type):
+                raise SchemaMismatchError(
+                    f"column {field.name!r} is {field.type} in the source but {target.type} "
+                    "in the table",
+                    field=field.name,
+                )
+
+    async def _prepare(self, source: Any, schema: pa.Schema | None) -> WriteSource:
+        src = await resolve_source(source, schema=schema)
+        self._check_source(src)
+        return src
+
+    # -- execution -----------------------------------------------------------
+    async def execute(self, source: Any, *, schema: pa.Schema | None = None) -> MergeResult:
+        """Run the upsert and commit it, retrying conflicts by source mode.
+
+        Parameters
+        ----------
+        source : anything :func:`~lance_async.coerce_source` accepts
+            The new rows. Pass ``lance_async.replayable(factory, schema=...)``
+            to promise repeatability.
+        schema : pa.Schema, optional
+            The source's schema (needed only for an empty list; saves peeking
+            at the first batch of an iterator).
+
+        Returns
+        -------
+        MergeResult
+
+        Raises
+        ------
+        SchemaMismatchError
+            The source's columns do not fit the table (before anything runs),
+            or a batch drifts (nothing committed).
+        SourceChangedError
+            A replay gave another schema or changed files (nothing committed).
+        ContentionError
+            Every attempt lost to concurrent writers (``num_attempts`` says how
+            many ran).
+        ConflictError
+            A conflict that no retry can cure (``retryable`` False).
+        BaseException
+            An error raised by the source itself, unchanged (nothing committed).
+        """
+        src = await self._prepare(source, schema)
+        if src.mode is SourceMode.REPLAYABLE:
+            return await self._execute_replayable(src)
+        return await self._execute_once(src)
+
+    def _record(
+        self, target: LanceDataset, stats: Any, attempts: int, mode: SourceMode
+    ) -> MergeResult:
+        ins, upd, dele = _stats(stats)
+        result = MergeResult(ins, upd, dele, attempts, mode, int(target.version))
+        self.last_result = result
+        self._dataset._replace(target)
+        return result
+
+    def _on_cancel(
+        self, mode: SourceMode, attempts: int
+    ) -> Callable[[Any, BaseException | None], None]:
+        def handle(outcome: Any, error: BaseException | None) -> None:
+            if error is None and outcome is not None:
+                target, stats = outcome
+                result = self._record(target, stats, attempts, mode)
+                log.warning(
+                    "lance_async: merge_insert committed version %d of %s, but the awaiting "
+                    "task was cancelled; see AsyncMergeInsertBuilder.last_result",
+                    result.version,
+                    self._dataset.uri,
+                )
+
+        return handle
+
+    async def _attempt(self, src: WriteSource, retries: int, attempts: int) -> MergeResult:
+        """One pass of the source through one engine merge."""
+        batches = src.batches()
+        base = self._dataset.lance
+        async with src.reader_plan() as plan:
+
+            def work() -> tuple[LanceDataset, Any]:
+                target = base.checkout_version(base.latest_version)
+                builder = self._build(target, retries)
+                if batches is not None:
+                    stats = builder.execute(pa.Table.from_batches(batches, schema=src.schema))
+                else:
+                    stats = builder.execute(plan.make())
+                return target, stats
+
+            try:
+                target, stats = await run_sync(
+                    work, on_cancel_result=self._on_cancel(src.mode, attempts)
+                )
+            except BaseException as exc:
+                if plan.error is not None and plan.error is not exc:
+                    raise plan.error  # noqa: B904 - the source's own error; the engine's is its context
+                raise
+        return self._record(target, stats, attempts, src.mode)
+
+    async def _execute_once(self, src: WriteSource) -> MergeResult:
+        try:
+            return await self._attempt(src, self._retries, 1)
+        except (OSError, ValueError, RuntimeError) as exc:
+            mapped = map_engine_error(exc)
+            if isinstance(mapped, ConflictError) and mapped.retryable:
+                match = _RETRIES_RE.search(str(exc))
+                attempts = int(match.group(1)) + 1 if match else 1
+                raise ContentionError(
+                    f"merge_insert into {self._dataset.uri} lost to concurrent writers after "
+                    f"{attempts} attempt(s) ({src.mode.value} source: "
+                    + (
+                        "no replay possible; pass a replayable source or raise conflict_retries)"
+                        if src.mode is SourceMode.STREAMING
+                        else "Lance's own retries)"
+                    ),
+                    num_attempts=attempts,
+                ) from exc
+            if mapped is not None:
+                raise mapped from exc
+            raise
+
+    async def _execute_replayable(self, src: WriteSource) -> MergeResult:
+        deadline = time.monotonic() + self._timeout.total_seconds()
+        attempts = 0
+        while True:
+            attempts += 1
+            started = time.monotonic()
+            try:
+                return await self._attempt(src, 0, attempts)
+            except (OSError, ValueError, RuntimeError) as exc:
+                if not _is_retryable_conflict(exc):
+                    mapped = map_engine_error(exc)
+                    if mapped is not None:
+                        raise mapped from exc
+                    raise
+                took = time.monotonic() - started
+                delay = backoff_delay(attempts, took)
+                if attempts > self._retries or time.monotonic() + delay > deadline:
+                    raise ContentionError(
+                        f"merge_insert into {self._dataset.uri} lost to concurrent writers "
+                        f"{attempts} time(s); retries exhausted (conflict_retries="
+                        f"{self._retries}, retry_timeout={self._timeout.total_seconds():g}s)",
+                        num_attempts=attempts,
+                    ) from exc
+                log.debug(
+                    "lance_async: merge_insert attempt %d conflicted; replaying in %.3f s",
+                    attempts,
+                    delay,
+                )
+            await anyio.sleep(delay)
+
+    async def execute_uncommitted(
+        self, source: Any, *, schema: pa.Schema | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Run the merge without committing; the source is read once.
+
+        Returns
+        -------
+        tuple of (lance.Transaction, dict)
+            The transaction to commit later (``LanceDataset.commit``) and the
+            row counts.
+
+        Raises
+        ------
+        SchemaMismatchError, BaseException
+            As :meth:`execute` (no retries: nothing is committed here).
+        """
+        src = await self._prepare(source, schema)
+        batches = src.batches()
+        base = self._dataset.lance
+        async with src.reader_plan() as plan:
+
+            def work() -> tuple[Any, dict[str, Any]]:
+                builder = self._build(base, 0)
+                data = (
+                    pa.Table.from_batches(batches, schema=src.schema)
+                    if batches is not None
+                    else plan.make()
+                )
+                txn, stats = builder.execute_uncommitted(data)
+                return txn, dict(stats)
+
+            try:
+                return await run_sync(work)
+            except BaseException as exc:
+                if plan.error is not None and plan.error is not exc:
+                    raise plan.error  # noqa: B904 - the source's own error; the engine's is its context
+                mapped = map_engine_error(exc)
+                if mapped is not None:
+                    raise mapped from exc
+                raise
+
+    async def analyze_plan(self, source: Any, *, schema: pa.Schema | None = None) -> str:
+        """Run the merge to collect metrics, without committing; returns the
+        annotated plan. The source is read the same way :meth:`execute` reads
+        it (in memory for MATERIALIZED sources, streamed otherwise).
+
+        Raises
+        ------
+        BaseException
+            The source's own error when it fails: never a plan that looks fine.
+        """
+        src = await self._prepare(source, schema)
+        batches = src.batches()
+        base = self._dataset.lance
+        async with src.reader_plan() as plan:
+
+            def work() -> str:
+                builder = self._build(base, 0)
+                data = (
+                    pa.Table.from_batches(batches, schema=src.schema)
+                    if batches is not None
+                    else plan.make()
+                )
+                return str(builder.analyze_plan(data))
+
+            try:
+                text = await run_sync(work)
+            except BaseException as exc:
+                if plan.error is not None and plan.error is not exc:
+                    raise plan.error  # noqa: B904 - the source's own error; the engine's is its context
+                raise
+            if plan.error is not None:
+                raise plan.error
+            return text
+
+    async def explain_plan(self, schema: pa.Schema | None = None, verbose: bool = False) -> str:
+        """The plan Lance would run for a streamed source of ``schema``
+        (default: the table's schema). Writes nothing."""
+        base = self._dataset.lance
+        return str(
+            await run_sync(lambda: self._build(base, 0).explain_plan(schema, verbose=verbose))
+        )

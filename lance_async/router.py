@@ -1,0 +1,210 @@
+"""``ShardRouter``: split rows by MemWAL shard and feed one writer per shard.
+
+For a table initialized with bucket sharding (``bucket_column`` +
+``num_buckets``) or identity sharding (``identity_column``), Lance computes
+each row's shard value with ``lance.mem_wal.evaluate_sharding_spec``. The
+router groups each batch's rows by that value and hands every group to the
+:class:`~lance_async.AsyncShardWriter` of its shard, all writers running
+concurrently in the router's task group.
+
+Shard ids
+---------
+pylance 14 leaves the choice of a shard's UUID to the caller. The router
+derives it deterministically from the sharding spec and the shard value,
+``uuid5(SHARD_NAMESPACE, f"{spec_id}/{value}")``, so every process routes a
+value to the same shard (and reopening replays that shard's WAL). Pass
+``shard_id_for=`` to use your own mapping.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pyarrow as pa
+import pyarrow.compute as pc
+from anyio.abc import TaskGroup
+from lance.mem_wal import evaluate_sharding_spec
+
+from ._loop import unwrap_groups
+from .acks import Ack, PutSummary
+from .errors import ClosedError, InvalidInputError
+from .mem_wal import AsyncShardWriter
+from .sources import SourceMode, resolve_source
+
+if TYPE_CHECKING:
+    from .dataset import AsyncDataset
+
+__all__ = ["SHARD_NAMESPACE", "ShardRouter", "default_shard_id"]
+
+SHARD_NAMESPACE = uuid.UUID("6c616e63-655f-6173-796e-635f73686172")
+
+
+def default_shard_id(spec_id: int, value: Any) -> str:
+    """The shard UUID the router uses for a shard value (deterministic)."""
+    return str(uuid.uuid5(SHARD_NAMESPACE, f"{spec_id}/{value}"))
+
+
+class ShardRouter:
+    """Route rows of a sharded MemWAL table to one writer per shard.
+
+    Obtain it with :meth:`AsyncDataset.shard_router` and use it as
+    ``async with``. Writers open lazily, the first time a shard receives rows.
+
+    Parameters
+    ----------
+    dataset : AsyncDataset
+        A table initialized with bucket or identity sharding.
+    shard_id_for : callable, optional
+        ``(spec_id, value) -> shard UUID string``; default
+        :func:`default_shard_id`.
+    **writer_options
+        Passed to every :class:`AsyncShardWriter` (queue limits, ``linger``,
+        ``durable_write``, ...).
+
+    Raises
+    ------
+    InvalidInputError
+        On entry, when the table has no MemWAL sharding spec.
+    """
+
+    def __init__(
+        self,
+        dataset: AsyncDataset,
+        *,
+        shard_id_for: Callable[[int, Any], str] | None = None,
+        **writer_options: Any,
+    ) -> None:
+        self._dataset = dataset
+        self._shard_id_for = shard_id_for or default_shard_id
+        self._options = writer_options
+        self._writers: dict[Any, AsyncShardWriter] = {}
+        self._spec: dict[str, Any] | None = None
+        self._tg: TaskGroup | None = None
+        self._open = False
+        self._closed = False
+        self._open_lock: anyio.Lock | None = None
+
+    @property
+    def writers(self) -> dict[str, AsyncShardWriter]:
+        """Open writers by shard id."""
+        return {w.shard_id: w for w in self._writers.values()}
+
+    async def __aenter__(self) -> ShardRouter:
+        details = await self._dataset.mem_wal_index_details()
+        specs = (details or {}).get("sharding_specs") or []
+        if not specs:
+            raise InvalidInputError(
+                "the table has no MemWAL sharding spec; initialize_mem_wal(bucket_column=..., "
+                "num_buckets=...) or (identity_column=...), or use mem_wal_writer(shard_id)"
+            )
+        self._spec = max(specs, key=lambda s: int(s["spec_id"]))
+        self._open_lock = anyio.Lock()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._open = True
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Flush and close every writer, then the router (safe to call twice)."""
+        if self._closed or not self._open:
+            self._closed = True
+            return
+        self._closed = True
+        assert self._tg is not None
+        try:
+            with unwrap_groups(), anyio.CancelScope(shield=True):
+                async with anyio.create_task_group() as closing:
+                    for writer in self._writers.values():
+                        closing.start_soon(writer.aclose)
+        finally:
+            with unwrap_groups():
+                await self._tg.__aexit__(None, None, None)
+
+    def _route(self, batch: pa.RecordBatch) -> list[tuple[Any, pa.RecordBatch]]:
+        assert self._spec is not None
+        if batch.num_rows == 0:
+            return []
+        values = evaluate_sharding_spec(batch, self._spec, self._dataset.lance.lance_schema).column(
+            0
+        )
+        uniques = pc.unique(values)
+        if len(uniques) == 1:
+            return [(uniques[0].as_py(), batch)]
+        out = []
+        for value in uniques:
+            mask = pc.equal(values, value)
+            out.append((value.as_py(), batch.filter(mask)))
+        return out
+
+    async def _writer(self, value: Any) -> AsyncShardWriter:
+        writer = self._writers.get(value)
+        if writer is not None:
+            return writer
+        assert self._open_lock is not None and self._spec is not None
+        async with self._open_lock:
+            writer = self._writers.get(value)
+            if writer is None:
+                shard_id = self._shard_id_for(int(self._spec["spec_id"]), value)
+                writer = AsyncShardWriter(self._dataset, shard_id, **self._options)
+                await writer.open(task_group=self._tg)
+                self._writers[value] = writer
+        return writer
+
+    async def send(self, data: Any, *, timeout: float | None = None) -> Ack:
+        """Route rows to their shards' writers; wait only for queue room.
+
+        Returns
+        -------
+        Ack
+            Resolves when every row, in every shard, is written.
+
+        Raises
+        ------
+        SchemaMismatchError, BackpressureTimeoutError, WriterFailedError
+            As :meth:`AsyncShardWriter.send`.
+        ClosedError
+            The router is closed.
+        """
+        if not self._open or self._closed:
+            raise ClosedError("the ShardRouter is not open; use `async with`")
+        source = await resolve_source(data)
+        acks: list[Ack] = []
+        if source.mode is SourceMode.MATERIALIZED:
+            batches: Any = source.batches() or []
+            for batch in batches:
+                await self._send_batch(batch, acks, timeout)
+        else:
+            stream = source.open()
+            try:
+                async for batch in stream:
+                    await self._send_batch(batch, acks, timeout)
+            finally:
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    with anyio.CancelScope(shield=True):
+                        await aclose()
+        return Ack.combine(acks)
+
+    async def _send_batch(
+        self, batch: pa.RecordBatch, acks: list[Ack], timeout: float | None
+    ) -> None:
+        for value, part in self._route(batch):
+            writer = await self._writer(value)
+            acks.append(await writer.send(part, timeout=timeout))
+
+    async def put(self, data: Any, *, timeout: float | None = None) -> PutSummary:
+        """Route rows and wait until every shard has written them."""
+        ack = await self.send(data, timeout=timeout)
+        return await ack
+
+    async def flush(self) -> None:
+        """Wait until every writer has written what was queued."""
+        async with anyio.create_task_group() as tg:
+            for writer in list(self._writers.values()):
+                tg.start_soon(writer.flush)

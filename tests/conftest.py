@@ -1,0 +1,55 @@
+"""Shared fixtures: both anyio backends, temporary tables, broker discovery."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .helpers import KV_SCHEMA, kv_table  # noqa: F401  (re-exported for tests)
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def table_uri(tmp_path: Path) -> str:
+    return str(tmp_path / "table.lance")
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def broker_or_skip(name: str, port: int) -> None:
+    """Skip when the broker is absent, except in CI where it must run."""
+    if _port_open(port):
+        return
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"{name} is not reachable on 127.0.0.1:{port}, and CI=true requires it")
+    pytest.skip(f"{name} is not running on 127.0.0.1:{port}; start it to run this test")
+
+
+@pytest.fixture
+def no_stream_threads() -> Iterator[None]:
+    """Fail if a lance_async stream thread outlives the test."""
+    import threading
+    import time
+
+    yield
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        alive = [t for t in threading.enumerate() if t.name == "lance_async-stream"]
+        if not alive:
+            return
+        time.sleep(0.02)
+    pytest.fail(f"stream threads still running: {alive}")
