@@ -1,0 +1,403 @@
+"""The feed protocol and :func:`ingest`: feed messages into a MemWAL writer.
+
+A *feed* is a Kafka-like source of messages, each with an offset and a way
+to acknowledge it (JetStream ``ack``, Redis ``XACK``, a Kafka offset commit,
+a file position). :func:`ingest` pulls messages in micro-batches, decodes
+them into record batches of the table's schema, sends them through an
+:class:`~lance_async.AsyncShardWriter` (or :class:`~lance_async.ShardRouter`)
+and acknowledges each message only after every row decoded from it is
+durable -- the writer's :class:`~lance_async.Ack` resolved.
+
+Delivery is at least once. A message whose rows were written but whose ack
+was lost (a crash in between) comes again; with a primary key the LSM's
+newest-wins makes the end state the same. Acknowledgements are made in feed
+order, and never for rows whose write outcome is unknown (cancelled) or
+failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import anyio
+import pyarrow as pa
+
+from .._loop import unwrap_groups
+from ..acks import Ack
+from ..errors import DecodeError, LanceAsyncError
+from ..formats import decode_json_rows
+
+__all__ = [
+    "DeadLetter",
+    "Feed",
+    "IngestStats",
+    "IterableFeed",
+    "Message",
+    "decode_json",
+    "ingest",
+]
+
+log = logging.getLogger("lance_async")
+
+AckFn = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class Message:
+    """One message of a feed.
+
+    Attributes
+    ----------
+    offset : object
+        Its position in the feed (a stream sequence, an entry id,
+        ``(partition, offset)``, a byte offset). Shown in errors and handed
+        to the dead-letter hook.
+    payload : bytes or pa.RecordBatch
+        The raw message (decoded by :func:`ingest`'s ``decode``), or rows
+        already decoded by the feed (file feeds).
+    headers : dict
+        Broker headers or fields, if any.
+    """
+
+    offset: Any
+    payload: bytes | pa.RecordBatch
+    headers: dict[str, Any] = field(default_factory=dict)
+    _ack: AckFn | None = field(default=None, repr=False)
+    acked: bool = field(default=False, repr=False)
+
+    async def ack(self) -> None:
+        """Acknowledge (commit) the message. Idempotent."""
+        if self.acked:
+            return
+        if self._ack is not None:
+            await self._ack()
+        self.acked = True
+
+
+@runtime_checkable
+class Feed(Protocol):
+    """What :func:`ingest` needs from a feed.
+
+    ``fetch`` returns the messages available now (up to ``max_messages``),
+    waiting at most ``timeout`` seconds for the first one; an empty list
+    means nothing arrived. ``exhausted`` turns True when a finite feed has no
+    more messages (a file read to its end and not followed).
+    """
+
+    async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
+        """Messages available now (at most ``max_messages``); [] after ``timeout``."""
+        ...
+
+    @property
+    def exhausted(self) -> bool:
+        """True when a finite feed has delivered everything."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the feed's connection or file."""
+        ...
+
+
+DeadLetter = Callable[[Message, BaseException], Awaitable[None] | None]
+
+
+def decode_json(messages: Sequence[Message], schema: pa.Schema) -> pa.Table:
+    """Decode JSON / NDJSON message payloads into one table of ``schema``.
+
+    Each payload is a JSON object or several newline-delimited ones; values
+    are coerced to the schema's types (see :mod:`lance_async.formats`).
+    Payloads that are already record batches pass through.
+
+    Raises
+    ------
+    DecodeError
+        A payload is not valid JSON for the schema.
+    """
+    tables = []
+    raw: list[bytes] = []
+    for m in messages:
+        if isinstance(m.payload, pa.RecordBatch):
+            tables.append(pa.Table.from_batches([m.payload]))
+            continue
+        data = bytes(m.payload).strip()
+        if data:
+            raw.append(data)
+    if raw:
+        tables.append(decode_json_rows(b"\n".join(raw) + b"\n", schema))
+    if not tables:
+        return schema.empty_table()
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+@dataclass
+class IngestStats:
+    """What :func:`ingest` did.
+
+    Attributes
+    ----------
+    messages : int
+        Messages acknowledged.
+    rows : int
+        Rows written (durable) and acknowledged.
+    dead_letters : int
+        Messages handed to the dead-letter hook (and then acknowledged).
+    sends : int
+        Writer sends (one per micro-batch).
+    seconds : float
+        Wall time.
+    """
+
+    messages: int = 0
+    rows: int = 0
+    dead_letters: int = 0
+    sends: int = 0
+    seconds: float = 0.0
+
+    @property
+    def rows_per_second(self) -> float:
+        """Throughput over the run."""
+        return self.rows / self.seconds if self.seconds else 0.0
+
+
+class _Writer(Protocol):
+    async def send(self, data: Any, *, timeout: float | None = ...) -> Ack: ...
+
+
+async def _dead_letter(hook: DeadLetter | None, message: Message, error: BaseException) -> None:
+    if hook is None:
+        if isinstance(error, LanceAsyncError):
+            raise error
+        raise DecodeError(
+            f"message at offset {message.offset!r}: {error}", offset=message.offset
+        ) from error
+    result = hook(message, error)
+    if result is not None:
+        await result
+
+
+async def _decode_group(
+    messages: list[Message],
+    schema: pa.Schema,
+    decode: Callable[[Sequence[Message], pa.Schema], pa.Table],
+    dead_letter: DeadLetter | None,
+    stats: IngestStats,
+) -> tuple[pa.Table | None, list[Message]]:
+    """Decode a micro-batch; on failure, isolate the bad messages one by one."""
+    try:
+        return decode(messages, schema), list(messages)
+    except (DecodeError, pa.ArrowException, ValueError, UnicodeDecodeError) as exc:
+        if len(messages) == 1:
+            await _dead_letter(dead_letter, messages[0], exc)
+            stats.dead_letters += 1
+            await messages[0].ack()
+            stats.messages += 1
+            return None, []
+    good: list[Message] = []
+    tables: list[pa.Table] = []
+    for m in messages:
+        try:
+            tables.append(decode([m], schema))
+            good.append(m)
+        except (DecodeError, pa.ArrowException, ValueError, UnicodeDecodeError) as exc:
+            await _dead_letter(dead_letter, m, exc)
+            stats.dead_letters += 1
+            # a dead-lettered message is handled: ack it once the ones before it are
+            good.append(m)
+            tables.append(schema.empty_table())
+    return (pa.concat_tables(tables) if tables else None), good
+
+
+async def ingest(
+    feed: Feed,
+    writer: _Writer,
+    *,
+    decode: Callable[[Sequence[Message], pa.Schema], pa.Table] | None = None,
+    schema: pa.Schema | None = None,
+    dead_letter: DeadLetter | None = None,
+    max_batch: int = 1000,
+    fetch_timeout: float = 0.5,
+    max_pending_acks: int = 64,
+    idle_timeout: float | None = None,
+    on_progress: Callable[[IngestStats], None] | None = None,
+) -> IngestStats:
+    """Stream a feed into a MemWAL writer; ack each message once its rows are durable.
+
+    Parameters
+    ----------
+    feed : Feed
+        The message source (see :mod:`lance_async.feeds`).
+    writer : AsyncShardWriter or ShardRouter
+        Anything with ``await writer.send(rows) -> Ack``.
+    decode : callable, optional
+        ``(messages, schema) -> pa.Table``; default :func:`decode_json`
+        (JSON / NDJSON payloads, values coerced to the schema).
+    schema : pa.Schema, optional
+        Target schema; default ``writer.schema``.
+    dead_letter : callable, optional
+        ``(message, error)`` (sync or async) for a message that cannot be
+        decoded; it is then acknowledged. Default: raise :class:`DecodeError`
+        (nothing after it is acknowledged). Never dropped silently.
+    max_batch : int
+        Messages decoded and sent together (default 1,000).
+    fetch_timeout : float
+        Seconds one fetch waits for messages (default 0.5).
+    max_pending_acks : int
+        Micro-batches sent but not yet acknowledged before fetching pauses
+        (default 64); with the writer's queue limits this bounds memory.
+    idle_timeout : float, optional
+        Return after this many seconds without a message (default: run until
+        the feed is exhausted, or forever for an endless feed, until
+        cancelled).
+    on_progress : callable, optional
+        Called with the running :class:`IngestStats` after each acknowledged
+        micro-batch.
+
+    Returns
+    -------
+    IngestStats
+
+    Raises
+    ------
+    DecodeError
+        A bad message and no dead-letter hook.
+    WriterFailedError, InvalidInputError
+        The rows of a micro-batch could not be written; it and everything
+        after it stay unacknowledged (they will be delivered again).
+
+    Notes
+    -----
+    Cancellation: fetching stops at once; micro-batches whose rows are not
+    yet durable are not acknowledged (they will come again); nothing is
+    acknowledged after the cancellation.
+    """
+    target = schema if schema is not None else getattr(writer, "schema", None)
+    if target is None:
+        raise ValueError("ingest needs schema= when the writer has no .schema")
+    decoder = decode or decode_json
+    stats = IngestStats()
+    started = time.monotonic()
+    # Sent micro-batches wait here, in feed order, for their rows to be durable.
+    to_ack, acks_in = anyio.create_memory_object_stream[tuple[list[Message], Ack | None, int]](
+        max_pending_acks
+    )
+
+    async def acker() -> None:
+        async with acks_in:
+            async for messages, ack, rows in acks_in:
+                if ack is not None:
+                    await ack  # a write error propagates: nothing more is acked
+                for m in messages:
+                    await m.ack()
+                stats.messages += len(messages)
+                stats.rows += rows
+                if on_progress is not None:
+                    on_progress(stats)
+
+    idle_since = time.monotonic()
+    with unwrap_groups():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(acker)
+            async with to_ack:
+                while not feed.exhausted:
+                    batch = await feed.fetch(max_batch, fetch_timeout)
+                    if not batch:
+                        if (
+                            idle_timeout is not None
+                            and time.monotonic() - idle_since > idle_timeout
+                        ):
+                            break
+                        continue
+                    idle_since = time.monotonic()
+                    table, messages = await _decode_group(
+                        batch, target, decoder, dead_letter, stats
+                    )
+                    if not messages:
+                        continue
+                    ack: Ack | None = None
+                    rows = 0
+                    if table is not None and table.num_rows:
+                        rows = table.num_rows
+                        ack = await writer.send(table)
+                        stats.sends += 1
+                    await to_ack.send((messages, ack, rows))
+    stats.seconds = time.monotonic() - started
+    return stats
+
+
+class IterableFeed:
+    """A feed over an (async) iterable of payloads, for tests and replays.
+
+    Each item becomes a :class:`Message` whose offset is its position;
+    ``on_ack(offset)`` (optional) is called when it is acknowledged, in
+    order, so a caller can record the committed position.
+
+    Parameters
+    ----------
+    items : iterable or async iterable of bytes or pa.RecordBatch
+    on_ack : callable, optional
+        ``(offset) -> None`` called after each acknowledgement.
+    """
+
+    def __init__(self, items: Any, on_ack: Callable[[int], None] | None = None) -> None:
+        self._aiter: AsyncIterator[Any] | None = None
+        self._iter = None
+        if hasattr(items, "__aiter__"):
+            self._aiter = items.__aiter__()
+        else:
+            self._iter = iter(items)
+        self._offset = 0
+        self._done = False
+        self._on_ack = on_ack
+        self.committed = -1
+        """The highest offset acknowledged so far (-1 before any)."""
+
+    @property
+    def exhausted(self) -> bool:
+        """True once the iterable has ended."""
+        return self._done
+
+    def _message(self, payload: Any) -> Message:
+        offset = self._offset
+        self._offset += 1
+
+        async def ack() -> None:
+            self.committed = offset
+            if self._on_ack is not None:
+                self._on_ack(offset)
+
+        return Message(offset, payload, _ack=ack)
+
+    async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
+        """Up to ``max_messages`` next items (never waits for a sync iterable)."""
+        out: list[Message] = []
+        if self._done:
+            return out
+        if self._iter is not None:
+            for item in self._iter:
+                out.append(self._message(item))
+                if len(out) >= max_messages:
+                    break
+            else:
+                self._done = True
+            await anyio.lowlevel.checkpoint()
+            return out
+        assert self._aiter is not None
+        with anyio.move_on_after(timeout):
+            while len(out) < max_messages:
+                try:
+                    item = await self._aiter.__anext__()
+                except StopAsyncIteration:
+                    self._done = True
+                    break
+                out.append(self._message(item))
+        return out
+
+    async def aclose(self) -> None:
+        """Close the async iterable, if it can be closed."""
+        aclose = getattr(self._aiter, "aclose", None)
+        if aclose is not None:
+            await aclose()
