@@ -169,8 +169,9 @@ class _Writer(Protocol):
 
 async def _dead_letter(hook: DeadLetter | None, message: Message, error: BaseException) -> None:
     if hook is None:
-        if isinstance(error, LanceAsyncError):
+        if isinstance(error, LanceAsyncError) and not isinstance(error, DecodeError):
             raise error
+        # the decoder does not know which message it read: name the offset here
         raise DecodeError(
             f"message at offset {message.offset!r}: {error}", offset=message.offset
         ) from error
@@ -193,9 +194,8 @@ async def _decode_group(
         if len(messages) == 1:
             await _dead_letter(dead_letter, messages[0], exc)
             stats.dead_letters += 1
-            await messages[0].ack()
-            stats.messages += 1
-            return None, []
+            # acked by the acker, after the messages before it (feed order)
+            return None, list(messages)
     good: list[Message] = []
     tables: list[pa.Table] = []
     for m in messages:

@@ -1,0 +1,115 @@
+"""Shared pieces of the feed tests: a MemWAL table, a crash injector, row reads."""
+
+from __future__ import annotations
+
+import gc
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pyarrow as pa
+import pytest
+
+import lance_async as la
+from lance_async.feeds import Message
+
+from .helpers import KV_SCHEMA
+
+#: AsyncShardWriter (mem_wal.py) never closes its queue's receive stream, so
+#: anyio warns "Unclosed <MemoryObjectReceiveStream ...>" when a writer is
+#: collected (reported; mem_wal.py is not ours to edit). Remove once fixed,
+#: together with ``collect_writers`` below.
+WRITER_STREAM_LEAK = pytest.mark.filterwarnings(
+    "ignore:Unclosed <MemoryObjectReceiveStream:ResourceWarning"
+)
+
+
+@pytest.fixture(autouse=True)
+def collect_writers() -> Iterator[None]:
+    """Collect the test's closed writers while WRITER_STREAM_LEAK's filter applies."""
+    yield
+    gc.collect()
+
+
+async def mem_wal_table(tmp_path: Path) -> la.AsyncDataset:
+    """An empty KV_SCHEMA table (primary key ``id``) with the MemWAL enabled."""
+    ds = await la.write_dataset(
+        KV_SCHEMA.empty_table(), str(tmp_path / "feed.lance"), schema=KV_SCHEMA
+    )
+    await ds.initialize_mem_wal()
+    return ds
+
+
+def new_shard() -> str:
+    return str(uuid.uuid4())
+
+
+def row_json(i: int, value: int | None = None) -> bytes:
+    """One JSON row of KV_SCHEMA: id=i, value=value (default 10*i), name=f"n{i}"."""
+    return json.dumps(
+        {"id": i, "value": 10 * i if value is None else value, "name": f"n{i}"}
+    ).encode()
+
+
+async def lsm_rows(writer: la.AsyncShardWriter) -> list[dict[str, Any]]:
+    """Every row visible through the writer's LSM view (memtable included), by id."""
+    table = await writer.lsm_scan().to_table()
+    return sorted(table.to_pylist(), key=lambda r: r["id"])
+
+
+def expected_rows(ids: range | list[int]) -> list[dict[str, Any]]:
+    return [{"id": i, "value": 10 * i, "name": f"n{i}"} for i in ids]
+
+
+class Crashed(Exception):
+    """Marks the simulated crash."""
+
+
+class CrashBeforeAck:
+    """Wraps a feed; the process "dies" between a durable write and its ack.
+
+    The first ``allow`` acknowledgements go through. The next one -- made by
+    :func:`ingest` only after the writer's ack resolved, so its rows are
+    durable -- cancels ``scope`` instead of acknowledging: that message and
+    everything after it stay unacknowledged, as in a crash.
+    """
+
+    def __init__(self, feed: Any, allow: int, scope: anyio.CancelScope) -> None:
+        self.feed = feed
+        self.allow = allow
+        self.scope = scope
+        self.acked: list[Any] = []
+        self.crashed_at: Any = None
+
+    @property
+    def exhausted(self) -> bool:
+        return bool(self.feed.exhausted)
+
+    async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
+        messages = await self.feed.fetch(max_messages, timeout)
+        return [self._wrap(m) for m in messages]
+
+    def _wrap(self, inner: Message) -> Message:
+        async def ack() -> None:
+            if self.crashed_at is not None or len(self.acked) >= self.allow:
+                if self.crashed_at is None:
+                    self.crashed_at = inner.offset
+                self.scope.cancel()
+                await anyio.lowlevel.checkpoint()
+                raise Crashed  # not reached: the checkpoint delivers the cancellation
+            await inner.ack()
+            self.acked.append(inner.offset)
+
+        return Message(inner.offset, inner.payload, inner.headers, _ack=ack)
+
+    async def aclose(self) -> None:
+        await self.feed.aclose()
+
+
+def batch_of(ids: list[int]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(
+        [{"id": i, "value": 10 * i, "name": f"n{i}"} for i in ids], schema=KV_SCHEMA
+    )
