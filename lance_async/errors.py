@@ -196,7 +196,9 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     covered by a test: "Invalid user input" (bad rows, but also "ShardWriter is
     already closed"), "Failed to read batches" (a batch whose own schema says
     non-nullable holds nulls), "Too many concurrent writers" (retries
-    exhausted inside Lance), "Dataset at path ... was not found".
+    exhausted inside Lance; retryable), "Incompatible transaction" (a
+    concurrent overwrite or similar; not retryable), "Dataset at path ... was
+    not found".
     """
     from lance.commit import CommitConflictError as _LanceConflict
 
@@ -217,6 +219,8 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
         return InvalidInputError(f"the engine could not read the batches: {_message(exc)}")
     if "Too many concurrent writers" in text:
         return ConflictError(f"commit conflict: {_message(exc)}", retryable=True)
+    if text.startswith("Incompatible transaction"):
+        return ConflictError(f"commit conflict no retry can cure: {_message(exc)}", retryable=False)
     if "was not found" in text and ("Dataset at path" in text or "Not found" in text):
         return DatasetNotFoundError(f"{_message(exc)}; create it first with write_dataset")
     return None

@@ -212,16 +212,25 @@ async def _with_snapshots(
 
 def scanner_stream(
     make_scanner: Callable[[], Awaitable[Any]],
+    schema: pa.Schema,
     columns: Sequence[str] | None,
     filter: str | None,
     limit: int | None,
 ) -> AsyncBatchStream:
-    """An :class:`AsyncBatchStream` over an engine ``LsmScanner``."""
+    """An :class:`AsyncBatchStream` over an engine ``LsmScanner``.
+
+    ``schema`` is the table schema; the stream's schema is its projection.
+    """
+    if columns is not None:
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise SchemaMismatchError(f"no column {missing[0]!r} in the table", field=missing[0])
+        schema = pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
 
     async def prepare() -> Callable[[], Any]:
         scanner = await make_scanner()
 
-        def opener() -> list[pa.RecordBatch]:
+        def opener() -> pa.RecordBatchReader:
             sc = scanner
             if columns is not None:
                 sc = sc.project(list(columns))
@@ -229,7 +238,10 @@ def scanner_stream(
                 sc = sc.filter(filter)
             if limit is not None:
                 sc = sc.limit(limit)
-            return [b for b in sc.to_batches() if b.num_rows]
+            batches = [b for b in sc.to_batches() if b.num_rows]
+            if not batches:
+                return pa.RecordBatchReader.from_batches(schema, [])
+            return pa.RecordBatchReader.from_batches(batches[0].schema, batches)
 
         return opener
 
@@ -268,7 +280,7 @@ def lsm_scan(
         raw = _lance_snaps(snaps)
         return await run_sync(lambda: LsmScanner.from_snapshots(ds, raw))
 
-    return scanner_stream(make, columns, filter, limit)
+    return scanner_stream(make, dataset.schema, columns, filter, limit)
 
 
 def _sql_literal(value: Any, dtype: pa.DataType) -> str:

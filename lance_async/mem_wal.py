@@ -270,7 +270,7 @@ class AsyncShardWriter:
         return f"<AsyncShardWriter shard={self.shard_id} state={self._state.value}>"
 
     def __del__(self) -> None:
-        if self._state in (WriterState.OPEN, WriterState.FAILED):
+        if getattr(self, "_state", None) in (WriterState.OPEN, WriterState.FAILED):
             warnings.warn(
                 f"{self!r} was never closed; use `async with` or await aclose()",
                 ResourceWarning,
@@ -633,6 +633,8 @@ class AsyncShardWriter:
             with self._task_scope:
                 await self._run()
         finally:
+            assert self._recv_stream is not None
+            self._recv_stream.close()
             self._task_done.set()
 
     async def _run(self) -> None:
@@ -865,7 +867,9 @@ class AsyncShardWriter:
         """
         from .lsm import scanner_stream
 
-        return scanner_stream(lambda: self._scanner(snapshots), columns, filter, limit)
+        return scanner_stream(
+            lambda: self._scanner(snapshots), self._table_schema, columns, filter, limit
+        )
 
     async def lsm_point_lookup(
         self,

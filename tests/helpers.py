@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import anyio
@@ -51,3 +54,69 @@ class Ticker:
             return 0.0
         ordered = sorted(self.lags)
         return ordered[int(0.99 * (len(ordered) - 1))]
+
+
+class CommitHook:
+    """A Lance ``commit_lock`` that lets a competitor commit first.
+
+    Lance calls the commit lock right before it commits. For the first
+    ``times`` commits this hook runs ``competitor()`` -- a real write to the
+    same table through its own dataset object -- on a separate thread and
+    waits for it, so the commit that follows conflicts deterministically.
+    (Lance cannot be called from inside its own runtime thread, hence the
+    thread.)
+    """
+
+    def __init__(self, competitor: Callable[[], object], times: int = 1) -> None:
+        self.competitor = competitor
+        self.times = times
+        self.commits: list[int] = []
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def __call__(self, version: int) -> Iterator[None]:
+        with self.lock:
+            self.commits.append(version)
+            run = len(self.commits) <= self.times
+        if run:
+            errors: list[BaseException] = []
+
+            def target() -> None:
+                try:
+                    self.competitor()
+                except BaseException as exc:  # pragma: no cover - shown by the assert
+                    errors.append(exc)
+
+            thread = threading.Thread(target=target)
+            thread.start()
+            thread.join()
+            assert not errors, errors
+        yield
+
+
+def upsert_sync(uri: str, table: pa.Table, on: str = "id") -> None:
+    """A plain pylance upsert (the competitor in conflict tests)."""
+    import lance
+
+    ds = lance.dataset(uri)
+    ds.merge_insert(on).when_matched_update_all().when_not_matched_insert_all().execute(table)
+
+
+def apply_upserts(
+    base: pa.Table, *updates: pa.Table, key: str = "id"
+) -> dict[object, dict[str, object]]:
+    """Rows by key after applying upserts one after the other."""
+    rows = {r[key]: r for r in base.to_pylist()}
+    for update in updates:
+        for r in update.to_pylist():
+            rows[r[key]] = r
+    return rows
+
+
+def rows_by_key(table: pa.Table, key: str = "id") -> dict[object, dict[str, object]]:
+    """Rows by key; fails on a duplicate key."""
+    out: dict[object, dict[str, object]] = {}
+    for r in table.to_pylist():
+        assert r[key] not in out, f"duplicate key {r[key]!r}"
+        out[r[key]] = r
+    return out

@@ -44,6 +44,10 @@ def test_commit_conflict_error_maps_by_type() -> None:
             la.ConflictError,
         ),
         (
+            "Incompatible transaction: this Update is incompatible with an Overwrite",
+            la.ConflictError,
+        ),
+        (
             "Dataset at path tmp/x was not found: Not found: tmp/x/_versions",
             la.DatasetNotFoundError,
         ),

@@ -1,0 +1,365 @@
+"""AsyncShardWriter: group commit, backpressure, acks, failures (asyncio and trio)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import lance_async as la
+
+from .helpers import KV_SCHEMA, kv_table, rows_by_key
+
+pytestmark = pytest.mark.anyio
+
+
+async def mem_wal_table(uri: str, rows: int = 1, **init: Any) -> la.AsyncDataset:
+    ds = await la.write_dataset(kv_table(range(rows)), uri)
+    return await ds.initialize_mem_wal(**init)
+
+
+def sid() -> str:
+    return str(uuid.uuid4())
+
+
+def ten_rows(i: int) -> pa.RecordBatch:
+    ids = np.arange(i * 10, i * 10 + 10) + 1_000
+    return pa.record_batch(
+        {"id": ids, "value": np.full(10, i), "name": [f"r{j}" for j in ids]}, schema=KV_SCHEMA
+    )
+
+
+async def test_10000_sends_of_10_rows_coalesce(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri, rows=0)
+    async with ds.mem_wal_writer(sid(), durable_write=True) as writer:
+        acks = [await writer.send(ten_rows(i)) for i in range(10_000)]
+        summaries = [await ack for ack in acks]
+        stats = writer.stats()
+        table = await writer.lsm_scan(columns=["id"]).to_table()
+    assert all(s.rows == 10 for s in summaries)
+    assert all(a.done() and a.exception() is None for a in acks)
+    ids = table.column("id").to_pylist()
+    assert len(ids) == 100_000 and len(set(ids)) == 100_000
+    assert stats.rows == 100_000
+    assert stats.engine_puts < 500, stats.engine_puts  # far below 10,000
+    assert stats.rows_per_put >= 200
+
+
+async def test_fast_producer_is_held_within_the_queue_limits(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(
+        sid(), max_queue_rows=2_000, max_put_rows=500, max_queue_bytes=10_000_000
+    ) as writer:
+        acks = [await writer.send(ten_rows(i)) for i in range(3_000)]
+        for ack in acks:
+            await ack
+        stats = writer.stats()
+    assert stats.max_queue_rows_seen <= 2_000
+    assert stats.max_queue_bytes_seen <= 10_000_000
+    assert stats.rows == 30_000
+    assert stats.rows_per_put <= 500
+
+
+async def test_backpressure_timeout_is_typed_and_queues_nothing(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid(), max_queue_rows=10, max_put_rows=10) as writer:
+        gate = writer._gate
+        assert gate is not None
+        async with gate:  # hold the engine: nothing drains
+            first = await writer.send(ten_rows(0))
+            with pytest.raises(la.BackpressureTimeoutError):
+                await writer.send(ten_rows(1), timeout=0.05)
+            assert writer.stats().queue_rows == 10
+        await first
+    assert (await ds.lsm_scan(filter="id >= 1000").to_table()).num_rows == 10
+
+
+async def test_bad_batch_fails_its_own_sender_only(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid()) as writer:
+        good = await writer.send(ten_rows(0))
+        for bad in (
+            pa.record_batch({"id": [1], "value": ["x"], "name": ["a"]}),  # wrong type
+            pa.record_batch(
+                {"id": [None], "value": [1], "name": ["a"]}, schema=KV_SCHEMA.remove_metadata()
+            ),
+            pa.record_batch({"id": [1], "value": [1]}),  # missing column
+            pa.record_batch({"id": [1], "value": [1], "name": ["a"], "extra": [1]}),
+        ):
+            with pytest.raises(la.SchemaMismatchError):
+                await writer.send(bad)
+        after = await writer.put(ten_rows(1))
+        await good
+        assert after.rows == 10
+        assert writer.stats().queue_rows == 0
+        assert (await writer.lsm_scan(filter="id >= 1000").to_table()).num_rows == 20
+
+
+async def test_columns_in_another_order_are_accepted(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid()) as writer:
+        await writer.put({"name": ["z"], "id": [77], "value": [7]})
+        row = await writer.lsm_point_lookup(77)
+    assert row.to_pylist() == [{"id": 77, "value": 7, "name": "z"}]
+
+
+class RejectingEngineForFaultInjection:
+    """Fault injection only: wraps a real ShardWriter and rejects puts that
+    carry id == -1, the way the engine rejects input it cannot take
+    (``OSError("Invalid user input: ...")``). The real engine cannot be made
+    to reject a batch that passed lance_async's validation."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.rejected = 0
+
+    def put(self, table: pa.Table) -> None:
+        if -1 in table.column("id").to_pylist():
+            self.rejected += 1
+            raise OSError("Invalid user input: injected rejection")
+        self.real.put(table)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+class BrokenEngineForFaultInjection(RejectingEngineForFaultInjection):
+    """Fault injection only: a WAL flush that fails with an I/O error."""
+
+    def put(self, table: pa.Table) -> None:
+        raise OSError("LanceError(IO): failed to flush WAL: injected disk failure")
+
+
+async def test_engine_rejection_fails_exactly_the_acks_of_bad_data(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid(), linger=0.05) as writer:
+        fake = RejectingEngineForFaultInjection(writer._engine)
+        writer._engine = fake
+        acks = [await writer.send(ten_rows(i)) for i in range(5)]
+        bad = await writer.send(kv_table([-1]))
+        acks += [await writer.send(ten_rows(i)) for i in range(5, 10)]
+        for ack in acks:
+            assert (await ack).rows == 10
+        with pytest.raises(la.InvalidInputError, match="injected"):
+            await bad
+        assert fake.rejected >= 2  # the coalesced put, then the bad item alone
+        assert writer.state is la.WriterState.OPEN
+        assert (await writer.put(ten_rows(20))).rows == 10
+        assert (await writer.lsm_scan(filter="id >= 1000").to_table()).num_rows == 110
+
+
+async def test_fatal_engine_error_fails_everything_promptly(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    writer = ds.mem_wal_writer(sid())
+    async with writer:
+        writer._engine = BrokenEngineForFaultInjection(writer._engine)
+        acks = [await writer.send(ten_rows(0))]
+        with pytest.raises(la.WriterFailedError):  # later sends see the failure at once
+            for i in range(1, 1_000):
+                acks.append(await writer.send(ten_rows(i)))
+                await anyio.sleep(0.001)
+        with anyio.fail_after(5):
+            for ack in acks:
+                with pytest.raises(la.WriterFailedError) as info:
+                    await ack
+        assert "injected disk failure" in str(info.value.__cause__)
+        assert writer.state is la.WriterState.FAILED
+        with pytest.raises(la.WriterFailedError):
+            await writer.send(ten_rows(99))
+        with pytest.raises(la.WriterFailedError):
+            await writer.flush()
+    await writer.aclose()  # idempotent
+    assert writer.state is la.WriterState.CLOSED
+    with pytest.raises(la.ClosedError):
+        await writer.send(ten_rows(1))
+
+
+async def test_delete_after_put_hides_the_row_with_coalescing(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri, rows=10)
+    async with ds.mem_wal_writer(sid(), linger=0.05) as writer:
+        put = await writer.send(kv_table([5, 6, 7], value=1))
+        delete = await writer.send(kv_table([2]))  # an upsert of a base row ...
+        await writer.delete({"id": [6, 2]})  # ... then deletes, in order
+        reput = await writer.send(kv_table([6], value=2))
+        for ack in (put, delete, reput):
+            await ack
+        rows = rows_by_key(await writer.lsm_scan().to_table())
+        assert 2 not in rows and 5 in rows and rows[6]["value"] == 2
+        assert (await writer.lsm_point_lookup(2)).num_rows == 0
+    rows = rows_by_key(await ds.lsm_scan().to_table())
+    assert 2 not in rows and rows[6]["value"] == 2 and rows[7]["value"] == 1
+
+
+async def test_cancelling_a_put_never_drops_or_duplicates_queued_rows(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid()) as writer:
+        ack = await writer.send(kv_table(range(100, 600)))
+        with anyio.move_on_after(0.001):
+            await ack  # the wait is cancelled; the rows stay queued
+        batches = [kv_table(range(b * 100, b * 100 + 100)).to_batches()[0] for b in range(10, 20)]
+        for delay in (0.0, 0.002, 0.01):
+            with anyio.move_on_after(delay):
+                await writer.put(batches)  # cancelled somewhere in the middle
+        await writer.flush()
+        assert (await ack).rows == 500
+        table = await writer.lsm_scan(filter="id >= 100").to_table()
+    ids = table.column("id").to_pylist()
+    assert len(ids) == len(set(ids)), "no row twice"
+    assert set(range(100, 600)) <= set(ids)
+    for b in range(10, 20):  # each batch is queued whole or not at all
+        present = {i for i in ids if b * 100 <= i < b * 100 + 100}
+        assert len(present) in (0, 100)
+
+
+async def test_read_your_writes_across_a_memtable_seal(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid(), max_memtable_rows=1_000, max_put_rows=1_000) as writer:
+        for start in range(0, 5_000, 1_000):
+            await writer.put(kv_table(range(10_000 + start, 11_000 + start)))
+            # the put may have sealed a memtable whose SSTable is not written yet
+            count = (await writer.lsm_scan(columns=["id"]).to_table()).num_rows
+            assert count == 1 + start + 1_000
+            assert (await writer.lsm_point_lookup(10_000 + start)).num_rows == 1
+
+
+async def test_flush_and_close_are_idempotent_and_typed(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    writer = ds.mem_wal_writer(sid())
+    with pytest.raises(la.ClosedError):
+        await writer.send(ten_rows(0))
+    async with writer:
+        await writer.send(ten_rows(0))
+        summary = await writer.flush()
+        assert summary.rows == 0
+    await writer.aclose()
+    with pytest.raises(la.ClosedError):
+        await writer.put(ten_rows(1))
+    with pytest.raises(la.ClosedError):
+        await writer.open()
+    assert (await ds.lsm_scan(filter="id >= 1000").to_table()).num_rows == 10
+
+
+async def test_bad_options_are_refused(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    with pytest.raises(ValueError, match="UUID"):
+        ds.mem_wal_writer("not-a-uuid")
+    with pytest.raises(ValueError):
+        ds.mem_wal_writer(sid(), max_queue_rows=0)
+    with pytest.raises(ValueError):
+        ds.mem_wal_writer(sid(), linger=-1)
+
+
+async def test_writer_without_mem_wal_is_refused(table_uri: str) -> None:
+    ds = await la.write_dataset(kv_table(range(3)), table_uri)
+    with pytest.raises((OSError, ValueError, la.LanceAsyncError)):
+        async with ds.mem_wal_writer(sid()):
+            pass
+
+
+async def test_writer_from_another_loop_is_refused(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid()) as writer:
+        errors: list[BaseException] = []
+
+        def other() -> None:
+            async def use() -> None:
+                try:
+                    await writer.send(ten_rows(1))
+                except BaseException as exc:
+                    errors.append(exc)
+
+            anyio.run(use)
+
+        await anyio.to_thread.run_sync(other)
+        assert errors and isinstance(errors[0], la.WrongEventLoopError)
+
+
+async def test_unclosed_writer_warns(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    writer = ds.mem_wal_writer(sid())
+    await writer.open()
+    with pytest.warns(ResourceWarning, match="never closed"):
+        writer.__del__()  # what the garbage collector would call
+    await writer.aclose()
+    writer.__del__()  # closed: silent (warnings are errors in this suite)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_acked_rows_survive_a_hard_kill(table_uri: str, tmp_path: Path) -> None:
+    ds = await mem_wal_table(table_uri)
+    shard = sid()
+    script = tmp_path / "child.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, sys, anyio, pyarrow as pa
+            import lance_async as la
+            sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+            from tests.helpers import kv_table
+
+            async def main():
+                ds = await la.open_dataset({table_uri!r})
+                writer = ds.mem_wal_writer({shard!r}, durable_write=True)
+                await writer.open()
+                acks = [await writer.send(kv_table(range(i * 100, i * 100 + 100), value=i))
+                        for i in range(1, 51)]
+                for ack in acks:
+                    await ack
+                print("ACKED", sum(a.result().rows for a in acks), flush=True)
+                os._exit(0)  # no close, no flush: a hard kill
+
+            anyio.run(main)
+            """
+        )
+    )
+    with anyio.fail_after(120):
+        out = await anyio.run_process([sys.executable, str(script)], check=False)
+    assert "ACKED 5000" in out.stdout.decode(), out.stderr.decode()[-2000:]
+    async with ds.mem_wal_writer(shard) as reopened:  # replays the WAL
+        table = await reopened.lsm_scan(filter="id >= 100").to_table()
+    ids = table.column("id").to_pylist()
+    assert sorted(ids) == list(range(100, 5_100))
+
+
+async def test_shard_router_splits_rows_by_bucket(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
+    async with ds.shard_router() as router:
+        summary = await router.put(kv_table(range(100, 1_100), value=3))
+        assert summary.rows == 1_000
+        writers = router.writers
+        assert len(writers) == 4
+        per_shard = {s: w.stats().rows for s, w in writers.items()}
+        assert sum(per_shard.values()) == 1_000 and min(per_shard.values()) > 100
+    snaps = await ds.shard_snapshots()
+    assert {s.shard_id for s in snaps} == set(writers)
+    table = await ds.lsm_scan(filter="id >= 100").to_table()
+    assert sorted(table.column("id").to_pylist()) == list(range(100, 1_100))
+    # the same value always routes to the same shard id
+    assert la.router.default_shard_id(1, 3) == la.router.default_shard_id(1, 3)
+
+
+async def test_shard_router_needs_a_sharded_table(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    with pytest.raises(la.InvalidInputError, match="sharding"):
+        async with ds.shard_router():
+            pass
+
+
+async def test_mem_wal_index_details_and_initialize_arguments(table_uri: str) -> None:
+    ds = await la.write_dataset(kv_table(range(3)), table_uri)
+    assert await ds.mem_wal_index_details() is None
+    await ds.initialize_mem_wal(durable_write=False, max_memtable_rows=5_000)
+    details = await ds.mem_wal_index_details()
+    assert details is not None
+    assert details["writer_config_defaults"]["max_memtable_rows"] == "5000"
+    async with ds.mem_wal_writer(sid()) as writer:
+        assert writer.max_put_rows <= 5_000
+    assert lance.dataset(table_uri).mem_wal_index_details() is not None

@@ -1,0 +1,410 @@
+"""Async merge_insert: conflict retries by source mode (asyncio and trio)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import lance
+import psutil
+import pyarrow as pa
+import pyarrow.dataset as pds
+import pyarrow.parquet as pq
+import pytest
+
+import lance_async as la
+
+from .helpers import (
+    KV_SCHEMA,
+    CommitHook,
+    Ticker,
+    apply_upserts,
+    kv_table,
+    rows_by_key,
+    upsert_sync,
+)
+
+pytestmark = pytest.mark.anyio
+
+BASE = kv_table(range(10), value=0)
+COMPETITOR = kv_table([2, 3], value=7)
+OURS = kv_table([1, 2, 20], value=100)
+
+
+def upsert(ds: la.AsyncDataset) -> la.AsyncMergeInsertBuilder:
+    return ds.merge_insert().when_matched_update_all().when_not_matched_insert_all()
+
+
+async def contended(table_uri: str, times: int = 1) -> tuple[la.AsyncDataset, CommitHook]:
+    """A dataset whose next ``times`` commits each lose to a competing upsert."""
+    await la.write_dataset(BASE, table_uri)
+    hook = CommitHook(lambda: upsert_sync(table_uri, COMPETITOR), times=times)
+    return await la.open_dataset(table_uri, commit_lock=hook), hook
+
+
+def data_files(uri: str) -> dict[Path, int]:
+    """Data files of a table and their sizes in bytes."""
+    return {p: p.stat().st_size for p in Path(uri).rglob("*.lance")}
+
+
+class Counting:
+    """A replayable factory that counts its calls."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+        self.calls = 0
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        return self.make()
+
+
+def _lance_source(tmp: Path) -> Any:
+    return lance.write_dataset(OURS, str(tmp / "source.lance"))
+
+
+def _parquet_source(tmp: Path) -> pds.Dataset:
+    pq.write_table(OURS, tmp / "source.parquet")
+    return pds.dataset(str(tmp / "source.parquet"))
+
+
+async def _agen() -> AsyncIterator[pa.RecordBatch]:
+    for b in OURS.to_batches(max_chunksize=1):
+        await anyio.lowlevel.checkpoint()
+        yield b
+
+
+FORMS: dict[str, tuple[Callable[[Path], Any], la.SourceMode]] = {
+    "table": (lambda p: OURS, la.SourceMode.MATERIALIZED),
+    "list_of_batches": (lambda p: OURS.to_batches(max_chunksize=1), la.SourceMode.MATERIALIZED),
+    "lance_dataset": (_lance_source, la.SourceMode.REPLAYABLE),
+    "parquet_dataset": (_parquet_source, la.SourceMode.REPLAYABLE),
+    "in_memory_dataset": (lambda p: pds.dataset(OURS), la.SourceMode.REPLAYABLE),
+    "replayable_sync": (
+        lambda p: la.replayable(lambda: OURS.to_batches(max_chunksize=1), schema=KV_SCHEMA),
+        la.SourceMode.REPLAYABLE,
+    ),
+    "replayable_async": (
+        lambda p: la.replayable(_agen, schema=KV_SCHEMA),
+        la.SourceMode.REPLAYABLE,
+    ),
+    "async_generator": (lambda p: _agen(), la.SourceMode.STREAMING),
+    "record_batch_reader": (
+        lambda p: pa.RecordBatchReader.from_batches(KV_SCHEMA, OURS.to_batches(max_chunksize=1)),
+        la.SourceMode.STREAMING,
+    ),
+}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+async def test_real_conflict_is_retried_for_every_source_form(
+    form: str, table_uri: str, tmp_path: Path
+) -> None:
+    make, mode = FORMS[form]
+    ds, hook = await contended(table_uri)
+    result = await upsert(ds).execute(make(tmp_path))
+    assert result.source_mode is mode
+    assert len(hook.commits) == 2, "our first commit lost to the competitor, the second landed"
+    if mode is la.SourceMode.REPLAYABLE:
+        assert result.num_attempts == 2
+    final = (await la.open_dataset(table_uri)).lance.to_table()
+    assert rows_by_key(final) == apply_upserts(BASE, COMPETITOR, OURS)
+    assert result.version == ds.version == lance.dataset(table_uri).version
+    assert (result.num_inserted_rows, result.num_updated_rows) == (1, 2)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_factory_is_called_exactly_num_attempts_times(kind: str, table_uri: str) -> None:
+    ds, _hook = await contended(table_uri, times=3)
+    if kind == "sync":
+        factory = Counting(lambda: OURS)
+        source = la.replayable(factory, schema=KV_SCHEMA)
+    else:
+        calls = Counting(lambda: None)
+
+        async def afactory() -> pa.Table:
+            calls()
+            await anyio.lowlevel.checkpoint()
+            return OURS
+
+        factory = calls
+        source = la.replayable(afactory, schema=KV_SCHEMA)
+    result = await upsert(ds).execute(source)
+    assert result.num_attempts == 4
+    assert factory.calls == result.num_attempts
+    assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR, OURS)
+
+
+async def test_replay_writes_no_spill(table_uri: str, tmp_path: Path) -> None:
+    """Bytes written stay close to the data files committed: nothing is spilled."""
+    n = 300_000
+    big = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "value": pa.array(range(n), pa.int64()),
+            "name": pa.array([f"name-{i:08d}" for i in range(n)]),
+        },
+        schema=KV_SCHEMA,
+    )
+    src = lance.write_dataset(big, str(tmp_path / "source.lance"))
+    ds = await la.write_dataset(kv_table(range(0, n, 2)), table_uri)
+    before_files = data_files(table_uri)
+    io = psutil.Process().io_counters()
+    result = await upsert(ds).execute(src)
+    written = psutil.Process().io_counters().write_bytes - io.write_bytes
+    committed = sum(size for p, size in data_files(table_uri).items() if p not in before_files)
+    assert result.source_mode is la.SourceMode.REPLAYABLE
+    assert committed > 1_000_000
+    # default pylance retries would spill the ~8 MB source on top of this
+    assert written < committed * 1.3 + 512 * 1024, (written, committed)
+
+
+async def test_16_concurrent_upserts_end_in_a_serial_order(table_uri: str) -> None:
+    await la.write_dataset(kv_table(range(40)), table_uri)
+    ds = await la.open_dataset(table_uri)
+    rng = random.Random(7)
+    updates = {i: kv_table(sorted(rng.sample(range(50), 12)), value=i + 1) for i in range(16)}
+    results: dict[int, la.MergeResult] = {}
+    failures: dict[int, BaseException] = {}
+
+    async def one(i: int) -> None:
+        own = await la.open_dataset(table_uri)
+        source = la.replayable(lambda: updates[i], schema=KV_SCHEMA)
+        try:
+            results[i] = await (
+                upsert(own)
+                .conflict_retries(20)
+                .retry_timeout(timedelta(seconds=60))
+                .execute(source)
+            )
+        except la.ContentionError as exc:
+            failures[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i in range(16):
+            tg.start_soon(one, i)
+    assert len(results) + len(failures) == 16
+    assert results, "at least one upsert must win"
+    assert all(isinstance(f, la.ContentionError) and f.num_attempts > 1 for f in failures.values())
+    order = sorted(results, key=lambda i: results[i].version)
+    assert len({results[i].version for i in order}) == len(order)  # one commit each
+    expected = apply_upserts(kv_table(range(40)), *(updates[i] for i in order))
+    await ds.refresh()
+    assert rows_by_key(await ds.to_table()) == expected
+
+
+async def test_exhausted_retries_raise_contention_with_num_attempts(table_uri: str) -> None:
+    ds, _hook = await contended(table_uri, times=100)
+    source = la.replayable(lambda: OURS, schema=KV_SCHEMA)
+    with pytest.raises(la.ContentionError) as info:
+        await upsert(ds).conflict_retries(2).execute(source)
+    assert info.value.num_attempts == 3
+    assert info.value.retryable
+    # only the competitor's commits landed
+    assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR)
+
+
+async def test_streaming_source_with_zero_retries_fails_fast(table_uri: str) -> None:
+    ds, hook = await contended(table_uri)
+    reader = pa.RecordBatchReader.from_batches(KV_SCHEMA, OURS.to_batches())
+    with pytest.raises(la.ContentionError) as info:
+        await upsert(ds).conflict_retries(0).execute(reader)
+    assert info.value.num_attempts == 1
+    assert len(hook.commits) == 1
+
+
+async def test_non_retryable_conflict_raises_at_once(table_uri: str) -> None:
+    await la.write_dataset(BASE, table_uri)
+    hook = CommitHook(
+        lambda: lance.write_dataset(kv_table([99]), table_uri, mode="overwrite"), times=1
+    )
+    ds = await la.open_dataset(table_uri, commit_lock=hook)
+    source = la.replayable(lambda: OURS, schema=KV_SCHEMA)
+    with pytest.raises(la.ConflictError) as info:
+        await upsert(ds).execute(source)
+    assert not info.value.retryable
+    assert not isinstance(info.value, la.ContentionError)
+    assert len(hook.commits) == 1  # no retry
+
+
+async def test_source_failing_mid_attempt_raises_its_own_error_and_commits_nothing(
+    table_uri: str,
+) -> None:
+    class Boom(Exception):
+        pass
+
+    ds = await la.write_dataset(BASE, table_uri)
+    version = ds.version
+
+    async def failing() -> AsyncIterator[pa.RecordBatch]:
+        yield OURS.to_batches()[0]
+        raise Boom("feed died")
+
+    with pytest.raises(Boom, match="feed died"):
+        await upsert(ds).execute(failing())
+
+    def failing_sync() -> Iterator[pa.RecordBatch]:
+        yield OURS.to_batches()[0]
+        raise Boom("factory died")
+
+    with pytest.raises(Boom, match="factory died"):
+        await upsert(ds).execute(la.replayable(failing_sync, schema=KV_SCHEMA))
+    assert lance.dataset(table_uri).version == version
+
+
+async def test_schema_change_on_replay_raises_and_commits_nothing(table_uri: str) -> None:
+    ds, _hook = await contended(table_uri)
+    calls = 0
+
+    def factory() -> pa.RecordBatchReader:
+        nonlocal calls
+        calls += 1
+        table = OURS if calls == 1 else OURS.replace_schema_metadata({"v": str(calls)})
+        return pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
+
+    with pytest.raises(la.SourceChangedError):
+        await upsert(ds).execute(la.replayable(factory, schema=KV_SCHEMA))
+    # the competitor's commit is the only one
+    assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR)
+
+
+async def test_bad_source_schema_is_refused_before_anything_runs(table_uri: str) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+    with pytest.raises(la.SchemaMismatchError, match="value"):
+        await upsert(ds).execute(pa.table({"id": [1], "value": ["x"], "name": ["a"]}))
+    with pytest.raises(la.SchemaMismatchError, match="id"):
+        await upsert(ds).execute(pa.table({"value": [1]}))
+    with pytest.raises(la.SchemaMismatchError, match="nope"):
+        await upsert(ds).execute(pa.table({"id": [1], "nope": [1]}))
+    with pytest.raises(la.SchemaMismatchError):
+        ds.merge_insert("missing_column")
+    assert lance.dataset(table_uri).version == ds.version
+
+
+async def test_on_defaults_to_the_primary_key(table_uri: str) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+    result = await upsert(ds).execute(kv_table([3], value=5))
+    assert result.num_updated_rows == 1
+    plain = await la.write_dataset(pa.table({"id": [1]}), table_uri + "2")
+    with pytest.raises(ValueError, match="primary key"):
+        plain.merge_insert()
+
+
+async def test_partial_columns_and_delete_clauses(table_uri: str) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+    result = await (
+        ds.merge_insert("id")
+        .when_matched_update_all()
+        .when_not_matched_by_source_delete("id >= 8")
+        .execute(pa.table({"id": [1, 2], "value": [11, 12]}))
+    )
+    assert result.num_updated_rows == 2 and result.num_deleted_rows == 2
+    rows = rows_by_key(await ds.to_table())
+    assert rows[1]["value"] == 11 and rows[1]["name"] == "n1"
+    assert 8 not in rows and 9 not in rows
+
+
+async def test_execute_uncommitted_commits_nothing(table_uri: str) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+    version = ds.version
+    txn, stats = await upsert(ds).execute_uncommitted(OURS)
+    assert stats["num_inserted_rows"] == 1 and stats["num_updated_rows"] == 2
+    assert lance.dataset(table_uri).version == version
+    committed = lance.LanceDataset.commit(table_uri, txn)
+    assert committed.version == version + 1
+
+
+async def test_analyze_plan_follows_the_source_and_fails_with_it(table_uri: str) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+    plan = await upsert(ds).analyze_plan(OURS)
+    assert "MergeInsert" in plan
+    assert "MergeInsert" in await upsert(ds).explain_plan()
+
+    class Boom(Exception):
+        pass
+
+    async def failing() -> AsyncIterator[pa.RecordBatch]:
+        yield OURS.to_batches()[0]
+        raise Boom("source broke")
+
+    with pytest.raises(Boom):
+        await upsert(ds).analyze_plan(failing())
+    assert lance.dataset(table_uri).version == ds.version
+
+
+async def test_cancel_during_an_attempt_leaves_a_committed_version(table_uri: str) -> None:
+    await la.write_dataset(BASE, table_uri)
+    started = threading.Event()
+
+    def slow_competitor() -> None:
+        started.set()
+        time.sleep(0.3)
+        upsert_sync(table_uri, COMPETITOR)
+
+    hook = CommitHook(slow_competitor, times=1)
+    ds = await la.open_dataset(table_uri, commit_lock=hook)
+    builder = upsert(ds)
+    with anyio.move_on_after(0.1) as scope:
+        await builder.execute(la.replayable(lambda: OURS, schema=KV_SCHEMA))
+    assert scope.cancelled_caught
+    assert started.is_set()
+    latest = lance.dataset(table_uri)
+    # the attempt in flight ran to its end in its thread: it lost to the competitor,
+    # so nothing of ours is committed and no retry started after the cancellation
+    assert rows_by_key(latest.to_table()) == apply_upserts(BASE, COMPETITOR)
+    assert builder.last_result is None
+
+
+async def test_cancel_after_the_commit_landed_reports_the_outcome(table_uri: str) -> None:
+    await la.write_dataset(BASE, table_uri)
+    hook = CommitHook(lambda: time.sleep(0.3), times=1)  # slow, but no conflict
+    ds = await la.open_dataset(table_uri, commit_lock=hook)
+    builder = upsert(ds)
+    with anyio.move_on_after(0.1) as scope:
+        await builder.execute(la.replayable(lambda: OURS, schema=KV_SCHEMA))
+    assert scope.cancelled_caught
+    assert builder.last_result is not None
+    assert builder.last_result.version == lance.dataset(table_uri).version
+    assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, OURS)
+
+
+async def test_cancel_during_backoff_leaves_a_committed_version(table_uri: str) -> None:
+    ds, hook = await contended(table_uri, times=100)
+    with anyio.move_on_after(0.5) as scope:
+        await upsert(ds).conflict_retries(50).execute(la.replayable(lambda: OURS, schema=KV_SCHEMA))
+    assert scope.cancelled_caught
+    latest = lance.dataset(table_uri)
+    assert rows_by_key(latest.to_table()) == apply_upserts(BASE, COMPETITOR)
+    assert latest.version == 1 + len(hook.commits)  # one competitor commit per attempt
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_loop_stays_free_during_a_large_merge(table_uri: str, tmp_path: Path) -> None:
+    n = 500_000
+    big = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "value": pa.array(range(n), pa.int64()),
+            "name": pa.array(["x"] * n),
+        },
+        schema=KV_SCHEMA,
+    )
+    src = lance.write_dataset(big, str(tmp_path / "src.lance"))
+    ds = await la.write_dataset(kv_table(range(0, n, 3)), table_uri)
+    ticker = Ticker()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker.run)
+        result = await upsert(ds).execute(src)
+        ticker.running = False
+    assert result.num_inserted_rows + result.num_updated_rows == n
+    assert len(ticker.lags) > 20
+    assert ticker.max_lag < 0.05, ticker.max_lag
+    shutil.rmtree(tmp_path / "src.lance")
