@@ -1,0 +1,398 @@
+"""NATS JetStream as a feed: a durable pull consumer with explicit acks.
+
+:class:`JetStreamFeed` pulls messages from a JetStream stream through a
+*durable* pull consumer (nats-py's ``JetStreamContext.pull_subscribe``) and
+acknowledges each message with ``msg.ack()`` only when :func:`ingest` acks
+the :class:`~lance_async.feeds.Message` -- after every row decoded from it
+is durable in the MemWAL.
+
+Delivery and redelivery
+-----------------------
+The consumer uses ``AckPolicy.EXPLICIT``. A message that was delivered but
+not acknowledged within ``ack_wait`` seconds is delivered again by the
+server, to whichever client of the same durable pulls next (the same
+process after a reconnect, or another one): a crash between the durable
+write and the ack therefore costs a redelivery, never a loss, and the
+primary key's newest-wins makes the table the same. Set ``ack_wait`` above
+the longest time a message may spend between fetch and ack (the writer's
+ack latency under backpressure); a message that outlives it is delivered
+twice while the first copy is still in flight -- harmless with a primary
+key, but wasted work. ``max_deliver`` (optional) caps the deliveries of a
+poison message.
+
+The design follows JetStream's own pull-consumer guidance (``Fetch`` in
+batches, ``AckExplicit``, durable names survive restarts) and nats-py's
+``PullSubscription.fetch``.
+
+Notes
+-----
+nats-py runs on asyncio only; so does this feed (on trio, :meth:`connect`
+raises :class:`~lance_async.LanceAsyncError`). Requires the ``feeds`` extra
+(``nats-py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
+
+from ._common import FeedState, check_open, require_asyncio
+from .base import Message
+
+__all__ = ["JetStreamFeed"]
+
+log = logging.getLogger("lance_async")
+
+#: The shortest fetch wait sent to the server (seconds); nats-py needs > 0.
+MIN_FETCH_TIMEOUT = 0.01
+
+
+class JetStreamFeed:
+    """A NATS JetStream durable pull consumer as a :class:`~lance_async.feeds.Feed`.
+
+    Create it with :meth:`connect` (which owns its connection) or
+    :meth:`from_client` (on a connection you own), and use it as
+    ``async with``.
+
+    Parameters
+    ----------
+    client : nats.aio.client.Client
+        A connected NATS client.
+    subscription : JetStreamContext.PullSubscription
+        The pull subscription bound to the durable consumer.
+    stream, subject, durable : str
+        What the subscription reads (kept for ``repr`` and errors).
+    owns_client : bool
+        Close ``client`` in :meth:`aclose` (after flushing the acks).
+    ack_sync : bool
+        Acknowledge with ``msg.ack_sync()`` (waits for the server's reply,
+        one round trip per message) instead of ``msg.ack()`` (published,
+        flushed with the connection's next write).
+    ack_sync_timeout : float
+        Seconds ``ack_sync`` waits for the server (default 5).
+    close_timeout : float
+        Seconds :meth:`aclose` may spend unsubscribing and flushing (default 5).
+
+    Notes
+    -----
+    Messages are those of :class:`~lance_async.feeds.Message`: ``offset`` is
+    the stream sequence (``msg.metadata.sequence.stream``, an int, unique
+    and increasing in the stream), ``payload`` the message data (bytes),
+    ``headers`` the NATS headers (``{}`` when none). ``exhausted`` is always
+    False: a stream never ends.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        subscription: JetStreamContext.PullSubscription,
+        *,
+        stream: str,
+        subject: str,
+        durable: str,
+        owns_client: bool = False,
+        ack_sync: bool = False,
+        ack_sync_timeout: float = 5.0,
+        close_timeout: float = 5.0,
+    ) -> None:
+        self._client = client
+        self._sub = subscription
+        self.stream = stream
+        self.subject = subject
+        self.durable = durable
+        self._owns_client = owns_client
+        self._ack_sync = ack_sync
+        self._ack_sync_timeout = ack_sync_timeout
+        self.close_timeout = close_timeout
+        self._state = FeedState.OPEN
+        self.fetched = 0
+        """Messages handed out by :meth:`fetch` so far (redeliveries included)."""
+        self.acked = 0
+        """Messages acknowledged so far."""
+
+    # -- construction ---------------------------------------------------------
+    @classmethod
+    async def connect(
+        cls,
+        servers: str | Sequence[str] = "nats://127.0.0.1:4222",
+        *,
+        stream: str,
+        subject: str,
+        durable: str,
+        ack_wait: float = 30.0,
+        max_deliver: int | None = None,
+        max_ack_pending: int | None = None,
+        deliver_policy: DeliverPolicy = DeliverPolicy.ALL,
+        create_stream: bool = False,
+        ack_sync: bool = False,
+        close_timeout: float = 5.0,
+        connect_options: Mapping[str, Any] | None = None,
+    ) -> JetStreamFeed:
+        """Connect to NATS and bind (or create) a durable pull consumer.
+
+        Parameters
+        ----------
+        servers : str or sequence of str
+            NATS server URLs (default ``nats://127.0.0.1:4222``).
+        stream : str
+            The JetStream stream to read.
+        subject : str
+            The consumer's filter subject (wildcards allowed).
+        durable : str
+            The durable consumer name. Restarting with the same name resumes
+            where the acknowledgements stopped.
+        ack_wait : float
+            Seconds the server waits for an ack before redelivering (default
+            30). Used only when the consumer is created; an existing durable
+            keeps its configuration.
+        max_deliver : int, optional
+            Deliveries of one message before the server gives up on it.
+        max_ack_pending : int, optional
+            Messages delivered and not yet acknowledged before the server
+            stops delivering (server default 1,000). Keep it at least
+            ``ingest``'s ``max_batch``.
+        deliver_policy : nats.js.api.DeliverPolicy
+            Where a new consumer starts (default ``ALL``: the whole stream).
+        create_stream : bool
+            Create ``stream`` with ``subjects=[subject]`` when it does not
+            exist (default False: it must exist).
+        ack_sync : bool
+            Wait for the server to confirm each ack (see the class).
+        close_timeout : float
+            Seconds :meth:`aclose` may spend unsubscribing and flushing.
+        connect_options : mapping, optional
+            Passed to ``nats.connect`` (credentials, TLS, reconnect policy, ...).
+
+        Returns
+        -------
+        JetStreamFeed
+            Owning its connection.
+
+        Raises
+        ------
+        LanceAsyncError
+            Not running on asyncio.
+        nats.errors.NoServersError
+            No server reachable.
+        nats.js.errors.NotFoundError
+            The stream does not exist and ``create_stream`` is False.
+        nats.js.errors.APIError
+            JetStream refused the consumer.
+
+        Notes
+        -----
+        Blocks (asynchronously) for the connection and two or three
+        JetStream API round trips.
+        """
+        require_asyncio("JetStreamFeed")
+        urls: str | list[str] = servers if isinstance(servers, str) else list(servers)
+        client = await nats.connect(urls, **dict(connect_options or {}))
+        try:
+            return await cls.from_client(
+                client,
+                stream=stream,
+                subject=subject,
+                durable=durable,
+                ack_wait=ack_wait,
+                max_deliver=max_deliver,
+                max_ack_pending=max_ack_pending,
+                deliver_policy=deliver_policy,
+                create_stream=create_stream,
+                ack_sync=ack_sync,
+                close_timeout=close_timeout,
+                owns_client=True,
+            )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await client.close()
+            raise
+
+    @classmethod
+    async def from_client(
+        cls,
+        client: Client,
+        *,
+        stream: str,
+        subject: str,
+        durable: str,
+        ack_wait: float = 30.0,
+        max_deliver: int | None = None,
+        max_ack_pending: int | None = None,
+        deliver_policy: DeliverPolicy = DeliverPolicy.ALL,
+        create_stream: bool = False,
+        ack_sync: bool = False,
+        close_timeout: float = 5.0,
+        owns_client: bool = False,
+    ) -> JetStreamFeed:
+        """Bind (or create) a durable pull consumer on a connected client.
+
+        Parameters are those of :meth:`connect`; ``owns_client`` (default
+        False) makes :meth:`aclose` close ``client``.
+
+        Returns
+        -------
+        JetStreamFeed
+
+        Raises
+        ------
+        LanceAsyncError
+            Not running on asyncio.
+        nats.js.errors.NotFoundError
+            The stream does not exist and ``create_stream`` is False.
+        nats.js.errors.APIError
+            JetStream refused the consumer.
+        """
+        require_asyncio("JetStreamFeed")
+        if ack_wait <= 0:
+            raise ValueError(f"ack_wait must be > 0 seconds, got {ack_wait}")
+        js = client.jetstream()
+        if create_stream:
+            try:
+                await js.stream_info(stream)
+            except nats.js.errors.NotFoundError:
+                await js.add_stream(name=stream, subjects=[subject])
+        config = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=ack_wait,
+            max_deliver=max_deliver,
+            max_ack_pending=max_ack_pending,
+            deliver_policy=deliver_policy,
+        )
+        sub = await js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
+        return cls(
+            client,
+            sub,
+            stream=stream,
+            subject=subject,
+            durable=durable,
+            owns_client=owns_client,
+            ack_sync=ack_sync,
+            close_timeout=close_timeout,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<JetStreamFeed stream={self.stream!r} durable={self.durable!r} "
+            f"state={self._state.value}>"
+        )
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", None) is FeedState.OPEN and getattr(self, "_owns_client", False):
+            warnings.warn(
+                f"{self!r} was never closed; use `async with` or await aclose()",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+    # -- the Feed protocol --------------------------------------------------------
+    @property
+    def state(self) -> FeedState:
+        """Where the feed is in its life cycle."""
+        return self._state
+
+    @property
+    def exhausted(self) -> bool:
+        """Always False: a JetStream stream has no end."""
+        return False
+
+    def _message(self, msg: Msg) -> Message:
+        sequence = msg.metadata.sequence.stream
+
+        async def ack() -> None:
+            check_open(self._state, repr(self))
+            if self._ack_sync:
+                await msg.ack_sync(timeout=self._ack_sync_timeout)
+            else:
+                await msg.ack()
+            self.acked += 1
+
+        return Message(sequence, msg.data, dict(msg.headers or {}), _ack=ack)
+
+    async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
+        """Pull up to ``max_messages`` messages; ``[]`` when none came within ``timeout``.
+
+        Parameters
+        ----------
+        max_messages : int
+            Batch size of the pull request (>= 1).
+        timeout : float
+            Seconds to wait for the first message (at least 0.01 is sent to
+            the server).
+
+        Returns
+        -------
+        list of Message
+            In stream order; redelivered messages keep their sequence.
+
+        Raises
+        ------
+        ClosedError
+            The feed was closed.
+        nats.errors.ConnectionClosedError
+            The connection was closed underneath the feed.
+        nats.js.errors.APIError
+            The server rejected the pull (for example the consumer was deleted).
+
+        Notes
+        -----
+        Cancellation: messages the server delivered for a cancelled pull stay
+        in the subscription's queue and are returned by the next fetch; those
+        lost with the process are redelivered after ``ack_wait``.
+        """
+        check_open(self._state, repr(self))
+        if max_messages < 1:
+            raise ValueError(f"max_messages must be >= 1, got {max_messages}")
+        try:
+            msgs = await self._sub.fetch(max_messages, timeout=max(timeout, MIN_FETCH_TIMEOUT))
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            return []
+        out = [self._message(m) for m in msgs]
+        self.fetched += len(out)
+        return out
+
+    async def aclose(self) -> None:
+        """Stop pulling, flush the acks made so far; close the connection if owned.
+
+        Unacknowledged messages stay pending on the server and are
+        redelivered after ``ack_wait``. Safe to call twice. Shielded from
+        cancellation; the unsubscribe and flush are bounded by
+        ``close_timeout`` seconds.
+
+        Notes
+        -----
+        nats-py's ``drain()`` waits for every message of the subscription's
+        queue to be processed, which a pull subscription never reports, so
+        the feed unsubscribes and flushes instead.
+        """
+        if self._state is FeedState.CLOSED:
+            return
+        self._state = FeedState.CLOSED
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self.close_timeout):
+                try:
+                    await self._sub.unsubscribe()
+                    await self._client.flush(timeout=max(1, math.ceil(self.close_timeout)))
+                except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+                    log.debug("%r: closing: %r", self, exc)
+            if self._owns_client:
+                await self._client.close()
+
+    async def __aenter__(self) -> JetStreamFeed:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
