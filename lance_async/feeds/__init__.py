@@ -1,13 +1,84 @@
 """Feeds: Kafka-like message sources streamed into the MemWAL by :func:`ingest`.
 
-Connectors (each imported lazily, from its optional package):
+:func:`ingest` pulls micro-batches from a :class:`Feed`, writes their rows
+through a MemWAL writer and acknowledges each message only once its rows
+are durable, in feed order (see :mod:`lance_async.feeds.base`).
 
-* :mod:`lance_async.feeds.nats` -- NATS JetStream pull consumer (nats-py)
-* :mod:`lance_async.feeds.redis` -- Redis Streams consumer group (redis.asyncio)
-* :mod:`lance_async.feeds.kafka` -- Kafka consumer (aiokafka)
-* :mod:`lance_async.feeds.files` -- NDJSON / CSV / Arrow IPC files (aiofiles)
+Connectors (the broker ones imported lazily, from their optional packages --
+``pip install lance-async[feeds]``):
+
+* :class:`FileFeed` (:mod:`lance_async.feeds.files`) -- NDJSON / CSV / Arrow
+  IPC files read in chunks (aiofiles on asyncio, anyio on trio), optionally
+  followed as they grow, resumable from a stored byte offset;
+* :class:`JetStreamFeed` (:mod:`lance_async.feeds.nats`) -- a NATS JetStream
+  durable pull consumer with explicit acks (nats-py; asyncio only);
+* :class:`RedisStreamFeed` (:mod:`lance_async.feeds.redis`) -- a Redis
+  Streams consumer group, re-reading its own pending entries and claiming
+  those of dead consumers (redis.asyncio; asyncio only);
+* :class:`KafkaFeed` (:mod:`lance_async.feeds.kafka`) -- an aiokafka
+  consumer whose offsets are committed per partition after durable writes,
+  with a rebalance listener (asyncio only).
+
+``from lance_async.feeds import JetStreamFeed`` imports nats-py at that
+moment, not before; a missing package raises ``ImportError`` naming the
+extra to install.
 """
 
-from .base import DeadLetter, Feed, IngestStats, IterableFeed, Message, decode_json, ingest
+from __future__ import annotations
 
-__all__ = ["DeadLetter", "Feed", "IngestStats", "IterableFeed", "Message", "decode_json", "ingest"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._common import FeedState
+from .base import DeadLetter, Feed, IngestStats, IterableFeed, Message, decode_json, ingest
+from .files import FileFeed
+
+if TYPE_CHECKING:
+    from .kafka import FeedRebalanceListener as FeedRebalanceListener
+    from .kafka import KafkaFeed as KafkaFeed
+    from .kafka import KafkaOffset as KafkaOffset
+    from .nats import JetStreamFeed as JetStreamFeed
+    from .redis import RedisStreamFeed as RedisStreamFeed
+
+__all__ = [
+    "DeadLetter",
+    "Feed",
+    "FeedState",
+    "FileFeed",
+    "IngestStats",
+    "IterableFeed",
+    "Message",
+    "decode_json",
+    "ingest",
+]
+
+# name -> (module, the pip package it needs)
+_LAZY = {
+    "JetStreamFeed": (".nats", "nats-py"),
+    "RedisStreamFeed": (".redis", "redis"),
+    "KafkaFeed": (".kafka", "aiokafka"),
+    "KafkaOffset": (".kafka", "aiokafka"),
+    "FeedRebalanceListener": (".kafka", "aiokafka"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a broker connector on first access (PEP 562)."""
+    try:
+        module_name, package = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    try:
+        module = importlib.import_module(module_name, __name__)
+    except ImportError as exc:
+        raise ImportError(
+            f"lance_async.feeds.{name} needs the {package!r} package: "
+            f"pip install 'lance-async[feeds]' ({exc})"
+        ) from exc
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
