@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import lance_async as la
-from lance_async.feeds import FeedState, FileFeed, Message, ingest
+from lance_async.feeds import Feed, FeedState, FileFeed, Message, ingest
 
 from .feed_support import (  # noqa: F401  (collect_writers is an autouse fixture)
     WRITER_STREAM_LEAK,
@@ -279,6 +279,7 @@ async def test_life_cycle_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "rows.ndjson"
     write_rows(path, "ndjson", range(3))
     feed = FileFeed(path, schema=KV_SCHEMA)
+    assert isinstance(feed, Feed)
     assert feed.state is FeedState.NEW
     assert len(await feed.fetch(10, 0.1)) == 1  # opens on first use
     assert feed.state is FeedState.OPEN

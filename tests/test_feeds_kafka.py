@@ -24,7 +24,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
 import lance_async as la
-from lance_async.feeds import FeedState, KafkaFeed, KafkaOffset, Message, ingest
+from lance_async.feeds import Feed, FeedState, KafkaFeed, KafkaOffset, Message, ingest
 
 from .feed_support import (  # noqa: F401  (collect_writers is an autouse fixture)
     WRITER_STREAM_LEAK,
@@ -386,6 +386,7 @@ async def test_record_values_headers_and_offsets() -> None:
     broker.produce(P1, [12345])
     consumer = FakeConsumer(broker, {P0})
     async with subscribed(consumer, revoke_timeout=0.05) as feed:
+        assert isinstance(feed, Feed)
         assert not feed.exhausted
         m = await feed.fetch(100, 0.1)
         assert [x.payload for x in m] == [row_json(1), b"", b"text"]  # a tombstone has no rows

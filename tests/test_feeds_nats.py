@@ -15,7 +15,7 @@ import trio
 from nats.js.client import JetStreamContext
 
 import lance_async as la
-from lance_async.feeds import FeedState, JetStreamFeed, Message, ingest
+from lance_async.feeds import Feed, FeedState, JetStreamFeed, Message, ingest
 
 from .conftest import broker_or_skip
 from .feed_support import (  # noqa: F401  (collect_writers is an autouse fixture)
@@ -215,6 +215,7 @@ async def test_create_stream_life_cycle_and_closed_errors() -> None:
         URL, stream=name, subject=f"{name}.x", durable="d", create_stream=True
     )
     try:
+        assert isinstance(feed, Feed)
         assert feed.state is FeedState.OPEN
         assert not feed.exhausted
         assert (await js.stream_info(name)).config.subjects == [f"{name}.x"]

@@ -15,7 +15,7 @@ import redis.asyncio
 import trio
 
 import lance_async as la
-from lance_async.feeds import FeedState, Message, RedisStreamFeed, ingest
+from lance_async.feeds import Feed, FeedState, Message, RedisStreamFeed, ingest
 
 from .conftest import broker_or_skip
 from .feed_support import (  # noqa: F401  (collect_writers is an autouse fixture)
@@ -266,6 +266,7 @@ async def test_group_creation_start_id_and_life_cycle(stream: Stream) -> None:
     feed = await RedisStreamFeed.connect(URL, stream=stream.key, group="late", start_id="$")
     try:
         assert feed.consumer.startswith("lance_async-")
+        assert isinstance(feed, Feed)
         assert feed.state is FeedState.OPEN and not feed.exhausted
         assert not await feed.ensure_group()  # it exists now
         assert await feed.fetch(10, 0.1) == []  # "$": entries before the group are skipped
