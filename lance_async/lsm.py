@@ -420,13 +420,20 @@ def exact_knn(table: pa.Table, column: str, query: Any, k: int, metric: str = "l
     return picked.append_column("_distance", pa.array(dist[order], type=pa.float32()))
 
 
-def _has_vector_index(ds: Any, column: str) -> bool:
+def _has_vector_index(ds: Any, column: str, *, complete: bool = False) -> bool:
+    """True when ``column`` has a vector index (covering every row if ``complete``)."""
     try:
-        return any(
-            column in (idx.get("fields") or []) and idx.get("type", "") != "MemWal"
-            for idx in ds.list_indices()
-        )
-    except (OSError, ValueError, RuntimeError):
+        names = [
+            d.name
+            for d in ds.describe_indices()
+            if column in (d.field_names or []) and "VectorIndex" in (d.type_url or "")
+        ]
+        if not names:
+            return False
+        if not complete:
+            return True
+        return any(int(ds.stats.index_stats(n).get("num_unindexed_rows", 1)) == 0 for n in names)
+    except (OSError, ValueError, RuntimeError, KeyError):
         return False
 
 
@@ -445,11 +452,14 @@ async def lsm_vector_search(
 ) -> pa.Table:
     """k nearest rows across the base table and SSTables, newest version per key.
 
-    With a vector index on ``column`` (created before the MemWAL writes, so
-    the SSTables carry it too) this runs ``LsmVectorSearchPlanner`` with
-    ``overfetch_factor`` (default 4: the planner otherwise under-fills when
-    newer generations shadow base rows). Without one, or when an SSTable lacks
-    it, the search is exact over the LSM view (slower, always right).
+    With a vector index on ``column`` that covers every base row, created
+    before the MemWAL writes (so the SSTables carry it too), this runs
+    ``LsmVectorSearchPlanner`` with ``overfetch_factor`` (default 4: the
+    planner otherwise under-fills when newer generations shadow base rows).
+    pylance 14's planner ignores unindexed base rows, so without such an
+    index -- or when an SSTable lacks it -- the search is exact over the LSM
+    view (slower, always right). :func:`compact_mem_wal` brings indexes up to
+    date after compacting, keeping the fast path.
 
     Returns
     -------
@@ -472,7 +482,7 @@ async def lsm_vector_search(
     def index_covers(ds: Any) -> bool:
         import lance
 
-        if not _has_vector_index(ds, column):
+        if not _has_vector_index(ds, column, complete=True):
             return False
         for snap in snaps:
             if not isinstance(snap, ShardSnapshot):
@@ -492,7 +502,7 @@ async def lsm_vector_search(
                 pa.array(q, type=pa.float32()),
                 k=k,
                 nprobes=nprobes,
-                columns=None if cols is None else [*cols, "_distance"],
+                columns=[*(cols if cols is not None else ds.schema.names), "_distance"],
                 overfetch_factor=overfetch_factor,
             )
             return plan.to_table()
@@ -569,6 +579,7 @@ async def compact_mem_wal(
     shard_ids: Iterable[str] | None = None,
     *,
     chunk_rows: int = 65_536,
+    optimize_indices: bool = True,
 ) -> CompactionResult:
     """Merge every flushed, not yet compacted generation into the base table.
 
@@ -589,6 +600,10 @@ async def compact_mem_wal(
         Only these shards (default all).
     chunk_rows : int
         Rows per batch read from an SSTable (default 65,536).
+    optimize_indices : bool
+        After compacting, bring the table's indexes up to date
+        (``optimize.optimize_indices``, one more commit) so indexed reads and
+        the LSM vector planner cover the compacted rows (default True).
 
     Returns
     -------
@@ -646,6 +661,9 @@ async def compact_mem_wal(
             commits += 1
             attempts += res.num_attempts
             done.setdefault(snap.shard_id, []).append(gen)
+    if commits and optimize_indices and len(dataset.lance.describe_indices()) > 1:
+        await dataset._mutate(lambda d: d.optimize.optimize_indices())
+        commits += 1
     if not commits:
         await anyio.lowlevel.checkpoint()
     return CompactionResult(done, upserted, deleted, commits, attempts, dataset.version)

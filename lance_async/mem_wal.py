@@ -828,27 +828,48 @@ class AsyncShardWriter:
         return await run_sync(lambda: (engine.stats(), engine.memtable_stats()))
 
     # -- read-your-writes ----------------------------------------------------
+    async def _wait_unsealed(self, engine: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            mt = await run_sync(engine.memtable_stats)
+            if not mt.get("frozen_count"):
+                return
+            if time.monotonic() > deadline:
+                raise LanceAsyncError(f"{self!r}: a sealed memtable was not flushed in {timeout} s")
+            await anyio.sleep(0.005)
+
+    async def wait_flushed(self, timeout: float = 30.0) -> None:
+        """Wait until no sealed (frozen) memtable is waiting to be written.
+
+        After it returns, every memtable sealed so far is a flushed
+        generation (an SSTable) that :meth:`AsyncDataset.shard_snapshots`
+        lists. It does not seal the active memtable; closing the writer does.
+
+        Raises
+        ------
+        LanceAsyncError
+            Still sealed after ``timeout`` seconds.
+        ClosedError
+            The writer is not open.
+        """
+        if self._engine is None or self._state is WriterState.CLOSED:
+            raise ClosedError(f"{self!r} is not open")
+        await self._wait_unsealed(self._engine, timeout)
+
     async def _scanner(self, snapshots: ShardSnapshots | None) -> Any:
         """An engine LSM scanner that sees every acked row (see module notes)."""
         if self._state not in (WriterState.OPEN, WriterState.FAILED):
             raise ClosedError(f"{self!r} is not open")
         if self._loop is not None:
             self._loop.check(repr(self))
+        from .lsm import _lance_snaps
+
         engine = self._engine
-        raw = [s for s in (snapshots or []) if s.shard_id != self.shard_id]
+        raw = _lance_snaps(s for s in (snapshots or []) if s.shard_id != self.shard_id)
         assert self._gate is not None
-        async with self._gate:
-            deadline = time.monotonic() + 30.0
-            while True:
-                mt = await run_sync(engine.memtable_stats)
-                if not mt.get("frozen_count"):
-                    break
-                if time.monotonic() > deadline:
-                    raise LanceAsyncError(
-                        f"{self!r}: a sealed memtable has not been flushed for 30 s"
-                    )
-                await anyio.sleep(0.005)
-            return await run_sync(lambda: engine.lsm_scanner([s.lance for s in raw]))
+        async with self._gate:  # no put can seal a memtable while we plan
+            await self._wait_unsealed(engine, 30.0)
+            return await run_sync(lambda: engine.lsm_scanner(raw))
 
     def lsm_scan(
         self,

@@ -1,0 +1,297 @@
+"""LSM reads across levels and shards, and compaction (asyncio and trio).
+
+The scenario: a base table with a vector index, two shards writing disjoint
+keys (even / odd) through AsyncShardWriters with tiny memtables, so that
+generations flush while the writers are open. A Python model tracks the
+newest state of every key; every read is checked against it before a flush,
+after flushes, after the writers close and after compaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import lance_async as la
+
+from .helpers import Ticker, rows_by_key
+
+pytestmark = pytest.mark.anyio
+
+DIM = 8
+PK = {"lance-schema:unenforced-primary-key": "true"}
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False, metadata=PK),
+        pa.field("value", pa.int64()),
+        pa.field("vec", pa.list_(pa.float32(), DIM)),
+    ]
+)
+
+
+def vec_for(i: int, value: int) -> list[float]:
+    return [float(i) + value / 10.0] * DIM
+
+
+def rows(ids: Iterable[int], value: int) -> pa.Table:
+    ids = list(ids)
+    flat = np.array([vec_for(i, value) for i in ids], dtype=np.float32).reshape(-1)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "value": pa.array([value] * len(ids), pa.int64()),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), DIM),
+        },
+        schema=SCHEMA,
+    )
+
+
+class Model:
+    """Newest state of each key."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, dict[str, Any]] = {}
+
+    def put(self, table: pa.Table) -> None:
+        for r in table.to_pylist():
+            self.rows[r["id"]] = r
+
+    def delete(self, ids: Iterable[int]) -> None:
+        for i in ids:
+            self.rows.pop(i, None)
+
+    def knn(self, query: list[float], k: int) -> list[int]:
+        q = np.array(query, dtype=np.float32)
+        dist = sorted(
+            (float(((np.array(r["vec"], dtype=np.float32) - q) ** 2).sum()), i)
+            for i, r in self.rows.items()
+        )
+        return [i for _, i in dist[:k]]
+
+    def subset(self, keep: Iterable[int]) -> dict[int, dict[str, Any]]:
+        wanted = set(keep)
+        return {i: r for i, r in self.rows.items() if i in wanted}
+
+
+def plain(table: pa.Table) -> dict[Any, dict[str, Any]]:
+    out = rows_by_key(table)
+    for r in out.values():
+        if r.get("vec") is not None:
+            r["vec"] = [float(x) for x in r["vec"]]
+    return out
+
+
+def model_plain(model_rows: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {
+        i: {**r, "vec": [float(np.float32(x)) for x in r["vec"]]} for i, r in model_rows.items()
+    }
+
+
+async def setup(uri: str) -> tuple[la.AsyncDataset, Model]:
+    base = rows(range(200), 0)
+    ds = await la.write_dataset(base, uri)
+    await ds.create_index("vec", "IVF_FLAT", num_partitions=2)
+    await ds.initialize_mem_wal()
+    model = Model()
+    model.put(base)
+    return ds, model
+
+
+async def check_dataset_reads(ds: la.AsyncDataset, expected: dict[int, dict[str, Any]]) -> None:
+    """Base + flushed SSTables through the dataset-level reads."""
+    scanned = plain(await ds.lsm_scan().to_table())
+    assert scanned == model_plain(expected)
+    for key in (0, 1, 2, 51, 150, 201, 203, 999):
+        got = await ds.lsm_point_lookup(key)
+        if key in expected:
+            assert plain(got) == model_plain({key: expected[key]}), key
+        else:
+            assert got.num_rows == 0, key
+
+
+async def test_reads_through_every_stage_of_the_lsm(table_uri: str) -> None:
+    ds, model = await setup(table_uri)
+    shard_a, shard_b = str(uuid.uuid4()), str(uuid.uuid4())
+    opts: dict[str, Any] = {"max_memtable_rows": 64, "max_put_rows": 64, "durable_write": False}
+    async with ds.mem_wal_writer(shard_a, **opts) as a, ds.mem_wal_writer(shard_b, **opts) as b:
+        # before any flush: each writer sees base + its own memtable
+        first_a = rows(range(0, 20, 2), 1)
+        await a.put(first_a)
+        model.put(first_a)
+        got = plain(await a.lsm_scan().to_table())
+        assert got == model_plain(model.subset(set(range(200))))
+        assert plain(await a.lsm_point_lookup(2)) == model_plain(model.subset([2]))
+        # more writes: memtables seal and flush while the writers are open
+        for v in range(2, 6):
+            upd_a = rows(range(0, 120, 2), v)
+            upd_b = rows(range(1, 120, 2), v)
+            await a.put(upd_a)
+            await b.put(upd_b)
+            model.put(upd_a)
+            model.put(upd_b)
+        new_a, new_b = rows(range(200, 240, 2), 9), rows(range(201, 240, 2), 9)
+        await a.put(new_a)
+        await b.put(new_b)
+        model.put(new_a)
+        model.put(new_b)
+        await b.delete({"id": [51, 53, 203]})
+        model.delete([51, 53, 203])
+        # writer reads include their own memtable and everything flushed by the other shard
+        await a.wait_flushed()
+        await b.wait_flushed()
+        snaps = await ds.shard_snapshots()
+        assert {s.shard_id for s in snaps} == {shard_a, shard_b}
+        assert all(s.sstables for s in snaps)
+        for key, writer in ((2, a), (51, b), (203, b), (238, a)):
+            got = await writer.lsm_point_lookup(key, snapshots=snaps)
+            assert plain(got) == model_plain(model.subset([key])), key
+        query = vec_for(100, 5)
+        top = await a.lsm_vector_search(query, column="vec", k=5, snapshots=snaps)
+        own = {i: r for i, r in model.rows.items() if i % 2 == 0 or i < 200}
+        assert top.column("id").to_pylist()[0] == 100
+        assert set(top.column("id").to_pylist()) <= set(own)
+    # after close: both memtables are flushed; dataset-level reads see everything
+    await check_dataset_reads(ds, model.rows)
+    for q in ([100.53] * DIM, [7.21] * DIM, [230.87] * DIM):
+        got = await ds.lsm_vector_search(q, column="vec", k=6)
+        assert got.column("id").to_pylist() == model.knn(q, 6)
+        assert "_distance" in got.column_names
+    # compaction: same answers, generations marked compacted
+    before = await ds.shard_snapshots()
+    result = await ds.compact_mem_wal()
+    assert set(result.generations) == {shard_a, shard_b}
+    assert result.rows_deleted >= 2
+    after = await ds.shard_snapshots()
+    for snap in after:
+        assert snap.sstables == ()
+        prior = next(s for s in before if s.shard_id == snap.shard_id)
+        assert snap.compacted_generation == max(g for g, _ in prior.sstables)
+    stats = ds.lance.stats.index_stats("__lance_mem_wal")
+    assert stats["num_compacted_sstables"] == 2
+    await check_dataset_reads(ds, model.rows)
+    assert plain(await ds.to_table()) == model_plain(model.rows)  # the base table alone
+    got = await ds.lsm_vector_search([100.53] * DIM, column="vec", k=6)
+    assert got.column("id").to_pylist() == model.knn([100.53] * DIM, 6)
+    # compacted SSTables no longer shadow the base: a later base update wins
+    await ds.update({"value": "77"}, where="id = 2")
+    assert (await ds.lsm_point_lookup(2)).column("value").to_pylist() == [77]
+    # nothing left to compact
+    again = await ds.compact_mem_wal()
+    assert again.commits == 0
+
+
+async def test_lookup_right_after_flushes_never_fails(table_uri: str) -> None:
+    ds = await la.write_dataset(rows(range(10), 0), table_uri)
+    await ds.initialize_mem_wal()
+    errors: list[BaseException] = []
+    done = anyio.Event()
+    found = 0
+
+    async def lookups() -> None:
+        nonlocal found
+        while not done.is_set():
+            try:
+                got = await ds.lsm_point_lookup(5)
+                found += got.num_rows
+            except Exception as exc:  # pragma: no cover - shown by the assert
+                errors.append(exc)
+            await anyio.lowlevel.checkpoint()
+
+    writer = ds.mem_wal_writer(str(uuid.uuid4()), max_memtable_rows=50, max_put_rows=50)
+    async with writer as w, anyio.create_task_group() as tg:
+        tg.start_soon(lookups)
+        for start in range(100, 3_100, 50):
+            await w.put(rows(range(start, start + 50), 1))  # every put seals a memtable
+        done.set()
+    assert not errors, errors[:3]
+    assert found > 0
+    assert (await ds.lsm_scan(columns=["id"]).to_table()).num_rows == 10 + 3_000
+
+
+async def test_composite_keys_and_bad_keys(table_uri: str) -> None:
+    schema = pa.schema(
+        [
+            pa.field("region", pa.string(), nullable=False, metadata=PK),
+            pa.field("n", pa.int32(), nullable=False, metadata=PK),
+            pa.field("v", pa.float64()),
+        ]
+    )
+    ds = await la.write_dataset(
+        pa.table(
+            {"region": ["eu", "us", "eu"], "n": [1, 1, 2], "v": [1.0, 2.0, 3.0]}, schema=schema
+        ),
+        table_uri,
+    )
+    await ds.initialize_mem_wal()
+    async with ds.mem_wal_writer(str(uuid.uuid4())) as w:
+        await w.put(pa.table({"region": ["eu"], "n": [2], "v": [30.0]}, schema=schema))
+        got = await w.lsm_point_lookup({"region": "eu", "n": 2})
+        assert got.column("v").to_pylist() == [30.0]
+        got = await w.lsm_point_lookup(("us", 1))
+        assert got.column("v").to_pylist() == [2.0]
+        with pytest.raises(la.InvalidInputError):
+            await w.lsm_point_lookup("eu")  # composite key needs both parts
+        with pytest.raises(la.SchemaMismatchError):
+            await w.lsm_point_lookup({"region": "eu"})
+        assert (await w.lsm_point_lookup(("o'neil", 1))).num_rows == 0  # quoting is safe
+    got = await ds.lsm_point_lookup({"region": "eu", "n": 2})
+    assert got.column("v").to_pylist() == [30.0]
+    with pytest.raises(la.InvalidInputError):
+        await ds.lsm_point_lookup(("eu", "not a number"))
+
+
+async def test_shard_snapshots_of_a_table_without_mem_wal(table_uri: str) -> None:
+    ds = await la.write_dataset(rows(range(3), 0), table_uri)
+    assert await ds.shard_snapshots() == []
+    assert (await ds.lsm_scan().to_table()).num_rows == 3
+    assert (await ds.lsm_point_lookup(1)).num_rows == 1
+
+
+async def test_snapshots_convert_to_engine_snapshots(table_uri: str) -> None:
+    ds, _ = await setup(table_uri)
+    async with ds.mem_wal_writer(str(uuid.uuid4()), max_memtable_rows=10, max_put_rows=10) as w:
+        await w.put(rows(range(300, 350), 1))
+    snaps = await ds.shard_snapshots()
+    assert len(snaps) == 1 and len(snaps[0].sstables) >= 4
+    engine = [s.lance for s in snaps]
+    scanner = lance.mem_wal.LsmScanner.from_snapshots(ds.lance, engine)
+    assert scanner.count_rows() == 250
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_loop_stays_free_during_an_lsm_scan(tmp_path: Path) -> None:
+    n = 1_000_000
+    uri = str(tmp_path / "t.lance")
+    base = pa.table(
+        {
+            "id": pa.array(np.arange(n), pa.int64()),
+            "value": pa.array(np.zeros(n, dtype=np.int64)),
+            "vec": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.zeros(n * DIM, dtype=np.float32)), DIM
+            ),
+        },
+        schema=SCHEMA,
+    )
+    ds = await la.write_dataset(base, uri)
+    await ds.initialize_mem_wal()
+    async with ds.mem_wal_writer(str(uuid.uuid4()), durable_write=False) as w:
+        await w.put(rows(range(0, 20_000), 3))
+    ticker = Ticker()
+    total = 0
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker.run)
+        async for batch in ds.lsm_scan(columns=["id", "value"]):
+            total += batch.num_rows
+        ticker.running = False
+    assert total == n
+    assert len(ticker.lags) > 10
+    assert ticker.max_lag < 0.05, ticker.max_lag
