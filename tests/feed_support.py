@@ -2,36 +2,18 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pyarrow as pa
-import pytest
 
 import lance_async as la
 from lance_async.feeds import Message
 
 from .helpers import KV_SCHEMA
-
-#: AsyncShardWriter (mem_wal.py) never closes its queue's receive stream, so
-#: anyio warns "Unclosed <MemoryObjectReceiveStream ...>" when a writer is
-#: collected (reported; mem_wal.py is not ours to edit). Remove once fixed,
-#: together with ``collect_writers`` below.
-WRITER_STREAM_LEAK = pytest.mark.filterwarnings(
-    "ignore:Unclosed <MemoryObjectReceiveStream:ResourceWarning"
-)
-
-
-@pytest.fixture(autouse=True)
-def collect_writers() -> Iterator[None]:
-    """Collect the test's closed writers while WRITER_STREAM_LEAK's filter applies."""
-    yield
-    gc.collect()
 
 
 async def mem_wal_table(tmp_path: Path) -> la.AsyncDataset:

@@ -12,9 +12,7 @@ import lance_async as la
 from lance_async.acks import Ack
 from lance_async.feeds import IterableFeed, Message, ingest
 
-from .feed_support import (  # noqa: F401  (collect_writers is an autouse fixture)
-    WRITER_STREAM_LEAK,
-    collect_writers,
+from .feed_support import (
     expected_rows,
     lsm_rows,
     mem_wal_table,
@@ -22,7 +20,7 @@ from .feed_support import (  # noqa: F401  (collect_writers is an autouse fixtur
     row_json,
 )
 
-pytestmark = [pytest.mark.anyio, WRITER_STREAM_LEAK]
+pytestmark = pytest.mark.anyio
 
 
 class CheckingFeed:

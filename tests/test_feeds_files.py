@@ -13,11 +13,9 @@ import pytest
 import lance_async as la
 from lance_async.feeds import Feed, FeedState, FileFeed, Message, ingest
 
-from .feed_support import (  # noqa: F401  (collect_writers is an autouse fixture)
-    WRITER_STREAM_LEAK,
+from .feed_support import (
     CrashBeforeAck,
     batch_of,
-    collect_writers,
     expected_rows,
     lsm_rows,
     mem_wal_table,
@@ -26,7 +24,7 @@ from .feed_support import (  # noqa: F401  (collect_writers is an autouse fixtur
 )
 from .helpers import KV_SCHEMA
 
-pytestmark = [pytest.mark.anyio, WRITER_STREAM_LEAK]
+pytestmark = pytest.mark.anyio
 
 FORMATS = ["ndjson", "csv", "ipc-stream", "ipc-file"]
 

@@ -26,10 +26,8 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 import lance_async as la
 from lance_async.feeds import Feed, FeedState, KafkaFeed, KafkaOffset, Message, ingest
 
-from .feed_support import (  # noqa: F401  (collect_writers is an autouse fixture)
-    WRITER_STREAM_LEAK,
+from .feed_support import (
     CrashBeforeAck,
-    collect_writers,
     expected_rows,
     lsm_rows,
     mem_wal_table,
@@ -37,7 +35,7 @@ from .feed_support import (  # noqa: F401  (collect_writers is an autouse fixtur
     row_json,
 )
 
-pytestmark = [pytest.mark.anyio, WRITER_STREAM_LEAK]
+pytestmark = pytest.mark.anyio
 
 P0 = TopicPartition("events", 0)
 P1 = TopicPartition("events", 1)

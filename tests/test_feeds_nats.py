@@ -18,10 +18,8 @@ import lance_async as la
 from lance_async.feeds import Feed, FeedState, JetStreamFeed, Message, ingest
 
 from .conftest import broker_or_skip
-from .feed_support import (  # noqa: F401  (collect_writers is an autouse fixture)
-    WRITER_STREAM_LEAK,
+from .feed_support import (
     CrashBeforeAck,
-    collect_writers,
     expected_rows,
     lsm_rows,
     mem_wal_table,
@@ -29,7 +27,7 @@ from .feed_support import (  # noqa: F401  (collect_writers is an autouse fixtur
     row_json,
 )
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker, WRITER_STREAM_LEAK]
+pytestmark = [pytest.mark.anyio, pytest.mark.broker]
 
 URL = "nats://127.0.0.1:4222"
 
