@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,7 @@ import anyio
 import pytest
 
 import lance_async as la
+import lance_async.feeds as feeds
 from lance_async.acks import Ack
 from lance_async.feeds import IterableFeed, Message, ingest
 
@@ -202,3 +205,19 @@ async def test_cancellation_acknowledges_nothing_afterwards(tmp_path: Path) -> N
         written = {r["id"] for r in await lsm_rows(writer)}
         assert set(at_cancel) <= written
         await feed.aclose()
+
+
+def test_broker_connectors_are_imported_lazily() -> None:
+    code = (
+        "import sys, lance_async.feeds as f\n"
+        "assert not {'nats', 'redis', 'aiokafka'} & set(sys.modules), sorted(sys.modules)\n"
+        "assert {'JetStreamFeed', 'RedisStreamFeed', 'KafkaFeed'} <= set(dir(f))\n"
+        "f.KafkaFeed\n"
+        "assert 'aiokafka' in sys.modules and 'nats' not in sys.modules\n"
+        "from lance_async.feeds import JetStreamFeed, RedisStreamFeed\n"
+        "from lance_async.feeds.nats import JetStreamFeed as J\n"
+        "assert JetStreamFeed is J\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    with pytest.raises(AttributeError):
+        feeds.NoSuchFeed  # noqa: B018

@@ -31,6 +31,10 @@ stream still ends at its end-of-stream marker. A file that shrinks
 Without ``follow``, ``exhausted`` turns True once the end of the file was
 decoded and handed out.
 
+The design is that of log shippers (Filebeat's registry, Fluent Bit's tail
+input): a persisted byte offset per file, advanced only after delivery is
+confirmed, and a poll for growth at the end of the file.
+
 Errors
 ------
 Bytes that cannot be decoded raise :class:`~lance_async.DecodeError` from
