@@ -246,3 +246,16 @@ def test_connect_on_trio_says_asyncio_only() -> None:
 
     with pytest.raises(la.LanceAsyncError, match="asyncio only"):
         trio.run(main)
+
+
+async def test_ack_sync_waits_for_the_server(stream: Stream) -> None:
+    seqs = await stream.publish([row_json(1), row_json(2)])
+    async with await JetStreamFeed.connect(
+        URL, stream=stream.name, subject=stream.subject, durable="sync", ack_sync=True
+    ) as feed:
+        messages = await feed.fetch(10, 0.5)
+        for m in messages:
+            await m.ack()
+        # no flush or close needed: the server confirmed each ack before ack() returned
+        info = await stream.consumer("sync")
+        assert (info.num_ack_pending, info.ack_floor.stream_seq) == (0, seqs[-1])
