@@ -457,8 +457,10 @@ async def open_dataset(
 
     try:
         return AsyncDataset(await _engine(work))
-    except DatasetNotFoundError:
-        raise
+    except DatasetNotFoundError as exc:
+        raise DatasetNotFoundError(
+            f"no Lance dataset at {path!r}; check the path or create it with write_dataset"
+        ) from exc.__cause__
     except ValueError as exc:
         if "not found" in str(exc).lower():
             raise DatasetNotFoundError(f"no Lance dataset at {path!r}") from exc

@@ -222,5 +222,8 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     if text.startswith("Incompatible transaction"):
         return ConflictError(f"commit conflict no retry can cure: {_message(exc)}", retryable=False)
     if "was not found" in text and ("Dataset at path" in text or "Not found" in text):
-        return DatasetNotFoundError(f"{_message(exc)}; create it first with write_dataset")
+        where = text.split("Dataset at path ", 1)[-1].split(" was not found", 1)[0]
+        return DatasetNotFoundError(
+            f"no Lance dataset at {where!r}; check the path or create it with write_dataset"
+        )
     return None

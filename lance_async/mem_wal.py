@@ -867,9 +867,15 @@ class AsyncShardWriter:
         engine = self._engine
         raw = _lance_snaps(s for s in (snapshots or []) if s.shard_id != self.shard_id)
         assert self._gate is not None
-        async with self._gate:  # no put can seal a memtable while we plan
-            await self._wait_unsealed(engine, 30.0)
-            return await run_sync(lambda: engine.lsm_scanner(raw))
+        deadline = time.monotonic() + 30.0
+        while True:
+            # wait for sealed memtables without holding up the puts ...
+            await self._wait_unsealed(engine, max(0.0, deadline - time.monotonic()))
+            # ... then plan while no put can seal another one
+            async with self._gate:
+                mt = await run_sync(engine.memtable_stats)
+                if not mt.get("frozen_count"):
+                    return await run_sync(lambda: engine.lsm_scanner(raw))
 
     def lsm_scan(
         self,

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 import anyio
 import pyarrow as pa
 
 from .._loop import unwrap_groups
+from .._threads import run_sync, stream_limiter
 from ..acks import Ack
 from ..errors import DecodeError, LanceAsyncError
 from ..formats import decode_json_rows
@@ -46,7 +49,10 @@ log = logging.getLogger("lance_async")
 AckFn = Callable[[], Awaitable[None]]
 
 
-@dataclass
+_NO_HEADERS: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(slots=True)
 class Message:
     """One message of a feed.
 
@@ -59,15 +65,17 @@ class Message:
     payload : bytes or pa.RecordBatch
         The raw message (decoded by :func:`ingest`'s ``decode``), or rows
         already decoded by the feed (file feeds).
-    headers : dict
-        Broker headers or fields, if any.
+    headers : mapping
+        Broker headers or fields, if any (an empty read-only mapping
+        otherwise: messages are many, so they stay small -- slots, no dict).
     """
 
     offset: Any
     payload: bytes | pa.RecordBatch
-    headers: dict[str, Any] = field(default_factory=dict)
+    headers: Mapping[str, Any] = field(default_factory=lambda: _NO_HEADERS)
     _ack: AckFn | None = field(default=None, repr=False)
     acked: bool = field(default=False, repr=False)
+    _owner: Any = field(default=None, repr=False)
 
     async def ack(self) -> None:
         """Acknowledge (commit) the message. Idempotent."""
@@ -75,6 +83,8 @@ class Message:
             return
         if self._ack is not None:
             await self._ack()
+        elif self._owner is not None:
+            await self._owner.ack_batch([self])
         self.acked = True
 
 
@@ -86,6 +96,11 @@ class Feed(Protocol):
     waiting at most ``timeout`` seconds for the first one; an empty list
     means nothing arrived. ``exhausted`` turns True when a finite feed has no
     more messages (a file read to its end and not followed).
+
+    A feed may also offer ``async def ack_batch(messages)``, acknowledging
+    several messages (in feed order) at once -- one ``XACK`` with many ids,
+    or committing the highest offset. :func:`ingest` uses it when present;
+    otherwise it awaits ``message.ack()`` one by one.
     """
 
     async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
@@ -187,9 +202,11 @@ async def _decode_group(
     dead_letter: DeadLetter | None,
     stats: IngestStats,
 ) -> tuple[pa.Table | None, list[Message]]:
-    """Decode a micro-batch; on failure, isolate the bad messages one by one."""
+    """Decode a micro-batch on a worker thread; on failure, isolate the bad
+    messages one by one (so one bad message never fails its neighbours)."""
     try:
-        return decode(messages, schema), list(messages)
+        table = await run_sync(partial(decode, messages, schema), limiter=stream_limiter())
+        return table, list(messages)
     except (DecodeError, pa.ArrowException, ValueError, UnicodeDecodeError) as exc:
         if len(messages) == 1:
             await _dead_letter(dead_letter, messages[0], exc)
@@ -220,7 +237,7 @@ async def ingest(
     dead_letter: DeadLetter | None = None,
     max_batch: int = 1000,
     fetch_timeout: float = 0.5,
-    max_pending_acks: int = 64,
+    max_pending_acks: int = 16,
     idle_timeout: float | None = None,
     on_progress: Callable[[IngestStats], None] | None = None,
 ) -> IngestStats:
@@ -234,7 +251,8 @@ async def ingest(
         Anything with ``await writer.send(rows) -> Ack``.
     decode : callable, optional
         ``(messages, schema) -> pa.Table``; default :func:`decode_json`
-        (JSON / NDJSON payloads, values coerced to the schema).
+        (JSON / NDJSON payloads, values coerced to the schema). Called on a
+        worker thread (``stream`` limiter), once per micro-batch.
     schema : pa.Schema, optional
         Target schema; default ``writer.schema``.
     dead_letter : callable, optional
@@ -247,7 +265,7 @@ async def ingest(
         Seconds one fetch waits for messages (default 0.5).
     max_pending_acks : int
         Micro-batches sent but not yet acknowledged before fetching pauses
-        (default 64); with the writer's queue limits this bounds memory.
+        (default 16); with the writer's queue limits this bounds memory.
     idle_timeout : float, optional
         Return after this many seconds without a message (default: run until
         the feed is exhausted, or forever for an endless feed, until
@@ -278,6 +296,7 @@ async def ingest(
     if target is None:
         raise ValueError("ingest needs schema= when the writer has no .schema")
     decoder = decode or decode_json
+    batch_ack = getattr(feed, "ack_batch", None)
     stats = IngestStats()
     started = time.monotonic()
     # Sent micro-batches wait here, in feed order, for their rows to be durable.
@@ -290,8 +309,13 @@ async def ingest(
             async for messages, ack, rows in acks_in:
                 if ack is not None:
                     await ack  # a write error propagates: nothing more is acked
-                for m in messages:
-                    await m.ack()
+                if batch_ack is not None:
+                    await batch_ack(messages)
+                    for m in messages:
+                        m.acked = True
+                else:
+                    for m in messages:
+                        await m.ack()
                 stats.messages += len(messages)
                 stats.rows += rows
                 if on_progress is not None:
@@ -332,7 +356,7 @@ class IterableFeed:
     """A feed over an (async) iterable of payloads, for tests and replays.
 
     Each item becomes a :class:`Message` whose offset is its position;
-    ``on_ack(offset)`` (optional) is called when it is acknowledged, in
+    ``on_ack(offset)`` (optional) is called for each offset acknowledged, in
     order, so a caller can record the committed position.
 
     Parameters
@@ -360,19 +384,27 @@ class IterableFeed:
         """True once the iterable has ended."""
         return self._done
 
+    async def ack_batch(self, messages: Sequence[Message]) -> None:
+        """Acknowledge messages (in feed order): commits the highest offset."""
+        for m in messages:
+            if m.offset > self.committed:
+                self.committed = m.offset
+                if self._on_ack is not None:
+                    self._on_ack(m.offset)
+        await anyio.lowlevel.checkpoint()
+
     def _message(self, payload: Any) -> Message:
         offset = self._offset
         self._offset += 1
-
-        async def ack() -> None:
-            self.committed = offset
-            if self._on_ack is not None:
-                self._on_ack(offset)
-
-        return Message(offset, payload, _ack=ack)
+        return Message(offset, payload, _owner=self)
 
     async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
-        """Up to ``max_messages`` next items (never waits for a sync iterable)."""
+        """Up to ``max_messages`` next items.
+
+        A sync iterable is read without waiting; an async iterable is awaited
+        item by item without a timeout (``timeout`` is ignored there), since
+        cancelling an async generator mid-step would end it.
+        """
         out: list[Message] = []
         if self._done:
             return out
@@ -386,14 +418,17 @@ class IterableFeed:
             await anyio.lowlevel.checkpoint()
             return out
         assert self._aiter is not None
-        with anyio.move_on_after(timeout):
-            while len(out) < max_messages:
-                try:
-                    item = await self._aiter.__anext__()
-                except StopAsyncIteration:
-                    self._done = True
-                    break
-                out.append(self._message(item))
+        # No timeout around __anext__: cancelling an async generator mid-step
+        # would finalize it and silently end the feed.
+        while len(out) < max_messages:
+            try:
+                item = await self._aiter.__anext__()
+            except StopAsyncIteration:
+                self._done = True
+                break
+            out.append(self._message(item))
+            if len(out) % 256 == 0:
+                await anyio.lowlevel.checkpoint()  # a fast producer never hogs the loop
         return out
 
     async def aclose(self) -> None:

@@ -1,0 +1,440 @@
+"""The ``lance-async`` command (typer and rich; the ``demo`` extra installs them).
+
+Commands
+--------
+``demo [--dir PATH]``
+    The main job: the whole mission on the 2013 NYC flights (see
+    :mod:`lance_async.demo`). Exit code 0 only when every check holds.
+``ingest SOURCE TABLE_URI [--format F] [--shard ID]``
+    Stream a file, ``-`` (stdin), ``nats://host:port/STREAM/SUBJECT`` or
+    ``redis://host:port/STREAM`` into the table's MemWAL; every message is
+    acknowledged once its rows are durable. A file is checked whole first
+    (it is replayable), so a bad line writes nothing.
+``merge SOURCE TABLE_URI --on KEY``
+    Upsert a file into the table (merge_insert on a replayable source).
+``scan TABLE_URI [--filter EXPR] [--columns A,B] [--format table|ndjson|ipc]``
+    Stream rows to standard output.
+``info TABLE_URI``
+    Versions, rows, MemWAL shards and their generations.
+``serve [--root DIR]``
+    The example FastAPI app (``fastapi`` extra).
+
+Errors print one clear line on standard error and exit with 1 (bad data,
+conflicts) or 2 (bad arguments, unknown table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import anyio
+import pyarrow as pa
+
+try:
+    import typer
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TaskID,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.table import Table
+except ImportError as exc:  # pragma: no cover - the demo extra provides them
+    raise SystemExit(
+        "the lance-async command needs typer and rich: pip install 'lance-async[demo]'"
+    ) from exc
+
+from . import errors
+from .dataset import AsyncDataset, open_dataset
+from .feeds import Feed, IngestStats, IterableFeed, ingest
+from .files import file_source, guess_format
+from .formats import make_decoder
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    help="Async streaming for Lance: ingest feeds into the MemWAL, upsert, scan.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
+
+
+def _run(coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """Run a coroutine; turn lance_async errors into one line and an exit code."""
+    try:
+        return anyio.run(coro_fn)
+    except errors.DatasetNotFoundError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    except errors.DecodeError as exc:
+        where = f" (offset {exc.offset})" if exc.offset is not None else ""
+        err.print(f"[red]bad input{where}:[/red] {exc}. Nothing was written.")
+        raise typer.Exit(1) from None
+    except errors.LanceAsyncError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    except (OSError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {str(exc).split(', /home/runner', 1)[0]}")
+        raise typer.Exit(1) from None
+
+
+def _progress() -> Progress:
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    )
+
+
+# -- demo -------------------------------------------------------------------------
+
+
+class _RichDemoProgress:
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.tasks: dict[str, TaskID] = {}
+
+    def stage(self, name: str, total: float | None) -> None:
+        if name not in self.tasks:
+            self.tasks[name] = self.progress.add_task(name, total=total)
+
+    def advance(self, name: str, amount: float) -> None:
+        if name in self.tasks:
+            self.progress.advance(self.tasks[name], amount)
+
+    def log(self, message: str) -> None:
+        self.progress.console.print(f"  {message}")
+
+
+@app.command()
+def demo(
+    dir: str = typer.Option("lance_async_demo", "--dir", help="Where the demo's tables go."),
+) -> None:
+    """Run the whole mission on the 2013 NYC flights (336,776 rows)."""
+    from .demo import run_demo
+
+    with _progress() as progress:
+        report = _run(lambda: run_demo(Path(dir), _RichDemoProgress(progress)))
+    summary = Table(title="lance-async demo", show_header=False)
+    summary.add_row("rows ingested (durable, acked)", f"{report.rows_ingested:,}")
+    summary.add_row("engine puts (group commit)", f"{report.engine_puts:,}")
+    summary.add_row("ingest rows/s", f"{report.rows_per_second:,.0f}")
+    summary.add_row(
+        "ack latency p50 / p99",
+        f"{report.ack_latency_p50 * 1000:.0f} ms / {report.ack_latency_p99 * 1000:.0f} ms",
+    )
+    summary.add_row("late corrections", f"{report.corrections:,}")
+    summary.add_row("weather merge attempts", " ".join(str(a) for a in report.merge_attempts))
+    summary.add_row(
+        "LSM point lookups (p99)", f"{report.lookups:,} ({report.lookup_p99 * 1000:.0f} ms)"
+    )
+    summary.add_row("generations compacted", str(report.compacted_generations))
+    summary.add_row("max event-loop lag", f"{report.max_loop_lag * 1000:.1f} ms")
+    summary.add_row("wall time", f"{report.seconds:.1f} s")
+    out.print(summary)
+    for name, ok in report.checks.items():
+        out.print(f"  {'[green]PASS' if ok else '[red]FAIL'}[/] {name}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+# -- ingest -------------------------------------------------------------------------
+
+
+async def _stdin_batches(fmt: str, schema: pa.Schema) -> AsyncIterator[pa.RecordBatch]:
+    decoder = make_decoder(fmt, schema)
+    stdin = anyio.wrap_file(sys.stdin.buffer)
+    while True:
+        chunk = await stdin.read(1 << 20)
+        if not chunk:
+            break
+        for batch in await anyio.to_thread.run_sync(decoder.feed, chunk):
+            yield batch
+    for batch in decoder.finish():
+        yield batch
+
+
+def _open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> Any:
+    """An async context manager (or plain feed) for SOURCE."""
+    if source == "-":
+        return IterableFeed(_stdin_batches(fmt or "ndjson", schema))
+    url = urlparse(source)
+    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+    if url.scheme == "nats":
+        from .feeds.nats import JetStreamFeed
+
+        parts = [p for p in url.path.split("/") if p]
+        if len(parts) != 2:
+            raise typer.BadParameter("nats source: nats://host:port/STREAM/SUBJECT")
+        stream, subject = parts
+        return JetStreamFeed.connect(
+            f"nats://{url.netloc}",
+            stream=stream,
+            subject=subject,
+            durable=query.get("durable", f"lance-async-{stream}"),
+        )
+    if url.scheme in ("redis", "rediss"):
+        from .feeds.redis import RedisStreamFeed
+
+        stream = url.path.strip("/")
+        if not stream:
+            raise typer.BadParameter("redis source: redis://host:port/STREAM[?group=G]")
+        return RedisStreamFeed.connect(
+            f"{url.scheme}://{url.netloc}",
+            stream=stream,
+            group=query.get("group", "lance-async"),
+            field=query.get("field", "data"),
+        )
+    from .feeds.files import FileFeed
+
+    return FileFeed(source, format=fmt, schema=schema, follow=follow)
+
+
+async def _validate_file(source: str, fmt: str | None, schema: pa.Schema) -> int:
+    """Decode the whole file once (it is replayable); count its rows."""
+    rows = 0
+    async for batch in file_source(source, format=fmt, schema=schema).open():
+        rows += batch.num_rows
+    return rows
+
+
+@app.command(name="ingest")
+def ingest_cmd(
+    source: str = typer.Argument(..., help="A file, '-' for stdin, nats://... or redis://..."),
+    table_uri: str = typer.Argument(..., help="The Lance table (MemWAL initialized)."),
+    format: str | None = typer.Option(None, "--format", "-f", help="ndjson, csv or ipc."),
+    shard: str | None = typer.Option(None, "--shard", help="Shard UUID (default: from SOURCE)."),
+    follow: bool = typer.Option(False, "--follow", help="Keep following a growing file."),
+    validate: bool = typer.Option(True, "--validate/--no-validate", help="Check a file first."),
+    idle_timeout: float | None = typer.Option(
+        None, "--idle-timeout", help="Stop after this many seconds without a message."
+    ),
+) -> None:
+    """Stream SOURCE into TABLE_URI's MemWAL; ack each message once durable."""
+    if format is not None and format not in ("ndjson", "csv", "ipc"):
+        raise typer.BadParameter("--format must be ndjson, csv or ipc")
+    shard_id = shard or str(uuid.uuid5(uuid.NAMESPACE_URL, f"lance-async-ingest:{source}"))
+    is_file = source != "-" and "://" not in source
+    if is_file and not os.path.exists(source):
+        err.print(f"[red]error:[/red] no such file: {source}")
+        raise typer.Exit(2)
+    if is_file and format is None:
+        format = guess_format(source)
+
+    async def run() -> IngestStats:
+        ds = await open_dataset(table_uri)
+        if await ds.mem_wal_index_details() is None:
+            raise errors.InvalidInputError(
+                f"{table_uri} has no MemWAL; initialize it first (AsyncDataset.initialize_mem_wal)"
+            )
+        if is_file and validate:
+            await _validate_file(source, format, ds.schema)
+        feed_or_cm = _open_feed(source, format, ds.schema, follow)
+        if hasattr(feed_or_cm, "__await__"):
+            feed_or_cm = await feed_or_cm
+        with _progress() as progress:
+            task = progress.add_task(f"ingest into shard {shard_id[:8]}", total=None)
+
+            def tick(stats: IngestStats) -> None:
+                progress.update(task, completed=stats.rows)
+
+            async with ds.mem_wal_writer(shard_id) as writer:
+                feed: Feed = feed_or_cm
+                try:
+                    return await ingest(feed, writer, idle_timeout=idle_timeout, on_progress=tick)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await feed.aclose()
+
+    stats = _run(run)
+    out.print(
+        f"ingested {stats.rows:,} rows from {stats.messages:,} messages into shard {shard_id} "
+        f"({stats.rows_per_second:,.0f} rows/s, {stats.dead_letters} dead letters)"
+    )
+
+
+# -- merge ---------------------------------------------------------------------------
+
+
+@app.command()
+def merge(
+    source: str = typer.Argument(..., help="A file (ndjson, csv, ipc)."),
+    table_uri: str = typer.Argument(..., help="The Lance table."),
+    on: list[str] = typer.Option(None, "--on", help="Join column(s); default the primary key."),
+    format: str | None = typer.Option(None, "--format", "-f", help="ndjson, csv or ipc."),
+) -> None:
+    """Upsert SOURCE into TABLE_URI (conflicts are retried by re-reading the file)."""
+    if not os.path.exists(source):
+        err.print(f"[red]error:[/red] no such file: {source}")
+        raise typer.Exit(2)
+
+    async def run() -> Any:
+        ds = await open_dataset(table_uri)
+        keys = on or ds.primary_key or None
+        schema = ds.schema
+        fmt = format or guess_format(source)
+        if fmt in ("ndjson", "csv"):
+            src = file_source(source, format=fmt, schema=schema)
+        else:
+            src = file_source(source, format=fmt)
+        with _progress() as progress:
+            progress.add_task(f"merge {Path(source).name}", total=None)
+            return await (
+                ds.merge_insert(keys)
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute(src)
+            )
+
+    result = _run(run)
+    out.print(
+        f"inserted {result.num_inserted_rows:,}, updated {result.num_updated_rows:,}, "
+        f"deleted {result.num_deleted_rows:,} rows in {result.num_attempts} attempt(s); "
+        f"version {result.version}"
+    )
+
+
+# -- scan and info --------------------------------------------------------------------
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+@app.command()
+def scan(
+    table_uri: str = typer.Argument(..., help="The Lance table."),
+    filter: str | None = typer.Option(None, "--filter", help="Lance SQL filter."),
+    columns: str | None = typer.Option(None, "--columns", help="Comma-separated columns."),
+    limit: int | None = typer.Option(None, "--limit", help="At most this many rows."),
+    format: str = typer.Option("table", "--format", "-f", help="table, ndjson or ipc."),
+    lsm: bool = typer.Option(False, "--lsm", help="Include flushed MemWAL generations."),
+) -> None:
+    """Stream TABLE_URI's rows to standard output."""
+    if format not in ("table", "ndjson", "ipc"):
+        raise typer.BadParameter("--format must be table, ndjson or ipc")
+    cols = [c.strip() for c in columns.split(",")] if columns else None
+
+    async def run() -> None:
+        ds = await open_dataset(table_uri)
+        if lsm:
+            stream = ds.lsm_scan(columns=cols, filter=filter, limit=limit)
+        else:
+            stream = ds.scan(columns=cols, filter=filter, limit=limit)
+        shown = 0
+        async with stream:
+            if format == "ipc":
+                sink = sys.stdout.buffer
+                await stream.open()
+                writer = pa.ipc.new_stream(sink, stream.schema)
+                async for batch in stream:
+                    await anyio.to_thread.run_sync(writer.write_batch, batch)
+                writer.close()
+                sink.flush()
+                return
+            table = Table() if format == "table" else None
+            async for batch in stream:
+                if table is not None and not table.columns:
+                    for name in batch.schema.names:
+                        table.add_column(name)
+                for row in batch.to_pylist():
+                    if table is not None:
+                        if shown < 1_000:
+                            table.add_row(*("" if v is None else str(v) for v in row.values()))
+                    else:
+                        sys.stdout.write(json.dumps(row, default=_json_default) + "\n")
+                    shown += 1
+            if table is not None:
+                out.print(table)
+                if shown > 1_000:
+                    err.print(f"(showing 1,000 of {shown:,} rows; use --format ndjson for all)")
+            else:
+                sys.stdout.flush()
+
+    _run(run)
+
+
+async def _info(ds: AsyncDataset) -> dict[str, Any]:
+    versions = await ds.versions()
+    details = await ds.mem_wal_index_details()
+    snaps = await ds.shard_snapshots()
+    return {
+        "uri": ds.uri,
+        "version": ds.version,
+        "versions": len(versions),
+        "rows": await ds.count_rows(),
+        "schema": [
+            f"{f.name}: {f.type}{' (key)' if f.name in ds.primary_key else ''}" for f in ds.schema
+        ],
+        "mem_wal": details is not None,
+        "shards": [
+            {
+                "shard_id": s.shard_id,
+                "current_generation": s.current_generation,
+                "flushed_generations": [g for g, _ in s.sstables],
+                "compacted_through": s.compacted_generation,
+            }
+            for s in snaps
+        ],
+    }
+
+
+@app.command()
+def info(
+    table_uri: str = typer.Argument(..., help="The Lance table."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Versions, rows, MemWAL shards and generations of TABLE_URI."""
+
+    async def run() -> dict[str, Any]:
+        return await _info(await open_dataset(table_uri))
+
+    data = _run(run)
+    if as_json:
+        out.print_json(json.dumps(data))
+        return
+    out.print(f"[bold]{data['uri']}[/bold]  version {data['version']} of {data['versions']}")
+    out.print(f"rows: {data['rows']:,}")
+    out.print("schema: " + ", ".join(data["schema"]))
+    if not data["mem_wal"]:
+        out.print("MemWAL: not initialized")
+        return
+    table = Table("shard", "current generation", "flushed (not compacted)", "compacted through")
+    for s in data["shards"]:
+        table.add_row(
+            s["shard_id"],
+            str(s["current_generation"]),
+            ", ".join(map(str, s["flushed_generations"])) or "-",
+            str(s["compacted_through"]),
+        )
+    out.print(table)
+
+
+def main() -> None:
+    """Entry point of the ``lance-async`` command."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

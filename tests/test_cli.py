@@ -1,0 +1,175 @@
+"""The lance-async command: the demo end to end, and clear failures on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from lance_async.cli import app
+
+from .helpers import KV_SCHEMA, kv_table
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def mem_wal_table(tmp_path: Path) -> str:
+    uri = str(tmp_path / "t.lance")
+    ds = lance.write_dataset(kv_table(range(5)), uri)
+    ds.initialize_mem_wal()
+    return uri
+
+
+def lsm_ids(uri: str) -> list[int]:
+    import anyio
+
+    import lance_async as la
+
+    async def read() -> list[int]:
+        ds = await la.open_dataset(uri)
+        table = await ds.lsm_scan(columns=["id"]).to_table()
+        return sorted(table.column("id").to_pylist())
+
+    return anyio.run(read)
+
+
+def ndjson(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.slow
+def test_demo_runs_the_whole_mission_on_real_data(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "lance_async", "demo", "--dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "336,776" in out.stdout
+    assert "FAIL" not in out.stdout
+    assert out.stdout.count("PASS") >= 10
+    flights = lance.dataset(str(tmp_path / "demo" / "flights.lance"))
+    assert flights.count_rows() == 336_776
+
+
+def test_ingest_a_file_then_scan_and_info(tmp_path: Path, mem_wal_table: str) -> None:
+    src = ndjson(
+        tmp_path / "rows.ndjson",
+        [json.dumps({"id": i, "value": str(i), "name": f"r{i}"}) for i in range(100, 150)],
+    )
+    result = runner.invoke(app, ["ingest", str(src), mem_wal_table])
+    assert result.exit_code == 0, result.output
+    assert "ingested 50 rows" in result.output
+    assert lsm_ids(mem_wal_table) == [*range(5), *range(100, 150)]
+    scanned = runner.invoke(
+        app, ["scan", mem_wal_table, "--format", "ndjson", "--filter", "id < 3"]
+    )
+    assert scanned.exit_code == 0, scanned.output
+    rows = [json.loads(line) for line in scanned.stdout.splitlines() if line.strip()]
+    assert sorted(r["id"] for r in rows) == [0, 1, 2]
+    info = runner.invoke(app, ["info", mem_wal_table, "--json"])
+    assert info.exit_code == 0, info.output
+    data = json.loads(info.stdout)
+    assert data["mem_wal"] is True and len(data["shards"]) == 1
+    assert data["shards"][0]["flushed_generations"]
+
+
+def test_ingest_stdin(tmp_path: Path, mem_wal_table: str) -> None:
+    body = "".join(json.dumps({"id": i, "value": i, "name": "s"}) + "\n" for i in range(200, 210))
+    result = runner.invoke(
+        app, ["ingest", "-", mem_wal_table, "--shard", str(uuid.uuid4())], input=body
+    )
+    assert result.exit_code == 0, result.output
+    assert lsm_ids(mem_wal_table)[-10:] == list(range(200, 210))
+
+
+@pytest.mark.parametrize(
+    ("case", "lines"),
+    [
+        ("malformed line", ['{"id": 1, "value": 1, "name": "a"}', '{"id": 2, "value": ']),
+        (
+            "wrong type",
+            ['{"id": 1, "value": 1, "name": "a"}', '{"id": 2, "value": "x", "name": "b"}'],
+        ),
+        ("missing key column", ['{"id": 1, "value": 1, "name": "a"}', '{"value": 3, "name": "c"}']),
+        ("unknown column", ['{"id": 1, "value": 1, "name": "a", "colour": "red"}']),
+    ],
+)
+def test_bad_input_fails_clearly_and_writes_nothing(
+    tmp_path: Path, mem_wal_table: str, case: str, lines: list[str]
+) -> None:
+    src = ndjson(tmp_path / "bad.ndjson", lines)
+    version = lance.dataset(mem_wal_table).version
+    result = runner.invoke(app, ["ingest", str(src), mem_wal_table])
+    assert result.exit_code == 1, (case, result.output)
+    assert "bad input" in result.output and "Nothing was written" in result.output
+    assert "Traceback" not in result.output
+    assert lsm_ids(mem_wal_table) == list(range(5))
+    assert lance.dataset(mem_wal_table).version == version
+    merged = runner.invoke(app, ["merge", str(src), mem_wal_table])
+    assert merged.exit_code == 1, (case, merged.output)
+    assert lance.dataset(mem_wal_table).version == version
+
+
+def test_unknown_table_and_missing_file(tmp_path: Path) -> None:
+    src = ndjson(tmp_path / "rows.ndjson", ['{"id": 1, "value": 1, "name": "a"}'])
+    result = runner.invoke(app, ["ingest", str(src), str(tmp_path / "nope.lance")])
+    assert result.exit_code == 2 and "no Lance dataset" in result.output
+    result = runner.invoke(app, ["scan", str(tmp_path / "nope.lance")])
+    assert result.exit_code == 2
+    result = runner.invoke(app, ["merge", str(tmp_path / "missing.csv"), str(tmp_path / "x.lance")])
+    assert result.exit_code == 2 and "no such file" in result.output
+
+
+def test_ingest_needs_a_mem_wal(tmp_path: Path) -> None:
+    uri = str(tmp_path / "plain.lance")
+    lance.write_dataset(kv_table(range(3)), uri)
+    src = ndjson(tmp_path / "rows.ndjson", ['{"id": 9, "value": 1, "name": "a"}'])
+    result = runner.invoke(app, ["ingest", str(src), uri])
+    assert result.exit_code == 1 and "MemWAL" in result.output
+
+
+def test_merge_a_csv_file(tmp_path: Path, mem_wal_table: str) -> None:
+    src = tmp_path / "rows.csv"
+    src.write_text("id,name,value\n1,one,10\n7,seven,70\n")
+    result = runner.invoke(app, ["merge", str(src), mem_wal_table])
+    assert result.exit_code == 0, result.output
+    assert "inserted 1" in result.output and "updated 1" in result.output
+    table = lance.dataset(mem_wal_table).to_table().sort_by("id")
+    assert table.column("id").to_pylist() == [0, 1, 2, 3, 4, 7]
+    assert table.filter(pa.compute.equal(table["id"], 1)).column("name").to_pylist() == ["one"]
+
+
+def test_scan_as_ipc(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(kv_table(range(20)), uri)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lance_async",
+            "scan",
+            uri,
+            "--format",
+            "ipc",
+            "--columns",
+            "id,name",
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    table = pa.ipc.open_stream(out.stdout).read_all()
+    assert table.num_rows == 20 and table.column_names == ["id", "name"]
+    assert KV_SCHEMA.field("id").name == "id"
