@@ -34,7 +34,9 @@ __all__ = [
     "Decoder",
     "IpcStreamDecoder",
     "NdjsonDecoder",
+    "csv_record_cut",
     "decode_json_rows",
+    "ipc_message_cut",
     "make_decoder",
 ]
 
@@ -178,8 +180,12 @@ class NdjsonDecoder(Decoder):
         return list(decode_json_rows(rest, self._schema, extra_fields=self._extra).to_batches())
 
 
-def _safe_cut(data: bytes) -> int:
-    """Index just past the last newline that is outside double quotes, or -1."""
+def csv_record_cut(data: bytes) -> int:
+    """Index just past the last newline outside double quotes, or -1.
+
+    ``data`` must start at a record boundary; the bytes before the returned
+    index are whole CSV records (quoted fields may hold newlines).
+    """
     in_quotes = False
     last = -1
     pos = 0
@@ -252,7 +258,7 @@ class CsvDecoder(Decoder):
                 self._pending = data
                 return []
             data = rest
-        cut = _safe_cut(data)
+        cut = csv_record_cut(data)
         if cut <= 0:
             self._pending = data
             return []
@@ -272,6 +278,54 @@ class CsvDecoder(Decoder):
 
 
 _ARROW_FILE_MAGIC = b"ARROW1"
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def ipc_message_cut(
+    buf: bytes | bytearray, at_stream_start: bool, limit: int | None = None
+) -> tuple[int, bool, int]:
+    """How many leading bytes of ``buf`` are complete Arrow IPC messages.
+
+    Parameters
+    ----------
+    buf : bytes or bytearray
+        Bytes of an IPC stream (or file) starting at a message boundary.
+    at_stream_start : bool
+        ``buf`` starts at the beginning of the input: an IPC file's 8-byte
+        magic is skipped (and counted in the cut).
+    limit : int, optional
+        Take at most this many messages.
+
+    Returns
+    -------
+    tuple of (cut, ended, messages)
+        The end of the last complete message (bytes), whether the
+        end-of-stream marker was reached (it is included in ``cut``), and how
+        many messages ``cut`` holds. Never copies ``buf``.
+    """
+    pos = 0
+    if at_stream_start and len(buf) >= 8 and bytes(buf[:6]) == _ARROW_FILE_MAGIC:
+        pos = 8
+    taken = 0
+    view = pa.py_buffer(buf)  # zero-copy; released before the caller resizes ``buf``
+    try:
+        while len(buf) - pos >= 8 and (limit is None or taken < limit):
+            head = bytes(buf[pos : pos + 8])
+            if head == _EOS:
+                return pos + 8, True, taken
+            if head[:4] == b"\x00\x00\x00\x00":  # the pre-1.0 end-of-stream marker
+                return pos + 4, True, taken
+            reader = pa.BufferReader(view.slice(pos))
+            try:
+                pa.ipc.read_message(reader)
+            except (pa.ArrowInvalid, EOFError, OSError):
+                break  # incomplete: wait for more bytes
+            pos += reader.tell()
+            del reader
+            taken += 1
+        return pos, False, taken
+    finally:
+        del view
 
 
 class IpcStreamDecoder(Decoder):
@@ -293,40 +347,20 @@ class IpcStreamDecoder(Decoder):
 
     def feed(self, chunk: bytes) -> list[pa.RecordBatch]:
         self._buf += chunk
-        if not self._started:
-            if len(self._buf) < 8:
-                return []
-            if bytes(self._buf[:6]) == _ARROW_FILE_MAGIC:
-                del self._buf[:8]  # IPC file: magic + padding, then a stream
-            self._started = True
-        messages: list[pa.ipc.Message] = []
-        pos = 0
-        view = pa.py_buffer(self._buf)  # zero-copy; released before the buffer shrinks
-        try:
-            while not self._ended and len(self._buf) - pos >= 8:
-                head = bytes(self._buf[pos : pos + 8])
-                if head == b"\xff\xff\xff\xff\x00\x00\x00\x00" or head[:4] == b"\x00\x00\x00\x00":
-                    self._ended = True
-                    break
-                reader = pa.BufferReader(view.slice(pos))
-                try:
-                    pa.ipc.read_message(reader)
-                except pa.ArrowInvalid:
-                    break  # incomplete: wait for more bytes
-                except EOFError:
-                    self._ended = True
-                    break
-                used = reader.tell()
-                del reader
-                owned = pa.py_buffer(bytes(self._buf[pos : pos + used]))
-                messages.append(pa.ipc.read_message(pa.BufferReader(owned)))
-                pos += used
-        finally:
-            del view
-        del self._buf[:pos]
+        at_start = not self._started
+        if at_start and len(self._buf) < 8:
+            return []
+        self._started = True
+        cut, ended, count = ipc_message_cut(self._buf, at_start)
+        data = bytes(self._buf[:cut])  # one copy: batches must not point into the buffer
+        del self._buf[:cut]
+        self._ended = self._ended or ended
+        reader = pa.BufferReader(pa.py_buffer(data))
+        if at_start and data[:6] == _ARROW_FILE_MAGIC:
+            reader.seek(8)
         out: list[pa.RecordBatch] = []
-        for message in messages:
-            out.extend(self._handle(message))
+        for _ in range(count):
+            out.extend(self._handle(pa.ipc.read_message(reader)))
         return out
 
     def _handle(self, message: pa.ipc.Message) -> list[pa.RecordBatch]:

@@ -60,7 +60,7 @@ import pyarrow as pa
 from .._threads import run_sync, stream_limiter
 from ..errors import DecodeError, SourceChangedError, SourceError
 from ..files import DEFAULT_CHUNK, guess_format, open_async_file
-from ..formats import _safe_cut, make_decoder
+from ..formats import csv_record_cut, ipc_message_cut, make_decoder
 from ._common import FeedState, call_maybe_async, check_open
 from .base import Message
 
@@ -68,48 +68,6 @@ __all__ = ["FileFeed", "OffsetStore"]
 
 #: A path to a JSON offset file, or a callable receiving each acknowledged offset.
 OffsetStore = str | os.PathLike[str] | Callable[[int], Awaitable[None] | None]
-
-_ARROW_FILE_MAGIC = b"ARROW1"
-_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
-
-
-def _ipc_cut(
-    buf: bytes | bytearray, at_file_start: bool, limit: int | None = None
-) -> tuple[int, bool, int]:
-    """Bytes at the head of ``buf`` that form complete Arrow IPC messages.
-
-    Returns ``(cut, ended, messages)``: the end of the last complete message
-    (the 8-byte file magic counts when ``at_file_start``), whether the
-    end-of-stream marker was reached (it is included in ``cut``), and how
-    many messages ``cut`` holds. At most ``limit`` messages are taken when
-    given.
-    """
-    pos = 0
-    if at_file_start:
-        if len(buf) < 8:
-            return 0, False, 0
-        if bytes(buf[:6]) == _ARROW_FILE_MAGIC:
-            pos = 8
-    taken = 0
-    view = pa.py_buffer(buf)  # zero-copy; released before the caller resizes ``buf``
-    try:
-        while len(buf) - pos >= 8 and (limit is None or taken < limit):
-            head = bytes(buf[pos : pos + 8])
-            if head == _EOS:
-                return pos + 8, True, taken
-            if head[:4] == b"\x00\x00\x00\x00":  # the pre-1.0 end-of-stream marker
-                return pos + 4, True, taken
-            reader = pa.BufferReader(view.slice(pos))
-            try:
-                pa.ipc.read_message(reader)
-            except (pa.ArrowInvalid, EOFError, OSError):
-                break  # incomplete: wait for more bytes
-            pos += reader.tell()
-            del reader
-            taken += 1
-        return pos, False, taken
-    finally:
-        del view
 
 
 def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch | None:
@@ -337,7 +295,7 @@ class FileFeed:
                     nl = self._buf.find(b"\n")
                     prologue = nl + 1 if nl >= 0 else 0
                 else:
-                    cut, _, messages = _ipc_cut(self._buf, True, limit=1)
+                    cut, _, messages = ipc_message_cut(self._buf, True, limit=1)
                     prologue = cut if messages == 1 else 0  # the magic alone is not enough
                 if prologue or not await self._read_chunk():
                     break
@@ -390,8 +348,8 @@ class FileFeed:
         if self.format == "ndjson":
             return self._buf.rfind(b"\n") + 1, False
         if self.format == "csv":
-            return max(_safe_cut(bytes(self._buf)), 0), False
-        cut, ended, _ = _ipc_cut(self._buf, base == 0)
+            return max(csv_record_cut(bytes(self._buf)), 0), False
+        cut, ended, _ = ipc_message_cut(self._buf, base == 0)
         return cut, ended
 
     def _deliver(self, batches: list[pa.RecordBatch], start: int, end: int) -> None:
