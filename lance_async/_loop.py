@@ -14,11 +14,18 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
 import anyio.lowlevel
 
 from .errors import WrongEventLoopError
 
-__all__ = ["LoopHandle", "current_loop", "single_exception", "unwrap_groups"]
+__all__ = [
+    "LoopHandle",
+    "aclose_shielded",
+    "current_loop",
+    "single_exception",
+    "unwrap_groups",
+]
 
 
 def _native_token() -> Any:
@@ -108,3 +115,12 @@ def unwrap_groups() -> Iterator[None]:
             raise
         inner.__suppress_context__ = True
         raise inner from inner.__cause__
+
+
+async def aclose_shielded(obj: object) -> None:
+    """Close an async iterator or resource if it can be closed, shielded from
+    cancellation (a clean-up must finish even in a cancelled scope)."""
+    aclose = getattr(obj, "aclose", None)
+    if aclose is not None:
+        with anyio.CancelScope(shield=True):
+            await aclose()

@@ -58,7 +58,7 @@ import pyarrow as pa
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._loop import LoopHandle, unwrap_groups
+from ._loop import LoopHandle, aclose_shielded, unwrap_groups
 from ._schema import TableFit, conform_to_table, primary_key
 from ._threads import run_sync
 from .acks import Ack, PutSummary
@@ -525,10 +525,7 @@ class AsyncShardWriter:
             ack._fail_unsealed(exc if isinstance(exc, Exception) else ClosedError("send cancelled"))
             raise
         finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                with anyio.CancelScope(shield=True):
-                    await aclose()
+            await aclose_shielded(stream)
         ack._seal()
 
     async def send(

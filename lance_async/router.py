@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from anyio.abc import TaskGroup
 from lance.mem_wal import evaluate_sharding_spec
 
-from ._loop import unwrap_groups
+from ._loop import aclose_shielded, unwrap_groups
 from .acks import Ack, PutSummary
 from .errors import ClosedError, InvalidInputError
 from .mem_wal import AsyncShardWriter
@@ -185,10 +185,7 @@ class ShardRouter:
                 async for batch in stream:
                     await self._send_batch(batch, acks, timeout)
             finally:
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    with anyio.CancelScope(shield=True):
-                        await aclose()
+                await aclose_shielded(stream)
         return Ack.combine(acks)
 
     async def _send_batch(

@@ -54,6 +54,7 @@ import anyio
 import pyarrow as pa
 import pyarrow.dataset as pds
 
+from ._loop import aclose_shielded
 from ._schema import conform_batch, describe_difference
 from ._threads import run_sync, stream_limiter
 from .errors import SchemaMismatchError, SourceChangedError, SourceConsumedError, SourceError
@@ -89,6 +90,20 @@ class SourceMode(str, enum.Enum):
 # ---------------------------------------------------------------------------
 
 
+def _check_pass(
+    batch: pa.RecordBatch, schema: pa.Schema, index: int, pass_no: int
+) -> pa.RecordBatch:
+    """Check one batch of pass ``pass_no``; a mismatch on a replay is a changed source."""
+    try:
+        return conform_batch(batch, schema, index)
+    except SchemaMismatchError as exc:
+        if pass_no > 1:
+            raise SourceChangedError(
+                f"pass {pass_no} of a replayable source differs from pass 1: {exc}"
+            ) from exc
+        raise
+
+
 def _checked(
     batches: Iterable[pa.RecordBatch],
     schema: pa.Schema,
@@ -102,14 +117,7 @@ def _checked(
     """
     try:
         for i, batch in enumerate(batches):
-            try:
-                yield conform_batch(batch, schema, i)
-            except SchemaMismatchError as exc:
-                if pass_no > 1:
-                    raise SourceChangedError(
-                        f"pass {pass_no} of a replayable source differs from pass 1: {exc}"
-                    ) from exc
-                raise
+            yield _check_pass(batch, schema, i, pass_no)
     except GeneratorExit:
         raise
     except BaseException as exc:
@@ -125,20 +133,10 @@ async def _achecked(
     iterator = batches.__aiter__()
     try:
         async for batch in iterator:
-            try:
-                yield conform_batch(batch, schema, i)
-            except SchemaMismatchError as exc:
-                if pass_no > 1:
-                    raise SourceChangedError(
-                        f"pass {pass_no} of a replayable source differs from pass 1: {exc}"
-                    ) from exc
-                raise
+            yield _check_pass(batch, schema, i, pass_no)
             i += 1
     finally:
-        aclose = getattr(iterator, "aclose", None)
-        if aclose is not None:
-            with anyio.CancelScope(shield=True):
-                await aclose()
+        await aclose_shielded(iterator)
 
 
 def _table_batches(table: pa.Table) -> list[pa.RecordBatch]:
@@ -591,10 +589,7 @@ async def _prepend(
         async for batch in rest:
             yield batch
     finally:
-        aclose = getattr(rest, "aclose", None)
-        if aclose is not None:
-            with anyio.CancelScope(shield=True):
-                await aclose()
+        await aclose_shielded(rest)
 
 
 class FactorySource(WriteSource):
@@ -668,10 +663,7 @@ class FactorySource(WriteSource):
             async for batch in inner:
                 yield batch
         finally:
-            aclose = getattr(inner, "aclose", None)
-            if aclose is not None:
-                with anyio.CancelScope(shield=True):
-                    await aclose()
+            await aclose_shielded(inner)
 
 
 def replayable(factory: Factory, *, schema: pa.Schema) -> WriteSource:
