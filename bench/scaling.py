@@ -1,0 +1,161 @@
+"""Scaling: wall time and peak RSS at 1x, 4x and 16x input.
+
+Issue 8. Two workloads, each measured in fresh child processes:
+
+merge_insert
+    A LanceDataset source of 1x, 4x and 16x rows (16x is merge_replay's
+    ~130 MiB source, whose no-conflict runs are reused) upserted into the
+    same 1M-row target, by lance_async and by pylance with default retries.
+ingestion
+    A feed of 1x, 4x and 16x the N 10-row messages of mem_wal_ingest (1x
+    reuses its runs), by lance_async's AsyncShardWriter.
+
+Metrics: wall seconds and peak RSS (MiB). The report states the growth:
+time 4x/1x and 16x/1x, the fitted exponent ``log(t16/t1) / log(16)`` (1.0 is
+linear), and peak RSS 16x/1x (1.0 is flat).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from . import mem_wal_ingest, merge_replay
+from ._common import (
+    LANCE_ASYNC,
+    Section,
+    Series,
+    Settings,
+    Table,
+    find,
+    fmt_num,
+    log,
+    ratio,
+    summarize,
+)
+
+MERGE_CONFIGS = [LANCE_ASYNC, "pylance_default"]
+
+
+def _growth(series_by_mult: dict[int, Series], key: str) -> tuple[float, float]:
+    one = series_by_mult.get(1)
+    four = series_by_mult.get(4)
+    sixteen = series_by_mult.get(16)
+    if one is None:
+        return math.nan, math.nan
+    r4 = ratio(four.median(key), one.median(key)) if four else math.nan
+    r16 = ratio(sixteen.median(key), one.median(key)) if sixteen else math.nan
+    return r4, r16
+
+
+def _row(workload: str, config: str, by_mult: dict[int, Series]) -> list[str]:
+    cells = [workload, config]
+    for mult in (1, 4, 16):
+        s = by_mult.get(mult)
+        if s is None:
+            cells += ["n/a", "n/a"]
+            continue
+        wall = summarize(s.values("wall_s"))[0]
+        rss = summarize(s.values("peak_rss_mib"))[0]
+        cells += [fmt_num(wall, 3), fmt_num(rss, 0)]
+    t4, t16 = _growth(by_mult, "wall_s")
+    _, m16 = _growth(by_mult, "peak_rss_mib")
+    exponent = math.log(t16) / math.log(16) if t16 > 0 and math.isfinite(t16) else math.nan
+    cells += [
+        f"{fmt_num(t4)}x / {fmt_num(t16)}x",
+        fmt_num(exponent),
+        f"{fmt_num(m16)}x",
+    ]
+    return cells
+
+
+def _statement(workload: str, config: str, by_mult: dict[int, Series]) -> str:
+    t4, t16 = _growth(by_mult, "wall_s")
+    m4, m16 = _growth(by_mult, "peak_rss_mib")
+    if not math.isfinite(t16):
+        return f"{workload} / {config}: not enough points measured."
+    exponent = math.log(t16) / math.log(16) if t16 > 0 else math.nan
+    shape = (
+        "about linear"
+        if 0.85 <= exponent <= 1.15
+        else (
+            "sub-linear (fixed costs weigh on the small input)"
+            if exponent < 0.85
+            else "super-linear"
+        )
+    )
+    one, sixteen = by_mult[1], by_mult[16]
+    extra = sixteen.median("peak_rss_mib") - one.median("peak_rss_mib")
+    memory = "flat" if m16 <= 1.10 else ("grows with the input" if m16 >= 1.5 else "grows modestly")
+    return (
+        f"{workload} / {config}: time grows {t4:.2f}x at 4x input and {t16:.2f}x at 16x "
+        f"(exponent {exponent:.2f}, {shape}); peak RSS grows {m4:.2f}x and {m16:.2f}x "
+        f"({extra:+.0f} MiB from 1x to 16x: {memory})."
+    )
+
+
+def run(settings: Settings, shared: dict[str, Any]) -> Section:
+    """Measure the scaling runs not already measured by merge_replay and mem_wal_ingest."""
+    paths = shared["merge_paths"]
+    merge_series: list[Series] = shared["merge_series"]
+    big_case = merge_replay.case_label(paths, "big", False)
+    merge: dict[str, dict[int, Series]] = {}
+    for config in MERGE_CONFIGS:
+        merge[config] = {}
+        reused = find(merge_series, big_case, config)
+        if reused is not None:
+            merge[config][16] = Series("16x", config, reused.samples)
+    for mult, name in ((1, "x1"), (4, "x4")):
+        for config in MERGE_CONFIGS:
+            merge[config][mult] = Series(f"{mult}x", config)
+        for _ in range(settings.runs):
+            for config in MERGE_CONFIGS:
+                merge[config][mult].samples.append(
+                    merge_replay.run_merge(settings, paths, name, f"{mult}x", config, False)
+                )
+        log(f"scaling: merge {mult}x done")
+
+    n = mem_wal_ingest.sizes(settings.quick)["N"]
+    ingest_series: list[Series] = shared["ingest_series"]
+    ingest: dict[int, Series] = {}
+    reused_1x = find(ingest_series, f"N = {n:,} messages", LANCE_ASYNC)
+    if reused_1x is not None:
+        ingest[1] = Series("1x", LANCE_ASYNC, reused_1x.samples)
+    for mult in (4, 16):
+        ingest[mult] = Series(f"{mult}x", LANCE_ASYNC)
+        for _ in range(settings.runs):
+            ingest[mult].samples.append(mem_wal_ingest.ingest_once(settings, LANCE_ASYNC, mult * n))
+        log(f"scaling: ingestion {mult}x done")
+
+    sizes = paths["sizes"]
+    header = [
+        "workload",
+        "configuration",
+        "1x wall (s)",
+        "1x peak RSS (MiB)",
+        "4x wall (s)",
+        "4x peak RSS (MiB)",
+        "16x wall (s)",
+        "16x peak RSS (MiB)",
+        "time 4x / 16x vs 1x",
+        "time exponent",
+        "peak RSS 16x vs 1x",
+    ]
+    merge_label = f"merge_insert ({sizes['x1']:,} / {sizes['x4']:,} / {sizes['big']:,} source rows)"
+    ingest_label = f"ingestion ({n:,} / {4 * n:,} / {16 * n:,} messages)"
+    rows = [_row(merge_label, c, merge[c]) for c in MERGE_CONFIGS]
+    rows.append(_row(ingest_label, LANCE_ASYNC, ingest))
+    statements = [_statement("merge_insert", c, merge[c]) for c in MERGE_CONFIGS]
+    statements.append(_statement("ingestion", LANCE_ASYNC, ingest))
+    all_series = [s for by in merge.values() for s in by.values()] + list(ingest.values())
+    return Section(
+        key="scaling",
+        title="Scaling: time and peak RSS at 1x, 4x and 16x input",
+        intro=(
+            "Medians over the runs (fresh child per run). Peak RSS includes the interpreter "
+            "and its imports (about the 1x figure minus the data the run holds)."
+        ),
+        tables=[Table("Growth with the input", header, rows)],
+        notes=["Observed growth: " + s for s in statements],
+        series=all_series,
+    )
