@@ -1,0 +1,519 @@
+"""The example app: Lance tables behind FastAPI, runnable with one command.
+
+Run it with ``python -m lance_async.serve --root DIR`` (or ``lance-async
+serve`` where the CLI wires it in). Needs the ``fastapi`` extra.
+
+Tables
+------
+At startup every directory ``DIR/<name>.lance`` holding a Lance dataset is
+registered as table ``<name>``; tables created later need a restart. Names
+are resolved through that registry only, never as paths. A table whose MemWAL
+is initialized (``initialize_mem_wal``) gets one shard writer, on a shard id
+derived from its name (``shard_id_for``) so that a restart replays its WAL;
+it takes writes through ``/ingest`` and serves reads from its LSM view. The
+other tables take writes through ``/merge``. Run one server per directory.
+
+Endpoints
+---------
+``POST /tables/{name}/merge?on=KEY``
+    Streams the body (Arrow IPC stream, NDJSON or CSV) into one merge_insert
+    (update matched rows, insert the rest; ``on`` defaults to the primary
+    key, repeat it for composite keys) and answers the MergeResult as JSON.
+    Conflicts are retried from a spool of the body (see
+    :func:`lance_async.fastapi.merge_body`).
+``POST /tables/{name}/ingest``
+    Writes the body to the table's MemWAL shard as one atomic put and answers
+    after the durable ack.
+``GET /tables/{name}/rows?filter=COL<op>VALUE&columns=a,b&limit=N``
+    Streams rows as NDJSON, or Arrow IPC with
+    ``Accept: application/vnd.apache.arrow.stream`` (or ``format=arrow``).
+    Filters must be ``column <op> literal`` (repeat ``filter`` for AND)
+    unless the server runs with ``--allow-raw-sql``.
+``GET /tables/{name}/lookup/{key}``
+    The newest row for a primary key, as JSON (404 when absent).
+``GET /tables``, ``GET /health``
+    The tables; liveness plus a few gauges.
+
+Errors are JSON ``{"detail": ..., "error": ...}`` with the statuses of
+:func:`lance_async.fastapi.http_status`: 413 past a body limit, 415 for an
+unknown ``Content-Type``, 422 when the body does not fit the table (naming
+the column), 404 for unknown tables, 400 for filters outside the allowed form
+and for bodies already consumed, 409 when a table does not take that kind of
+write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import re
+import threading
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Annotated, Any
+
+import pyarrow as pa
+from fastapi import FastAPI, HTTPException, Query, Request, Response
+
+from ._threads import ThreadLimits, run_sync, stream_limiter
+from .dataset import open_dataset
+from .errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
+from .fastapi import (
+    BatchStreamResponse,
+    BodyDrainMiddleware,
+    BodyLimits,
+    FilterError,
+    TableDep,
+    TableRegistry,
+    TableSpec,
+    WriterDep,
+    compile_filter,
+    ingest_body,
+    install_error_handlers,
+    json_response,
+    jsonable_rows,
+    lance_lifespan,
+    merge_body,
+    request_batches,
+    scan_response,
+)
+
+__all__ = ["create_app", "discover_tables", "main", "shard_id_for"]
+
+log = logging.getLogger("lance_async")
+
+_SHARD_NAMESPACE = uuid.uuid5(
+    uuid.NAMESPACE_URL, "https://github.com/lancedb/lance/lance-async/serve"
+)
+#: Rows per batch of a ``/rows`` scan unless ``batch_size`` says otherwise.
+DEFAULT_SCAN_BATCH = 8192
+_TABLE_DIR = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})\.lance")
+
+
+def shard_id_for(name: str) -> str:
+    """The MemWAL shard id the example app uses for table ``name`` (a UUID5
+    of the name: stable across restarts, so the shard's WAL is replayed)."""
+    return str(uuid.uuid5(_SHARD_NAMESPACE, name))
+
+
+def _list_table_dirs(root: str) -> list[tuple[str, str]]:
+    found = []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            match = _TABLE_DIR.fullmatch(entry.name)
+            if match and ".." not in match.group(1) and entry.is_dir():
+                found.append((match.group(1), entry.path))
+    return sorted(found)
+
+
+async def discover_tables(root: str | os.PathLike[str]) -> dict[str, TableSpec]:
+    """Find the tables under ``root`` (``<name>.lance`` directories).
+
+    Parameters
+    ----------
+    root : str or PathLike
+        A local directory.
+
+    Returns
+    -------
+    dict of str to TableSpec
+        MemWAL tables get ``shard_id=shard_id_for(name)``. Directories that do
+        not hold a dataset are skipped (with a warning).
+
+    Notes
+    -----
+    Lists the directory on a worker thread and opens each dataset with
+    :func:`lance_async.open_dataset`; never blocks the loop.
+    """
+    entries = await run_sync(partial(_list_table_dirs, os.fspath(root)), limiter=stream_limiter())
+    specs: dict[str, TableSpec] = {}
+    for name, path in entries:
+        try:
+            dataset = await open_dataset(path)
+        except DatasetNotFoundError:
+            log.warning("lance_async.serve: %s holds no Lance dataset; skipped", path)
+            continue
+        has_wal = await dataset.mem_wal_index_details() is not None
+        specs[name] = TableSpec(path, shard_id=shard_id_for(name) if has_wal else None)
+    return specs
+
+
+@dataclass
+class _Gauges:
+    uploads_in_flight: int = 0
+    uploads_ok: int = 0
+    uploads_failed: int = 0
+    scans_open: int = 0
+    scans_done: int = 0
+    rows_streamed: int = 0
+
+    def scan_closed(self, response: BatchStreamResponse) -> None:
+        self.scans_open -= 1
+        self.scans_done += 1
+        self.rows_streamed += response.rows_sent
+
+
+def _parse_key(text: str, field: pa.Field) -> Any:
+    dtype = field.type
+    try:
+        if pa.types.is_integer(dtype):
+            if not re.fullmatch(r"[+-]?\d{1,20}", text):
+                raise ValueError(text)
+            return int(text)
+        if pa.types.is_floating(dtype):
+            return float(text)
+        if pa.types.is_boolean(dtype):
+            if text.lower() not in ("true", "false"):
+                raise ValueError(text)
+            return text.lower() == "true"
+        if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+            return text
+        if pa.types.is_date(dtype):
+            return datetime.date.fromisoformat(text)
+        if pa.types.is_timestamp(dtype):
+            return datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInputError(
+            f"key {text[:64]!r} is not a valid {dtype} for {field.name!r}"
+        ) from None
+    raise InvalidInputError(f"lookups by a {dtype} key are not supported")
+
+
+def _columns(text: str | None, schema: pa.Schema) -> list[str] | None:
+    if text is None:
+        return None
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    for name in names:
+        if name not in schema.names:
+            raise SchemaMismatchError(
+                f"unknown column {name[:64]!r} (columns: {schema.names})", field=name
+            )
+    return names or None
+
+
+def create_app(
+    root: str | os.PathLike[str] | None = None,
+    *,
+    tables: Mapping[str, TableSpec | str | os.PathLike[str]] | None = None,
+    limits: BodyLimits | None = None,
+    allow_raw_sql: bool = False,
+    conflict_retries: int = 10,
+    retry_timeout: float = 60.0,
+    max_ingest_rows: int | None = None,
+    spool_dir: str | None = None,
+    threads: ThreadLimits | None = None,
+) -> FastAPI:
+    """Build the example app.
+
+    Parameters
+    ----------
+    root : str or PathLike, optional
+        Serve every ``<name>.lance`` dataset in this directory (found at
+        startup).
+    tables : mapping, optional
+        Tables to serve as well (name -> :class:`TableSpec` or URI).
+    limits : BodyLimits, optional
+        Body limits (default :class:`BodyLimits`: 1 GiB bodies, 262,144-row
+        and 64 MiB IPC batches).
+    allow_raw_sql : bool
+        Accept raw Lance SQL in ``filter`` (trusted clients only). Off by
+        default: filters must be ``column <op> literal``.
+    conflict_retries : int
+        Merge retries after a commit conflict (default 10).
+    retry_timeout : float
+        Seconds merge retries may take (default 60).
+    max_ingest_rows : int, optional
+        Rows per ingest body (default and ceiling: the writer's
+        ``max_put_rows``).
+    spool_dir : str, optional
+        Where merge bodies are spooled for conflict replays (default: the
+        system's temporary directory).
+    threads : ThreadLimits, optional
+        The library's thread limits (``configure_threads``).
+
+    Returns
+    -------
+    fastapi.FastAPI
+
+    Raises
+    ------
+    ValueError
+        ``root`` is not a directory, or a table name is invalid.
+    """
+    root_dir = os.fspath(root) if root is not None else None
+    if root_dir is not None and not os.path.isdir(root_dir):
+        raise ValueError(f"root {root_dir!r} is not a directory")
+    body_limits = limits or BodyLimits()
+    registry = TableRegistry(tables)
+    gauges = _Gauges()
+    open_registry = lance_lifespan(registry, threads=threads)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if root_dir is not None:
+            for name, spec in (await discover_tables(root_dir)).items():
+                if name not in registry.names:
+                    registry.add(name, spec)
+        async with open_registry(app):
+            log.info("lance_async.serve: serving tables %s", registry.names)
+            yield
+
+    app = FastAPI(title="lance_async example", lifespan=lifespan)
+    app.add_middleware(
+        BodyDrainMiddleware,
+        drain_bytes=body_limits.drain_bytes,
+        drain_timeout=body_limits.drain_timeout,
+    )
+    install_error_handlers(app)
+    app.state.gauges = gauges
+
+    @app.get("/health")
+    async def health() -> Response:
+        """Liveness, plus gauges of uploads and scans in flight."""
+        threads_alive = sum(1 for t in threading.enumerate() if t.name == "lance_async-stream")
+        return json_response(
+            {
+                "status": "ok",
+                "tables": registry.names,
+                "uploads_in_flight": gauges.uploads_in_flight,
+                "uploads_ok": gauges.uploads_ok,
+                "uploads_failed": gauges.uploads_failed,
+                "scans_open": gauges.scans_open,
+                "scans_done": gauges.scans_done,
+                "rows_streamed": gauges.rows_streamed,
+                "stream_threads": threads_alive,
+            }
+        )
+
+    @app.get("/tables")
+    async def list_tables() -> Response:
+        """Every table: columns, primary key and which writes it takes."""
+        return json_response(
+            {
+                t.name: {
+                    "columns": {f.name: str(f.type) for f in t.dataset.schema},
+                    "primary_key": t.dataset.primary_key,
+                    "writes": "ingest" if t.writer is not None else "merge",
+                    "version": t.dataset.version,
+                }
+                for t in registry.tables()
+            }
+        )
+
+    @asynccontextmanager
+    async def upload() -> AsyncIterator[None]:
+        gauges.uploads_in_flight += 1
+        try:
+            yield
+        except BaseException:
+            gauges.uploads_failed += 1
+            raise
+        else:
+            gauges.uploads_ok += 1
+        finally:
+            gauges.uploads_in_flight -= 1
+
+    @app.post("/tables/{name}/merge")
+    async def merge(
+        request: Request,
+        table: TableDep,
+        on: Annotated[list[str] | None, Query()] = None,
+    ) -> Response:
+        """Upsert the body (one commit); answers the MergeResult."""
+        if table.writer is not None:
+            raise HTTPException(
+                409, f"table {table.name!r} takes writes through its MemWAL: POST .../ingest"
+            )
+        dataset = table.dataset
+        keys = list(on or dataset.primary_key)
+        if not keys:
+            raise InvalidInputError("the table has no primary key: pass ?on=COLUMN")
+        for key in keys:
+            if key not in dataset.schema.names:
+                raise SchemaMismatchError(
+                    f"join column {key[:64]!r} is not in the table", field=key
+                )
+        required = list(dict.fromkeys([*keys, *(f.name for f in dataset.schema if not f.nullable)]))
+        async with (
+            upload(),
+            request_batches(
+                request,
+                dataset.schema,
+                limits=body_limits,
+                required_columns=required,
+                spool=True,
+                spool_dir=spool_dir,
+            ) as body,
+        ):
+            result = await merge_body(
+                dataset,
+                body,
+                keys,
+                conflict_retries=conflict_retries,
+                retry_timeout=retry_timeout,
+            )
+            stats = body.statistics()
+        return json_response(
+            {
+                "num_inserted_rows": result.num_inserted_rows,
+                "num_updated_rows": result.num_updated_rows,
+                "num_deleted_rows": result.num_deleted_rows,
+                "num_attempts": result.num_attempts,
+                "source_mode": result.source_mode.value,
+                "version": result.version,
+                "body": {"format": stats.format, "bytes": stats.bytes_received, "rows": stats.rows},
+            }
+        )
+
+    @app.post("/tables/{name}/ingest")
+    async def ingest(request: Request, writer: WriterDep) -> Response:
+        """Write the body to the MemWAL (one atomic put); answers after the durable ack."""
+        async with (
+            upload(),
+            request_batches(request, writer.schema, limits=body_limits, all_columns=True) as body,
+        ):
+            summary = await ingest_body(writer, body, max_rows=max_ingest_rows)
+            stats = body.statistics()
+        return json_response(
+            {
+                "rows": summary.rows,
+                "engine_puts": summary.engine_puts,
+                "durable": writer.durable_write,
+                "body": {"format": stats.format, "bytes": stats.bytes_received, "rows": stats.rows},
+            }
+        )
+
+    max_scan_batch = body_limits.max_batch_rows
+
+    @app.get("/tables/{name}/rows")
+    async def rows(
+        request: Request,
+        table: TableDep,
+        filters: Annotated[list[str] | None, Query(alias="filter")] = None,
+        columns: str | None = None,
+        limit: Annotated[int | None, Query(ge=0)] = None,
+        offset: Annotated[int | None, Query(ge=0)] = None,
+        batch_size: Annotated[int | None, Query(ge=1)] = None,
+        format: str | None = None,
+    ) -> BatchStreamResponse:
+        """Stream rows (NDJSON, or Arrow IPC when asked for)."""
+        dataset = table.dataset
+        if batch_size is None:
+            batch_size = min(DEFAULT_SCAN_BATCH, max_scan_batch)
+        elif batch_size > max_scan_batch:
+            raise InvalidInputError(f"batch_size may be at most {max_scan_batch} (max_batch_rows)")
+        sql = compile_filter(filters, dataset.schema, allow_raw_sql=allow_raw_sql)
+        cols = _columns(columns, dataset.schema)
+        if table.writer is not None:
+            if offset is not None:
+                raise InvalidInputError("offset is not supported on MemWAL tables")
+            stream = table.writer.lsm_scan(columns=cols, filter=sql, limit=limit)
+        else:
+            await dataset.refresh()
+            stream = dataset.scan(
+                columns=cols, filter=sql, limit=limit, offset=offset, batch_size=batch_size
+            )
+        gauges.scans_open += 1
+        try:
+            return await scan_response(request, stream, format=format, on_close=gauges.scan_closed)
+        except BaseException as exc:
+            gauges.scans_open -= 1
+            if allow_raw_sql and sql and isinstance(exc, (ValueError, OSError, InvalidInputError)):
+                raise FilterError(f"the filter was rejected: {exc}", filter=sql) from exc
+            raise
+
+    @app.get("/tables/{name}/lookup/{key}")
+    async def lookup(table: TableDep, key: str) -> Response:
+        """The newest row for a (single-column) primary key."""
+        dataset = table.dataset
+        keys = dataset.primary_key
+        if len(keys) != 1:
+            raise InvalidInputError(
+                f"lookups need a one-column primary key; this table's is {keys or 'missing'}"
+            )
+        value = _parse_key(key, dataset.schema.field(keys[0]))
+        if table.writer is not None:
+            found = await table.writer.lsm_point_lookup(value)
+        else:
+            await dataset.refresh()
+            found = await dataset.lsm_point_lookup(value)
+        if found.num_rows == 0:
+            return json_response({"detail": f"no row with {keys[0]} = {key[:64]!r}"}, 404)
+        row = {k: v for k, v in jsonable_rows(found)[0].items() if not k.startswith("_")}
+        return json_response({"key": keys[0], "row": row})
+
+    return app
+
+
+def main(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    root: str | os.PathLike[str] = ".",
+    *,
+    allow_raw_sql: bool = False,
+    max_body_bytes: int | None = None,
+    spool_dir: str | None = None,
+    log_level: str = "info",
+) -> None:
+    """Serve the example app with uvicorn until interrupted (blocks).
+
+    Parameters
+    ----------
+    host : str
+        Interface to bind (default 127.0.0.1).
+    port : int
+        TCP port (default 8000; 0 picks a free one).
+    root : str or PathLike
+        The directory of ``<name>.lance`` tables (default: the current one).
+    allow_raw_sql : bool
+        Accept raw Lance SQL filters (trusted clients only).
+    max_body_bytes : int, optional
+        Largest request body (default 1 GiB).
+    spool_dir : str, optional
+        Where merge bodies are spooled for conflict replays.
+    log_level : str
+        uvicorn's log level.
+
+    Raises
+    ------
+    ValueError
+        ``root`` is not a directory.
+    """
+    import uvicorn
+
+    limits = BodyLimits(max_body_bytes=max_body_bytes) if max_body_bytes else None
+    app = create_app(root, limits=limits, allow_raw_sql=allow_raw_sql, spool_dir=spool_dir)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _cli(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="lance-async serve", description="Serve a directory of Lance tables over HTTP."
+    )
+    parser.add_argument("--root", default=".", help="directory of <name>.lance tables")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--allow-raw-sql", action="store_true", help="accept raw SQL filters")
+    parser.add_argument("--max-body-bytes", type=int, default=None)
+    parser.add_argument("--spool-dir", default=None)
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    main(
+        args.host,
+        args.port,
+        args.root,
+        allow_raw_sql=args.allow_raw_sql,
+        max_body_bytes=args.max_body_bytes,
+        spool_dir=args.spool_dir,
+        log_level=args.log_level,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_cli())

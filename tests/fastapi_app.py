@@ -1,0 +1,116 @@
+"""The example app with test-only hooks, run by tests/test_fastapi.py in a subprocess.
+
+    python -m tests.fastapi_app --root DIR [--strict] [--spool-dir DIR]
+
+It listens on an ephemeral port of 127.0.0.1 and prints ``PORT <n>`` once the
+socket is bound (``GET /health`` answers once startup is done).
+
+Test-only hooks, on top of :func:`lance_async.serve.create_app`:
+
+* anyio's default thread limiter -- the pool Starlette runs sync endpoints
+  in -- is shrunk to 2 threads, and ``GET /sync-probe`` is a sync endpoint
+  that needs one of them. If lance_async ran uploads on that pool, slow
+  uploads would starve it.
+* ``--strict`` sets small body limits (1 MiB bodies, 1,000-row and 256 KiB
+  IPC batches, 500-row ingests), enables raw SQL filters, and adds a
+  ``BaseHTTPMiddleware`` that reads the whole body with ``request.stream()``
+  when the request carries ``x-test-consume-body``, as a careless logging
+  middleware would (the handler then sees an empty body). The main server
+  goes without it: ``BaseHTTPMiddleware`` costs every request extra tasks,
+  which the latency test should not measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio.to_thread
+import uvicorn
+from fastapi import FastAPI
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+
+from lance_async.fastapi import BodyLimits
+from lance_async.serve import create_app
+
+DEFAULT_POOL_THREADS = 2
+
+STRICT_LIMITS = BodyLimits(
+    max_body_bytes=1 << 20,
+    max_batch_rows=1000,
+    max_batch_bytes=256 << 10,
+    drain_bytes=4 << 20,
+    drain_timeout=5.0,
+)
+MAIN_LIMITS = BodyLimits(max_body_bytes=256 << 20)
+STRICT_INGEST_ROWS = 500
+
+
+class ConsumeBodyMiddleware(BaseHTTPMiddleware):
+    """Reads the body itself when asked to (header ``x-test-consume-body``)."""
+
+    async def dispatch(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        if request.headers.get("x-test-consume-body"):
+            async for _ in request.stream():
+                pass
+        return await call_next(request)
+
+
+def build_app(root: str, *, strict: bool, spool_dir: str | None) -> FastAPI:
+    app = create_app(
+        root,
+        limits=STRICT_LIMITS if strict else MAIN_LIMITS,
+        allow_raw_sql=strict,
+        max_ingest_rows=STRICT_INGEST_ROWS if strict else None,
+        spool_dir=spool_dir,
+        conflict_retries=20,
+    )
+
+    @app.get("/sync-probe")
+    def sync_probe() -> dict[str, Any]:  # a sync endpoint: runs on anyio's default pool
+        return {"ok": True}
+
+    if strict:
+        app.add_middleware(ConsumeBodyMiddleware)
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(application: Any) -> AsyncIterator[Any]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = DEFAULT_POOL_THREADS
+        async with inner(application) as state:
+            yield state
+
+    app.router.lifespan_context = lifespan
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--strict", action="store_true")
+    parser.add_argument("--spool-dir", default=None)
+    args = parser.parse_args(argv)
+    app = build_app(args.root, strict=args.strict, spool_dir=args.spool_dir)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted sockets only
+    # when the listening socket says it is TCP. Without it, keep-alive responses
+    # wait ~40 ms for delayed ACKs (Nagle).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    )
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
