@@ -72,7 +72,7 @@ import struct
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -1586,16 +1586,3 @@ def make_encoder(format: str, schema: pa.Schema | None = None) -> BatchEncoder:
     if format == "ndjson":
         return _NdjsonEncoder()
     raise ValueError(f"unknown response format {format!r}; expected 'ipc' or 'ndjson'")
-
-
-async def encode_stream(
-    batches: AsyncIterable[pa.RecordBatch], encoder: BatchEncoder
-) -> AsyncIterator[bytes]:
-    """Encode an async stream of batches on the library's stream threads."""
-    async for batch in batches:
-        data = await run_sync(partial(encoder.encode, batch), limiter=stream_limiter())
-        if data:
-            yield data
-    tail = await run_sync(encoder.finish, limiter=stream_limiter())
-    if tail:
-        yield tail

@@ -28,7 +28,9 @@ Endpoints
     Streams rows as NDJSON, or Arrow IPC with
     ``Accept: application/vnd.apache.arrow.stream`` (or ``format=arrow``).
     Filters must be ``column <op> literal`` (repeat ``filter`` for AND)
-    unless the server runs with ``--allow-raw-sql``.
+    unless the server runs with ``--allow-raw-sql``. On MemWAL tables the rows
+    are the writer's LSM view (every acknowledged row); pylance 14 collects
+    an LSM scan in the engine before it is streamed, so filter it.
 ``GET /tables/{name}/lookup/{key}``
     The newest row for a primary key, as JSON (404 when absent).
 ``GET /tables``, ``GET /health``
