@@ -10,9 +10,9 @@ body is never read whole, and nothing runs on anyio's default thread pool.
   copies each message once, into an Arrow buffer of exactly its size (from
   pyarrow's memory pool); worker threads turn whole messages into batches
   (zero-copy). Messages are framed here rather than by
-  :class:`lance_async.formats.IpcStreamDecoder`, which buffers and copies
-  each message three times and, on pyarrow 26, fails on a message split
-  across chunks.
+  :class:`lance_async.formats.IpcStreamDecoder` so that a message passing a
+  limit is refused from its header, before its body is buffered, and so
+  that each message is copied once (the decoder's buffer copies it again).
 * NDJSON and CSV: the loop collects chunks (about 1 MiB, cut after a newline)
   and the incremental decoders of :mod:`lance_async.formats` parse them on
   the library's ``stream`` worker threads.
