@@ -105,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+        uvicorn.Config(
+            app, log_level="info", access_log=False, lifespan="on", timeout_graceful_shutdown=5
+        )
     )
     print(f"PORT {sock.getsockname()[1]}", flush=True)
     server.run(sockets=[sock])

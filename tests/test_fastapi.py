@@ -157,6 +157,14 @@ class Server:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
+    def assert_clean_shutdown(self) -> None:
+        """The lifespan flushed and closed every writer on SIGTERM."""
+        log = self.log.read_text(errors="replace")
+        assert "Application shutdown complete." in log, self.log_tail()
+        assert "shutdown failed" not in log.lower(), self.log_tail()
+        # uvicorn re-raises the SIGTERM it handled once shutdown is complete
+        assert self.proc.returncode in (0, -signal.SIGTERM), self.log_tail()
+
     def log_tail(self) -> str:
         lines = self.log.read_text(errors="replace").splitlines()
         return "\n".join(line for line in lines[-40:] if "WARN" not in line)
@@ -220,6 +228,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield srv
     finally:
         srv.stop()
+    srv.assert_clean_shutdown()
     assert not list(spool.iterdir()), "merge spools were left behind"
 
 
@@ -236,6 +245,7 @@ def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield srv
     finally:
         srv.stop()
+    srv.assert_clean_shutdown()
 
 
 def raw_http(server: Server, request: bytes, *, timeout: float = 15.0) -> tuple[int, bytes]:
@@ -391,6 +401,7 @@ def test_ingest_answers_after_the_durable_ack(tmp_path: Path) -> None:
             assert found.json()["row"] == {"id": 149, "value": 298, "name": "e149"}
     finally:
         second.stop()
+    second.assert_clean_shutdown()
 
 
 # ---------------------------------------------------------------------------
