@@ -23,6 +23,7 @@ from .errors import (
     SourceChangedError,
     SourceConsumedError,
     SourceError,
+    UnsupportedSourceError,
     WriterFailedError,
     WrongEventLoopError,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "SourceMode",
     "StreamState",
     "ThreadLimits",
+    "UnsupportedSourceError",
     "WriteSource",
     "WriterFailedError",
     "WriterState",

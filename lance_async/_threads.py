@@ -184,5 +184,8 @@ async def run_sync(
                 log.exception("lance_async: clean-up after a cancelled call failed")
             raise
     if error is not None:
+        # A caller cancelled while the call ran gets its cancellation, not an
+        # error the cancellation may have caused (a bridged source cut short).
+        await anyio.lowlevel.checkpoint_if_cancelled()
         raise error
     return result  # type: ignore[return-value]

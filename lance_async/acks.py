@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 
+from ._loop import LoopHandle
 from .errors import LanceAsyncError
 
 __all__ = ["Ack", "PutSummary"]
@@ -55,7 +56,8 @@ class Ack:
 
     Notes
     -----
-    Not thread-safe: resolve and await it on the writer's event loop.
+    Not thread-safe: await it on the writer's event loop; another loop gets
+    :class:`~lance_async.WrongEventLoopError`.
     """
 
     __slots__ = (
@@ -65,6 +67,7 @@ class Ack:
         "_done",
         "_error",
         "_event",
+        "_loop",
         "_parts",
         "_puts",
         "_rows",
@@ -73,7 +76,8 @@ class Ack:
         "resolved_at",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, loop: LoopHandle | None = None) -> None:
+        self._loop = loop
         self._event: anyio.Event | None = None
         self._parts = 0
         self._sealed = False
@@ -136,8 +140,8 @@ class Ack:
         Its summary adds the parts' rows, batches and deletes; ``engine_puts``
         adds each part's count (puts on different shards are different puts).
         """
-        parent = cls()
         children = list(acks)
+        parent = cls(children[0]._loop if children else None)
 
         def child_done(child: Ack) -> None:
             if child._error is not None:
@@ -187,7 +191,15 @@ class Ack:
         return self._error
 
     async def wait(self) -> PutSummary:
-        """Wait until resolved; return the summary or raise the error."""
+        """Wait until resolved; return the summary or raise the error.
+
+        Raises
+        ------
+        WrongEventLoopError
+            Awaited from another event loop than the writer's.
+        """
+        if self._loop is not None and not self._loop.is_current():
+            self._loop.check("this Ack")
         if not self._done:
             if self._event is None:
                 self._event = anyio.Event()

@@ -89,6 +89,9 @@ def _run(coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     except (OSError, ValueError) as exc:
         err.print(f"[red]error:[/red] {str(exc).split(', /home/runner', 1)[0]}")
         raise typer.Exit(1) from None
+    except Exception as exc:  # a connection refused by a broker, and the like
+        err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
+        raise typer.Exit(1) from None
 
 
 def _progress() -> Progress:
@@ -184,11 +187,21 @@ def _open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) ->
         if len(parts) != 2:
             raise typer.BadParameter("nats source: nats://host:port/STREAM/SUBJECT")
         stream, subject = parts
+
+        async def quiet(_error: Exception) -> None:
+            return None
+
         return JetStreamFeed.connect(
             f"nats://{url.netloc}",
             stream=stream,
             subject=subject,
             durable=query.get("durable", f"lance-async-{stream}"),
+            connect_options={
+                "connect_timeout": 3,
+                "max_reconnect_attempts": 2,
+                "reconnect_time_wait": 0.5,
+                "error_cb": quiet,
+            },
         )
     if url.scheme in ("redis", "rediss"):
         from .feeds.redis import RedisStreamFeed
@@ -204,7 +217,19 @@ def _open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) ->
         )
     from .feeds.files import FileFeed
 
+    if url.scheme:
+        raise typer.BadParameter(
+            f"unsupported source {source!r}: use a file, '-', nats://host:port/STREAM/SUBJECT "
+            "or redis://host:port/STREAM (for Kafka, use lance_async.feeds.KafkaFeed in Python)"
+        )
     return FileFeed(source, format=fmt, schema=schema, follow=follow)
+
+
+def _format_of(path: str) -> str:
+    try:
+        return guess_format(path)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{exc} (--format)") from None
 
 
 async def _validate_file(source: str, fmt: str | None, schema: pa.Schema) -> int:
@@ -230,13 +255,24 @@ def ingest_cmd(
     """Stream SOURCE into TABLE_URI's MemWAL; ack each message once durable."""
     if format is not None and format not in ("ndjson", "csv", "ipc"):
         raise typer.BadParameter("--format must be ndjson, csv or ipc")
+    if shard is not None:
+        try:
+            uuid.UUID(shard)
+        except ValueError:
+            raise typer.BadParameter(f"--shard must be a UUID, got {shard!r}") from None
     shard_id = shard or str(uuid.uuid5(uuid.NAMESPACE_URL, f"lance-async-ingest:{source}"))
-    is_file = source != "-" and "://" not in source
+    scheme = urlparse(source).scheme if "://" in source else ""
+    if scheme and scheme not in ("nats", "redis", "rediss"):
+        raise typer.BadParameter(
+            f"unsupported source {source!r}: use a file, '-', nats://host:port/STREAM/SUBJECT "
+            "or redis://host:port/STREAM (for Kafka, use lance_async.feeds.KafkaFeed in Python)"
+        )
+    is_file = source != "-" and not scheme
     if is_file and not os.path.exists(source):
         err.print(f"[red]error:[/red] no such file: {source}")
         raise typer.Exit(2)
     if is_file and format is None:
-        format = guess_format(source)
+        format = _format_of(source)
 
     async def run() -> IngestStats:
         ds = await open_dataset(table_uri)
@@ -289,7 +325,7 @@ def merge(
         ds = await open_dataset(table_uri)
         keys = on or ds.primary_key or None
         schema = ds.schema
-        fmt = format or guess_format(source)
+        fmt = format or _format_of(source)
         if fmt in ("ndjson", "csv"):
             src = file_source(source, format=fmt, schema=schema)
         else:

@@ -27,7 +27,7 @@ from lance.dataset import LanceDataset
 
 from ._schema import primary_key
 from ._threads import run_sync
-from .errors import DatasetNotFoundError, map_engine_error
+from .errors import DatasetNotFoundError, SchemaMismatchError, map_engine_error
 from .sources import resolve_source
 from .streams import AsyncBatchStream
 
@@ -140,10 +140,15 @@ class AsyncDataset:
 
         Raises
         ------
-        ValueError
+        DatasetNotFoundError
             No such version.
         """
-        return AsyncDataset(await _engine(lambda: self._ds.checkout_version(version)))
+        try:
+            return AsyncDataset(await _engine(lambda: self._ds.checkout_version(version)))
+        except DatasetNotFoundError as exc:
+            raise DatasetNotFoundError(
+                f"the Lance dataset at {self.uri!r} has no version {version!r}"
+            ) from exc.__cause__
 
     async def refresh(self) -> AsyncDataset:
         """Move this object to the latest version; returns ``self``."""
@@ -198,6 +203,13 @@ class AsyncDataset:
             closes the reader promptly.
         """
         ds = self._ds
+        if isinstance(columns, (list, tuple)):
+            unknown = [c for c in columns if c not in ds.schema.names]
+            if unknown:
+                raise SchemaMismatchError(
+                    f"no column {unknown[0]!r} in the table (it has {ds.schema.names})",
+                    field=unknown[0],
+                )
         options: dict[str, Any] = dict(scanner_options)
         for key, value in (
             ("columns", columns),
@@ -458,12 +470,19 @@ async def open_dataset(
     try:
         return AsyncDataset(await _engine(work))
     except DatasetNotFoundError as exc:
+        if version is not None and await anyio.Path(path, "_versions").is_dir():
+            raise DatasetNotFoundError(
+                f"the Lance dataset at {path!r} has no version {version!r}"
+            ) from exc.__cause__
         raise DatasetNotFoundError(
             f"no Lance dataset at {path!r}; check the path or create it with write_dataset"
         ) from exc.__cause__
-    except ValueError as exc:
-        if "not found" in str(exc).lower():
-            raise DatasetNotFoundError(f"no Lance dataset at {path!r}") from exc
+    except (OSError, ValueError) as exc:
+        text = str(exc)
+        if "not found" in text.lower() or "LanceError(IO)" in text or "Not a directory" in text:
+            raise DatasetNotFoundError(
+                f"no Lance dataset at {path!r} ({text.split(', /home/runner', 1)[0]})"
+            ) from exc
         raise
 
 
@@ -523,8 +542,7 @@ async def write_dataset(
         try:
             written = await run_sync(work)
         except BaseException as exc:
-            if plan.error is not None and plan.error is not exc:
-                raise plan.error  # noqa: B904 - the source's own error; the engine's is its context
+            plan.reraise(exc)
             if isinstance(exc, (OSError, ValueError, RuntimeError)):
                 _raise_mapped(exc)
             raise

@@ -11,6 +11,7 @@ The tree::
     ├── WrongEventLoopError         a loop-bound object used from another event loop
     ├── DatasetNotFoundError        no Lance dataset at the URI
     ├── SourceError                 something is wrong with a write source
+    │   ├── UnsupportedSourceError  not a kind of object coerce_source knows (a TypeError)
     │   ├── SourceConsumedError     a one-shot (streaming) source asked to replay
     │   └── SourceChangedError      a replayable source gave different data on replay
     ├── InvalidInputError           rows the engine would reject (raised before any commit)
@@ -42,6 +43,7 @@ __all__ = [
     "SourceChangedError",
     "SourceConsumedError",
     "SourceError",
+    "UnsupportedSourceError",
     "WriterFailedError",
     "WrongEventLoopError",
     "map_engine_error",
@@ -76,6 +78,13 @@ class DatasetNotFoundError(LanceAsyncError):
 
 class SourceError(LanceAsyncError):
     """A write source cannot be opened or read as asked."""
+
+
+class UnsupportedSourceError(SourceError, TypeError):
+    """The object is no kind of write source lance_async knows. Pass a table,
+    a reader, a dataset or an (async) iterator of record batches, or register
+    the type with ``@lance_async.coerce_source.register``. Also a
+    :class:`TypeError`."""
 
 
 class SourceConsumedError(SourceError):

@@ -28,7 +28,7 @@ import pyarrow.json as pjson
 import sniffio
 
 from ._threads import run_sync, stream_limiter
-from .errors import SourceChangedError, SourceError
+from .errors import DecodeError, SourceChangedError, SourceError
 from .formats import FORMATS, Decoder, make_decoder
 from .sources import SourceMode, WriteSource, _achecked, _checked
 
@@ -159,9 +159,14 @@ class FileSource(WriteSource):
         sample = head[: cut + 1] if cut >= 0 else head
         if not sample.strip():
             raise SourceError(f"{self.path!r} is empty; pass schema=")
-        if self.format == "csv":
-            return pcsv.read_csv(pa.py_buffer(sample)).schema
-        return pjson.read_json(pa.py_buffer(sample)).schema
+        try:
+            if self.format == "csv":
+                return pcsv.read_csv(pa.py_buffer(sample)).schema
+            return pjson.read_json(pa.py_buffer(sample)).schema
+        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+            raise DecodeError(
+                f"cannot infer a schema from the start of {self.path!r} ({exc}); pass schema="
+            ) from exc
 
     # -- passes -----------------------------------------------------------
     def _decoder(self) -> Decoder:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -123,6 +124,10 @@ def decode_json_rows(data: bytes, schema: pa.Schema, *, extra_fields: str = "err
         except pa.ArrowInvalid as exc:
             raise DecodeError(f"malformed JSON: {exc}") from exc
         table = _coerce_table(inferred, schema, extra_fields)
+    try:
+        table.validate(full=True)  # the JSON reader lets invalid UTF-8 into strings
+    except pa.ArrowInvalid as exc:
+        raise DecodeError(f"invalid JSON text: {exc}") from exc
     return pa.Table.from_batches(_conform_all(table, schema), schema=schema)
 
 
@@ -180,27 +185,39 @@ class NdjsonDecoder(Decoder):
         return list(decode_json_rows(rest, self._schema, extra_fields=self._extra).to_batches())
 
 
-def csv_record_cut(data: bytes) -> int:
-    """Index just past the last newline outside double quotes, or -1.
+_CSV_TOKENS = re.compile(rb'["\n]')
 
-    ``data`` must start at a record boundary; the bytes before the returned
-    index are whole CSV records (quoted fields may hold newlines).
+
+def csv_record_cut(data: bytes, delimiter: bytes = b",") -> int:
+    """Index just past the last newline that ends a CSV record, or -1.
+
+    ``data`` must start at a record boundary. A double quote opens a quoted
+    field only at the start of a field (as the CSV parser reads it); inside
+    one, ``""`` is a literal quote and newlines belong to the field. A stray
+    quote in the middle of an unquoted field is literal, so it never makes
+    the rest of the input look quoted. Linear in ``len(data)``.
     """
+    if b'"' not in data:
+        return data.rfind(b"\n") + 1 or -1
     in_quotes = False
     last = -1
-    pos = 0
-    while True:
-        q = data.find(b'"', pos)
-        n = data.find(b"\n", pos)
-        if n < 0:
-            return last
-        if q >= 0 and q < n:
-            in_quotes = not in_quotes
-            pos = q + 1
-            continue
-        if not in_quotes:
-            last = n + 1
-        pos = n + 1
+    skip_at = -1
+    starts = (delimiter[0], ord("\n"), ord("\r"))
+    for match in _CSV_TOKENS.finditer(data):
+        pos = match.start()
+        if data[pos] == ord("\n"):
+            if not in_quotes:
+                last = pos + 1
+        elif pos == skip_at:
+            continue  # the second quote of an escaped pair
+        elif in_quotes:
+            if pos + 1 < len(data) and data[pos + 1] == ord('"'):
+                skip_at = pos + 1
+            else:
+                in_quotes = False
+        elif pos == 0 or data[pos - 1] in starts:
+            in_quotes = True
+    return last
 
 
 class CsvDecoder(Decoder):
@@ -242,7 +259,7 @@ class CsvDecoder(Decoder):
         nl = data.find(b"\n")
         if nl < 0:
             return None
-        line = data[:nl].rstrip(b"\r").decode("utf-8", errors="replace")
+        line = data[:nl].rstrip(b"\r").decode("utf-8", errors="replace").removeprefix("\ufeff")
         names = next(csv.reader([line], delimiter=self._delimiter), [])
         missing = [n for n in self._schema.names if n not in names]
         if missing:
@@ -258,7 +275,7 @@ class CsvDecoder(Decoder):
                 self._pending = data
                 return []
             data = rest
-        cut = csv_record_cut(data)
+        cut = csv_record_cut(data, self._delimiter.encode())
         if cut <= 0:
             self._pending = data
             return []

@@ -50,7 +50,7 @@ from lance.mem_wal import ShardSnapshot as LanceShardSnapshot
 from . import _manifest
 from ._schema import primary_key
 from ._threads import run_sync
-from .errors import InvalidInputError, SchemaMismatchError
+from .errors import InvalidInputError, SchemaMismatchError, map_engine_error
 from .streams import AsyncBatchStream
 
 if TYPE_CHECKING:
@@ -232,13 +232,19 @@ def scanner_stream(
 
         def opener() -> pa.RecordBatchReader:
             sc = scanner
-            if columns is not None:
-                sc = sc.project(list(columns))
-            if filter:
-                sc = sc.filter(filter)
-            if limit is not None:
-                sc = sc.limit(limit)
-            batches = [b for b in sc.to_batches() if b.num_rows]
+            try:
+                if columns is not None:
+                    sc = sc.project(list(columns))
+                if filter:
+                    sc = sc.filter(filter)
+                if limit is not None:
+                    sc = sc.limit(limit)
+                batches = [b for b in sc.to_batches() if b.num_rows]
+            except (OSError, ValueError, RuntimeError) as exc:
+                mapped = map_engine_error(exc)
+                if mapped is not None:
+                    raise mapped from exc
+                raise
             if not batches:
                 return pa.RecordBatchReader.from_batches(schema, [])
             return pa.RecordBatchReader.from_batches(batches[0].schema, batches)
@@ -289,11 +295,17 @@ def _sql_literal(value: Any, dtype: pa.DataType) -> str:
     if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
         return "'" + str(value).replace("'", "''") + "'"
     if pa.types.is_integer(dtype):
-        if isinstance(value, bool) or int(value) != value:
-            raise InvalidInputError(f"key {value!r} is not an integer")
+        try:
+            if isinstance(value, (bool, str, bytes)) or int(value) != value:
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidInputError(f"key {value!r} is not an integer") from None
         return str(int(value))
     if pa.types.is_floating(dtype):
-        number = float(value)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise InvalidInputError(f"key {value!r} is not a number") from None
         if not math.isfinite(number):
             raise InvalidInputError(f"key {value!r} is not a finite number")
         return repr(number)
@@ -332,6 +344,8 @@ def key_filter(schema: pa.Schema, keys: Sequence[str], key: Any) -> str:
 
 def _key_array(schema: pa.Schema, keys: Sequence[str], key: Any) -> pa.Array:
     pairs = _key_values(schema, keys, key)
+    if any(value is None for _, value in pairs):
+        raise InvalidInputError("a primary-key value cannot be null")
     try:
         arrays = [pa.array([value], type=schema.field(name).type) for name, value in pairs]
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:

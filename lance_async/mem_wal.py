@@ -33,12 +33,14 @@ Guarantees
 
 Cancellation rule
 -----------------
-Rows are either queued whole or not at all per batch. Cancelling a task
-blocked in ``send``/``put`` before its batch was queued queues nothing;
-cancelling it afterwards (while it awaits the ack) leaves the rows queued:
-they are written exactly once and the :class:`~lance_async.Ack` (kept by
-``send`` callers) still resolves. Closing the writer flushes everything
-queued (shielded from cancellation, bounded by ``close_timeout``).
+A send of in-memory rows (a batch, a table, a frame...) is queued whole or
+not at all; a streamed send (an iterator, a reader) is queued whole or not
+at all per batch. Cancelling a task blocked in ``send``/``put`` before its
+rows were queued queues nothing; cancelling it afterwards (while it awaits
+the ack) leaves the rows queued: they are written exactly once and the
+:class:`~lance_async.Ack` (kept by ``send`` callers) still resolves. Closing
+the writer flushes everything queued (shielded from cancellation, bounded
+by ``close_timeout``).
 """
 
 from __future__ import annotations
@@ -289,24 +291,25 @@ class AsyncShardWriter:
         return self._table_schema
 
     async def __aenter__(self) -> AsyncShardWriter:
-        await self.open()
+        await self._open(None)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def open(self, task_group: TaskGroup | None = None) -> AsyncShardWriter:
-        """Open the engine writer and start the writer task.
+    async def open(self, task_group: TaskGroup) -> AsyncShardWriter:
+        """Open the engine writer and start the writer task in ``task_group``.
 
-        Prefer ``async with``. After ``open()`` you must ``await aclose()``:
-        in the same task when no ``task_group`` is given (the writer then owns
-        one), from anywhere when the writer task runs in ``task_group``.
+        ``async with dataset.mem_wal_writer(...)`` is the usual way: it owns the
+        writer task. Use ``open`` when the writer must outlive one block: the
+        task runs in the task group you pass (trio's rule: no task outlives its
+        caller unless a task group is passed explicitly), and you must
+        ``await writer.aclose()`` before that task group ends.
 
         Parameters
         ----------
-        task_group : anyio.abc.TaskGroup, optional
-            Run the writer task in this task group (its owner sees the task's
-            errors) instead of one owned by the writer.
+        task_group : anyio.abc.TaskGroup
+            Where the writer task runs; its owner sees the task's errors.
 
         Raises
         ------
@@ -315,6 +318,9 @@ class AsyncShardWriter:
         OSError, ValueError
             The engine refused (MemWAL not initialized, bad options).
         """
+        return await self._open(task_group)
+
+    async def _open(self, task_group: TaskGroup | None) -> AsyncShardWriter:
         if self._state is not WriterState.NEW:
             raise ClosedError(f"{self!r} was already opened; open a new writer")
         self._loop = LoopHandle()
@@ -376,7 +382,7 @@ class AsyncShardWriter:
         """
         self._check_usable()
         assert self._send_stream is not None
-        ack = Ack()
+        ack = Ack(self._loop)
         ack._add_part()
         ack._seal()
         self._send_stream.send_nowait(_Item(_Kind.FLUSH, None, ack, 0, 0, time.monotonic()))
@@ -393,6 +399,8 @@ class AsyncShardWriter:
             if self._state is WriterState.NEW:
                 self._state = WriterState.CLOSED
             return
+        if self._loop is not None and not self._loop.is_current():
+            self._loop.check(repr(self))  # close it from the loop that opened it
         failed = self._state is WriterState.FAILED
         self._state = WriterState.CLOSING
         assert self._send_stream is not None and self._task_scope is not None
@@ -452,7 +460,8 @@ class AsyncShardWriter:
                 if scope.cancelled_caught:
                     raise BackpressureTimeoutError(
                         f"{self!r}: the queue stayed full ({self._queue_rows} rows, "
-                        f"{self._queue_bytes} bytes) past the timeout; nothing was queued"
+                        f"{self._queue_bytes} bytes) past the timeout; this batch was not "
+                        "queued (batches of the same send before it were)"
                     )
         self._check_state()
         self._queue_rows += rows
@@ -468,36 +477,50 @@ class AsyncShardWriter:
     def _conform(self, batch: pa.RecordBatch, index: int) -> pa.RecordBatch:
         return self._fit.check(batch, index)
 
-    async def _enqueue(
-        self, kind: _Kind, batch: pa.RecordBatch, ack: Ack, deadline: float | None
-    ) -> None:
+    def _pieces(self, batches: Sequence[pa.RecordBatch]) -> list[tuple[pa.RecordBatch, int]]:
+        """Batches cut to at most ``max_put_rows`` rows, with their sizes in bytes."""
         limit = self.max_put_rows
-        pieces = (
-            [batch]
-            if batch.num_rows <= limit
-            else [batch.slice(i, limit) for i in range(0, batch.num_rows, limit)]
-        )
+        out: list[tuple[pa.RecordBatch, int]] = []
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if batch.num_rows <= limit:
+                out.append((batch, batch.get_total_buffer_size()))
+            else:  # slices share buffers: count what each one spans
+                out.extend(
+                    (piece, piece.nbytes)
+                    for piece in (batch.slice(i, limit) for i in range(0, batch.num_rows, limit))
+                )
+        return out
+
+    async def _enqueue(
+        self, kind: _Kind, batches: Sequence[pa.RecordBatch], ack: Ack, deadline: float | None
+    ) -> None:
+        """Queue checked batches whole, or nothing of them (never a part)."""
+        pieces = self._pieces(batches)
+        if not pieces:
+            return
+        await self._reserve(sum(p.num_rows for p, _ in pieces), sum(n for _, n in pieces), deadline)
         assert self._send_stream is not None
-        for piece in pieces:
-            nbytes = piece.get_total_buffer_size()
-            await self._reserve(piece.num_rows, nbytes, deadline)
+        now = time.monotonic()
+        for piece, nbytes in pieces:
             ack._add_part()
-            self._send_stream.send_nowait(
-                _Item(kind, piece, ack, piece.num_rows, nbytes, time.monotonic())
-            )
+            self._send_stream.send_nowait(_Item(kind, piece, ack, piece.num_rows, nbytes, now))
 
     async def _send_batches(
         self, kind: _Kind, data: Any, timeout: float | None, schema: pa.Schema | None
     ) -> Ack:
         self._check_usable()
+        if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
         await anyio.lowlevel.checkpoint()  # every send is a checkpoint (trio's rule)
         deadline = None if timeout is None else anyio.current_time() + timeout
-        ack = Ack()
+        ack = Ack(self._loop)
         conform = self._conform if kind is _Kind.PUT else self._conform_keys
         # fast path: one batch or table, checked before anything is queued
-        if isinstance(data, pa.RecordBatch):
+        if isinstance(data, pa.RecordBatch) and schema is None:
             batches = [conform(data, 0)]
-        elif isinstance(data, pa.Table):
+        elif isinstance(data, pa.Table) and schema is None:
             batches = [conform(b, i) for i, b in enumerate(data.to_batches()) if b.num_rows]
         else:
             source = await resolve_source(data, schema=schema)
@@ -506,8 +529,7 @@ class AsyncShardWriter:
             else:
                 await self._send_stream_source(kind, source.open(), ack, deadline, conform)
                 return ack
-        for batch in batches:
-            await self._enqueue(kind, batch, ack, deadline)
+        await self._enqueue(kind, batches, ack, deadline)  # all rows of the send, or none
         ack._seal()
         return ack
 
@@ -518,7 +540,7 @@ class AsyncShardWriter:
         try:
             async for batch in stream:
                 if batch.num_rows:
-                    await self._enqueue(kind, conform(batch, index), ack, deadline)
+                    await self._enqueue(kind, [conform(batch, index)], ack, deadline)
                 index += 1
         except BaseException as exc:
             # batches already queued are written; the ack reports the failure
@@ -713,13 +735,13 @@ class AsyncShardWriter:
 
     def _fail_writer(self, exc: BaseException) -> WriterFailedError:
         if self._failure is None:
+            self._state = WriterState.FAILED if self._state is WriterState.OPEN else self._state
             failure = WriterFailedError(
                 f"{self!r} failed and cannot write any more: {exc}. Close it and open a new "
                 "writer on the same shard; acknowledged rows are replayed from the WAL"
             )
             failure.__cause__ = exc
             self._failure = failure
-            self._state = WriterState.FAILED if self._state is WriterState.OPEN else self._state
             self._wake_senders()
         return self._failure
 

@@ -331,8 +331,7 @@ class AsyncMergeInsertBuilder:
                     work, on_cancel_result=self._on_cancel(src.mode, attempts)
                 )
             except BaseException as exc:
-                if plan.error is not None and plan.error is not exc:
-                    raise plan.error  # noqa: B904 - the source's own error; the engine's is its context
+                plan.reraise(exc)
                 raise
         return self._record(target, stats, attempts, src.mode)
 
@@ -422,8 +421,7 @@ class AsyncMergeInsertBuilder:
             try:
                 return await run_sync(work)
             except BaseException as exc:
-                if plan.error is not None and plan.error is not exc:
-                    raise plan.error  # noqa: B904 - the source's own error; the engine's is its context
+                plan.reraise(exc)
                 mapped = map_engine_error(exc)
                 if mapped is not None:
                     raise mapped from exc
@@ -456,8 +454,7 @@ class AsyncMergeInsertBuilder:
             try:
                 text = await run_sync(work)
             except BaseException as exc:
-                if plan.error is not None and plan.error is not exc:
-                    raise plan.error  # noqa: B904 - the source's own error; the engine's is its context
+                plan.reraise(exc)
                 raise
             if plan.error is not None:
                 raise plan.error

@@ -152,7 +152,8 @@ class ShardRouter:
             if writer is None:
                 shard_id = self._shard_id_for(int(self._spec["spec_id"]), value)
                 writer = AsyncShardWriter(self._dataset, shard_id, **self._options)
-                await writer.open(task_group=self._tg)
+                assert self._tg is not None
+                await writer.open(self._tg)
                 self._writers[value] = writer
         return writer
 

@@ -57,7 +57,13 @@ import pyarrow.dataset as pds
 from ._loop import aclose_shielded
 from ._schema import conform_batch, describe_difference
 from ._threads import run_sync, stream_limiter
-from .errors import SchemaMismatchError, SourceChangedError, SourceConsumedError, SourceError
+from .errors import (
+    SchemaMismatchError,
+    SourceChangedError,
+    SourceConsumedError,
+    SourceError,
+    UnsupportedSourceError,
+)
 from .streams import AsyncBatchStream, bridge_reader
 
 __all__ = [
@@ -183,6 +189,16 @@ class ReaderPlan:
         """The producer's exception, if it raised one."""
         err = self._error()
         return err if isinstance(err, BaseException) else None
+
+    def reraise(self, exc: BaseException) -> None:
+        """Raise the source's own error in place of ``exc``, the engine's
+        text-only version of it. Does nothing for a cancellation (let it
+        propagate) or when the source did not fail."""
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
+            return
+        err = self.error
+        if err is not None and err is not exc:
+            raise err
 
 
 class WriteSource:
@@ -491,8 +507,7 @@ class ArrowDatasetSource(WriteSource):
                 "the dataset's files changed between passes (size or mtime); nothing was committed"
             )
         reader = self._dataset.scanner().to_reader()
-        if self._declared is None and reader.schema.equals(self.schema, check_metadata=True):
-            return reader
+        # Checked even when the schemas agree: files of one dataset may disagree.
         return pa.RecordBatchReader.from_batches(
             self.schema, _checked(reader, self.schema, pass_no, self._sink(pass_no))
         )
@@ -701,11 +716,37 @@ def replayable(factory: Factory, *, schema: pa.Schema) -> WriteSource:
 
 def _unknown(obj: object) -> TypeError:
     name = f"{type(obj).__module__}.{type(obj).__qualname__}"
-    return TypeError(
+    return UnsupportedSourceError(
         f"cannot use a {name} as a write source. Pass a pyarrow Table, RecordBatch, "
         "RecordBatchReader, dataset, an (async) iterator of RecordBatch, or teach "
         f"lance_async the type: @lance_async.coerce_source.register({type(obj).__name__})"
     )
+
+
+_COMPACT = {
+    pa.large_string(): pa.string(),
+    pa.large_binary(): pa.binary(),
+    pa.string_view(): pa.string(),
+    pa.binary_view(): pa.binary(),
+}
+
+
+def _compact_types(table: pa.Table) -> pa.Table:
+    """Frames hand over large / view string types; tables use plain ones.
+
+    The cast is checked (``safe``): it fails rather than lose data (a column
+    over 2 GiB of text stays large).
+    """
+    fields = [
+        pa.field(f.name, _COMPACT.get(f.type, f.type), f.nullable, f.metadata) for f in table.schema
+    ]
+    target = pa.schema(fields, metadata=table.schema.metadata)
+    if target.equals(table.schema):
+        return table
+    try:
+        return table.cast(target, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return table
 
 
 _optional_done: set[str] = set()
@@ -723,14 +764,17 @@ def _register_optional(obj: object) -> bool:
         @coerce_source.register(pd.DataFrame)
         def _from_pandas(obj: Any, *, schema: pa.Schema | None = None) -> WriteSource:
             table = pa.Table.from_pandas(obj, schema=schema, preserve_index=False)
-            return _from_table(table.replace_schema_metadata(None) if schema is None else table)
+            if schema is None:
+                table = _compact_types(table.replace_schema_metadata(None))
+            return _from_table(table)
 
     else:
         import polars as pl
 
         @coerce_source.register(pl.DataFrame)
         def _from_polars(obj: Any, *, schema: pa.Schema | None = None) -> WriteSource:
-            return _from_table(obj.to_arrow(), schema=schema)
+            table = obj.to_arrow()
+            return _from_table(_compact_types(table) if schema is None else table, schema=schema)
 
     return True
 
@@ -823,7 +867,7 @@ def _(obj: list[Any] | tuple[Any, ...], *, schema: pa.Schema | None = None) -> W
             raise SchemaMismatchError(f"cannot convert the rows: {exc}") from exc
         return MaterializedSource(_table_batches(table), table.schema)
     kinds = sorted({type(i).__name__ for i in items})
-    raise TypeError(
+    raise UnsupportedSourceError(
         f"a list source must hold only RecordBatch, Table or dict items, got {', '.join(kinds)}"
     )
 
@@ -870,7 +914,7 @@ def _lance_source(obj: Any, *, schema: pa.Schema | None = None) -> WriteSource:
 @coerce_source.register(str)
 @coerce_source.register(bytes)
 def _(obj: str | bytes, *, schema: pa.Schema | None = None) -> WriteSource:
-    raise TypeError(
+    raise UnsupportedSourceError(
         "a string is not a write source; for a file use lance_async.file_source(path) "
         "or pass a pathlib.Path"
     )

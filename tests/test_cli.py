@@ -173,3 +173,23 @@ def test_scan_as_ipc(tmp_path: Path) -> None:
     table = pa.ipc.open_stream(out.stdout).read_all()
     assert table.num_rows == 20 and table.column_names == ["id", "name"]
     assert KV_SCHEMA.field("id").name == "id"
+
+
+def test_regression_cli_errors_are_one_line_with_usage_exit_codes(
+    tmp_path: Path, mem_wal_table: str
+) -> None:
+    result = runner.invoke(app, ["scan", mem_wal_table, "--columns", "nocol"])
+    assert result.exit_code == 1 and "nocol" in result.output and "Traceback" not in result.output
+    src = ndjson(tmp_path / "rows.ndjson", ['{"id": 1, "value": 1, "name": "a"}'])
+    result = runner.invoke(app, ["ingest", str(src), mem_wal_table, "--shard", "not-a-uuid"])
+    assert result.exit_code == 2 and "UUID" in result.output
+    result = runner.invoke(app, ["ingest", "kafka://broker/topic", mem_wal_table])
+    assert result.exit_code == 2 and "unsupported source" in result.output
+    odd = tmp_path / "rows.weird"
+    odd.write_text("x")
+    result = runner.invoke(app, ["ingest", str(odd), mem_wal_table])
+    assert result.exit_code == 2 and "--format" in result.output
+    result = runner.invoke(app, ["ingest", "redis://127.0.0.1:1/stream", mem_wal_table])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    result = runner.invoke(app, ["scan", str(src)])
+    assert result.exit_code == 2

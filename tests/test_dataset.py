@@ -166,3 +166,18 @@ async def test_loop_stays_free_during_a_1m_row_scan(tmp_path: Path) -> None:
 async def test_kv_schema_round_trips(table_uri: str) -> None:
     ds = await la.write_dataset(kv_table(range(3)), table_uri)
     assert ds.schema.equals(KV_SCHEMA, check_metadata=True)
+
+
+async def test_regression_bad_paths_columns_and_versions_are_typed(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t.lance")
+    ds = await la.write_dataset(kv_table(range(3)), uri)
+    with pytest.raises(la.SchemaMismatchError, match="nocol"):
+        ds.scan(columns=["nocol"])
+    not_a_table = tmp_path / "file.txt"
+    not_a_table.write_text("hello")
+    with pytest.raises(la.DatasetNotFoundError):
+        await la.open_dataset(not_a_table)
+    with pytest.raises(la.DatasetNotFoundError, match="no version 999"):
+        await la.open_dataset(uri, version=999)
+    with pytest.raises(la.DatasetNotFoundError, match="no version 999"):
+        await ds.checkout(999)

@@ -85,3 +85,22 @@ def test_json_values_are_coerced_to_the_schema() -> None:
 def test_bad_bytes_raise_decode_error(fmt: str, data: bytes) -> None:
     with pytest.raises(DecodeError):
         decode(fmt, data, 1 << 20)
+
+
+def test_regression_a_stray_quote_in_an_unquoted_csv_field_is_literal() -> None:
+    rows = "".join(f"{i},0,n{i}\n" for i in range(2, 500))
+    data = ('id,value,name\n1,1,5 inch"\n' + rows).encode()
+    assert csv_record_cut(data) == len(data)
+    table = decode("csv", data, 64)
+    assert table.num_rows == 499
+    assert table.column("name")[0].as_py() == '5 inch"'
+
+
+def test_regression_invalid_utf8_in_json_is_a_decode_error() -> None:
+    with pytest.raises(DecodeError):
+        decode_json_rows(b'{"id": 1, "value": 1, "name": "\xff\xfe"}\n', KV_SCHEMA)
+
+
+def test_regression_csv_header_with_a_byte_order_mark() -> None:
+    table = decode("csv", "\ufeffid,value,name\n1,2,x\n".encode(), 1 << 20)
+    assert table.to_pylist() == [{"id": 1, "value": 2, "name": "x"}]

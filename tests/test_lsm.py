@@ -295,3 +295,17 @@ async def test_loop_stays_free_during_an_lsm_scan(tmp_path: Path) -> None:
     assert total == n
     assert len(ticker.lags) > 10
     assert ticker.max_lag < 0.05, ticker.max_lag
+
+
+async def test_regression_bad_filters_and_keys_are_typed(table_uri: str) -> None:
+    ds = await la.write_dataset(rows(range(3), 0), table_uri)
+    await ds.initialize_mem_wal()
+    with pytest.raises(la.InvalidInputError):
+        await ds.lsm_scan(filter="id >>> 1").to_table()
+    with pytest.raises(la.InvalidInputError, match="null"):
+        await ds.lsm_point_lookup(None)
+    async with ds.mem_wal_writer(str(uuid.uuid4())) as w:
+        with pytest.raises(la.InvalidInputError):
+            await w.lsm_scan(filter="id >>> 1").to_table()
+        with pytest.raises(la.InvalidInputError, match="integer"):
+            await w.lsm_point_lookup("abc")

@@ -243,7 +243,7 @@ async def test_flush_and_close_are_idempotent_and_typed(table_uri: str) -> None:
     with pytest.raises(la.ClosedError):
         await writer.put(ten_rows(1))
     with pytest.raises(la.ClosedError):
-        await writer.open()
+        await writer.open(None)  # type: ignore[arg-type]  # refused before the group is used
     assert (await ds.lsm_scan(filter="id >= 1000").to_table()).num_rows == 10
 
 
@@ -285,10 +285,11 @@ async def test_writer_from_another_loop_is_refused(table_uri: str) -> None:
 async def test_unclosed_writer_warns(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     writer = ds.mem_wal_writer(sid())
-    await writer.open()
-    with pytest.warns(ResourceWarning, match="never closed"):
-        writer.__del__()  # what the garbage collector would call
-    await writer.aclose()
+    async with anyio.create_task_group() as tg:
+        await writer.open(tg)
+        with pytest.warns(ResourceWarning, match="never closed"):
+            writer.__del__()  # what the garbage collector would call
+        await writer.aclose()
     writer.__del__()  # closed: silent (warnings are errors in this suite)
 
 
@@ -308,13 +309,14 @@ async def test_acked_rows_survive_a_hard_kill(table_uri: str, tmp_path: Path) ->
             async def main():
                 ds = await la.open_dataset({table_uri!r})
                 writer = ds.mem_wal_writer({shard!r}, durable_write=True)
-                await writer.open()
-                acks = [await writer.send(kv_table(range(i * 100, i * 100 + 100), value=i))
-                        for i in range(1, 51)]
-                for ack in acks:
-                    await ack
-                print("ACKED", sum(a.result().rows for a in acks), flush=True)
-                os._exit(0)  # no close, no flush: a hard kill
+                async with anyio.create_task_group() as tg:
+                    await writer.open(tg)
+                    acks = [await writer.send(kv_table(range(i * 100, i * 100 + 100), value=i))
+                            for i in range(1, 51)]
+                    for ack in acks:
+                        await ack
+                    print("ACKED", sum(a.result().rows for a in acks), flush=True)
+                    os._exit(0)  # no close, no flush: a hard kill
 
             anyio.run(main)
             """
@@ -363,3 +365,56 @@ async def test_mem_wal_index_details_and_initialize_arguments(table_uri: str) ->
     async with ds.mem_wal_writer(sid()) as writer:
         assert writer.max_put_rows <= 5_000
     assert lance.dataset(table_uri).mem_wal_index_details() is not None
+
+
+def _on_another_loop(fn: Any) -> BaseException | None:
+    errors: list[BaseException] = []
+
+    async def use() -> None:
+        try:
+            await fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    anyio.run(use)
+    return errors[0] if errors else None
+
+
+async def test_regression_aclose_and_acks_from_another_loop_are_refused(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid()) as writer:
+        gate = writer._gate
+        assert gate is not None
+        async with gate:  # keep the ack pending
+            ack = await writer.send(ten_rows(1))
+            with anyio.fail_after(10):
+                err = await anyio.to_thread.run_sync(_on_another_loop, writer.aclose)
+                assert isinstance(err, la.WrongEventLoopError)
+                err = await anyio.to_thread.run_sync(_on_another_loop, ack.wait)
+                assert isinstance(err, la.WrongEventLoopError)
+        assert (await ack).rows == 10
+        assert writer.state is la.WriterState.OPEN
+    assert writer.state is la.WriterState.CLOSED
+
+
+async def test_regression_a_cancelled_send_of_a_big_batch_queues_all_or_nothing(
+    table_uri: str,
+) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid(), max_put_rows=10, max_queue_rows=20) as writer:
+        gate = writer._gate
+        assert gate is not None
+        async with gate:
+            first = await writer.send(kv_table(range(1000, 1015)))  # the queue is now busy
+            with anyio.move_on_after(0.05) as scope:
+                await writer.send(kv_table(range(2000, 2100)))  # 100 rows, 10 pieces
+            assert scope.cancelled_caught
+            with pytest.raises(la.BackpressureTimeoutError, match="not queued"):
+                await writer.send(kv_table(range(3000, 3100)), timeout=0.05)
+        await first
+        await writer.flush()
+        ids = (await writer.lsm_scan(columns=["id"], filter="id >= 1000").to_table())["id"]
+    assert sorted(ids.to_pylist()) == list(range(1000, 1015))
+    with pytest.raises(ValueError):
+        async with ds.mem_wal_writer(sid()) as w2:
+            await w2.send(ten_rows(0), timeout=float("nan"))

@@ -441,3 +441,21 @@ async def test_loop_stays_free_during_a_large_merge(table_uri: str, tmp_path: Pa
     assert len(ticker.lags) > 20
     assert ticker.max_lag < 0.05, ticker.max_lag
     shutil.rmtree(tmp_path / "src.lance")
+
+
+@pytest.mark.parametrize("delay", [0.001, 0.005, 0.02])
+async def test_regression_cancelling_a_merge_of_an_async_source_delivers_the_cancellation(
+    table_uri: str, delay: float
+) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+
+    async def slow_rows() -> AsyncIterator[pa.RecordBatch]:
+        for b in OURS.to_batches(max_chunksize=1):
+            await anyio.sleep(0.002)
+            yield b
+
+    for source in (slow_rows(), la.replayable(slow_rows, schema=KV_SCHEMA)):
+        with anyio.move_on_after(delay):  # must end in the scope, not in an error
+            await upsert(ds).execute(source)
+    rows = rows_by_key(lance.dataset(table_uri).to_table())
+    assert rows in (apply_upserts(BASE), apply_upserts(BASE, OURS))

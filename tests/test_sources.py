@@ -336,3 +336,22 @@ async def test_source_error_is_raised_as_itself_by_write_dataset(tmp_path: Path)
         await la.write_dataset(fails_after_three(), tmp_path / "t.lance", schema=KV_SCHEMA)
     with pytest.raises(la.DatasetNotFoundError):
         await la.open_dataset(tmp_path / "t.lance")
+
+
+async def test_regression_frames_with_large_strings_fit_string_tables(table_uri: str) -> None:
+    frame = pd.DataFrame({"id": [1, 2], "value": [3, 4], "name": ["a", "b"]})
+    source = la.coerce_source(frame)
+    assert source.schema.field("name").type == pa.string()
+    ds = await la.write_dataset(kv_table(range(3)), table_uri)
+    result = await ds.merge_insert("id").when_matched_update_all().execute(frame)
+    assert result.num_updated_rows == 2
+    polars_source = la.coerce_source(pl.DataFrame({"id": [1], "name": ["x"]}))
+    assert polars_source.schema.field("name").type == pa.string()
+
+
+def test_regression_unsupported_sources_are_typed_and_type_errors() -> None:
+    for bad in (None, 42, object(), "rows.csv"):
+        with pytest.raises(la.UnsupportedSourceError) as info:
+            la.coerce_source(bad)
+        assert isinstance(info.value, TypeError)
+        assert isinstance(info.value, la.LanceAsyncError)
