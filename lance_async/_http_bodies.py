@@ -84,13 +84,17 @@ import pyarrow as pa
 from ._schema import conform_batch
 from ._threads import run_sync, stream_limiter
 from .errors import (
+    BodyConsumedError,
+    ClientDisconnectedError,
     ConflictError,
     DecodeError,
-    InvalidInputError,
-    LanceAsyncError,
+    EmptyBodyError,
+    NotAcceptableError,
+    PayloadTooLargeError,
     SchemaMismatchError,
     SourceConsumedError,
     SourceError,
+    UnsupportedMediaTypeError,
 )
 from .formats import CsvDecoder, Decoder, NdjsonDecoder
 from .merge import backoff_delay
@@ -155,57 +159,6 @@ SPOOL_MEMORY_BYTES = 4 << 20
 # ---------------------------------------------------------------------------
 # errors
 # ---------------------------------------------------------------------------
-
-
-class PayloadTooLargeError(LanceAsyncError):
-    """A request body passed one of its limits; nothing was written.
-
-    Attributes
-    ----------
-    limit : str
-        Which limit: ``"max_body_bytes"``, ``"max_batch_rows"``,
-        ``"max_batch_bytes"``, ``"max_ingest_rows"`` or ``"max_ingest_bytes"``.
-    maximum : int
-        The limit's value (bytes or rows).
-    actual : int or None
-        What was seen (or announced), when known.
-    """
-
-    def __init__(self, message: str, *, limit: str, maximum: int, actual: int | None) -> None:
-        super().__init__(message)
-        self.limit = limit
-        self.maximum = maximum
-        self.actual = actual
-
-
-class UnsupportedMediaTypeError(LanceAsyncError):
-    """The body's ``Content-Type`` has no decoder. Send Arrow IPC
-    (``application/vnd.apache.arrow.stream``), NDJSON (``application/x-ndjson``)
-    or CSV (``text/csv``, UTF-8)."""
-
-    def __init__(self, message: str, *, content_type: str | None) -> None:
-        super().__init__(message)
-        self.content_type = content_type
-
-
-class NotAcceptableError(LanceAsyncError):
-    """The ``Accept`` header names no format this response can be sent in.
-    Ask for ``application/vnd.apache.arrow.stream`` or ``application/x-ndjson``."""
-
-
-class BodyConsumedError(SourceConsumedError):
-    """The request body was already read (by a middleware or an earlier reader)
-    before lance_async got it, so nothing was written. Read the body only once:
-    middleware must not consume bodies that handlers stream."""
-
-
-class ClientDisconnectedError(SourceError):
-    """The client disconnected before the body ended; nothing was written."""
-
-
-class EmptyBodyError(InvalidInputError):
-    """The body held no bytes, or no rows; nothing was written (an empty write
-    is never reported as a success)."""
 
 
 # ---------------------------------------------------------------------------

@@ -20,7 +20,17 @@ The tree::
     ├── ConflictError               a commit lost to a concurrent writer (.retryable)
     │   └── ContentionError         retries exhausted (.num_attempts)
     ├── WriterFailedError           a MemWAL shard writer broke; every pending ack fails
-    └── BackpressureTimeoutError    no room in a writer's queue before the timeout
+    ├── BackpressureTimeoutError    no room in a writer's queue before the timeout
+    │
+    │   raised by the HTTP helpers (lance_async.fastapi), each with its status:
+    ├── PayloadTooLargeError        a body passed a size limit (413)
+    ├── UnsupportedMediaTypeError   no decoder for the Content-Type (415)
+    ├── NotAcceptableError          no encoder for the Accept header (406)
+    ├── UnknownTableError           no table registered under the name (404)
+    ├── NoShardWriterError          the table has no MemWAL writer in the app (409)
+    ├── SourceConsumedError ─ BodyConsumedError       body already read (400)
+    ├── SourceError ─ ClientDisconnectedError         client left mid-upload (499)
+    └── InvalidInputError ─ EmptyBodyError, FilterError   (400)
 
 Engine errors are mapped in one place, :func:`map_engine_error`: by exception
 type first (``lance.commit.CommitConflictError``), by message text only where
@@ -32,17 +42,26 @@ from __future__ import annotations
 
 __all__ = [
     "BackpressureTimeoutError",
+    "BodyConsumedError",
+    "ClientDisconnectedError",
     "ClosedError",
     "ConflictError",
     "ContentionError",
     "DatasetNotFoundError",
     "DecodeError",
+    "EmptyBodyError",
+    "FilterError",
     "InvalidInputError",
     "LanceAsyncError",
+    "NoShardWriterError",
+    "NotAcceptableError",
+    "PayloadTooLargeError",
     "SchemaMismatchError",
     "SourceChangedError",
     "SourceConsumedError",
     "SourceError",
+    "UnknownTableError",
+    "UnsupportedMediaTypeError",
     "UnsupportedSourceError",
     "WriterFailedError",
     "WrongEventLoopError",
@@ -236,3 +255,96 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
             f"no Lance dataset at {where!r}; check the path or create it with write_dataset"
         )
     return None
+
+
+# -- errors of the HTTP helpers (lance_async.fastapi) ----------------------------
+
+
+class PayloadTooLargeError(LanceAsyncError):
+    """A request body passed one of its limits; nothing was written.
+
+    Attributes
+    ----------
+    limit : str
+        Which limit: ``"max_body_bytes"``, ``"max_batch_rows"``,
+        ``"max_batch_bytes"``, ``"max_ingest_rows"`` or ``"max_ingest_bytes"``.
+    maximum : int
+        The limit's value (bytes or rows).
+    actual : int or None
+        What was seen (or announced), when known.
+    """
+
+    def __init__(self, message: str, *, limit: str, maximum: int, actual: int | None) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.maximum = maximum
+        self.actual = actual
+
+
+class UnsupportedMediaTypeError(LanceAsyncError):
+    """The body's ``Content-Type`` has no decoder. Send Arrow IPC
+    (``application/vnd.apache.arrow.stream``), NDJSON (``application/x-ndjson``)
+    or CSV (``text/csv``, UTF-8)."""
+
+    def __init__(self, message: str, *, content_type: str | None) -> None:
+        super().__init__(message)
+        self.content_type = content_type
+
+
+class NotAcceptableError(LanceAsyncError):
+    """The ``Accept`` header names no format this response can be sent in.
+    Ask for ``application/vnd.apache.arrow.stream`` or ``application/x-ndjson``."""
+
+
+class BodyConsumedError(SourceConsumedError):
+    """The request body was already read (by a middleware or an earlier reader)
+    before lance_async got it, so nothing was written. Read the body only once:
+    middleware must not consume bodies that handlers stream."""
+
+
+class ClientDisconnectedError(SourceError):
+    """The client disconnected before the body ended; nothing was written."""
+
+
+class EmptyBodyError(InvalidInputError):
+    """The body held no bytes, or no rows; nothing was written (an empty write
+    is never reported as a success)."""
+
+
+class UnknownTableError(LanceAsyncError):
+    """No table is registered under this name (HTTP 404). Table names are
+    looked up in the app's :class:`TableRegistry`, never on disk.
+
+    Attributes
+    ----------
+    name : str
+        The name asked for (at most 128 characters of it).
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no table named {name[:128]!r}")
+        self.name = name[:128]
+
+
+class NoShardWriterError(LanceAsyncError):
+    """The table has no MemWAL shard writer in this app (HTTP 409). Register it
+    with ``TableSpec(uri, shard_id=...)`` on a table where
+    ``initialize_mem_wal`` ran."""
+
+
+class FilterError(InvalidInputError):
+    """A row filter is not in the allowed form (HTTP 400).
+
+    The allowed form is ``column <op> literal`` with ``op`` one of ``=``,
+    ``!=``, ``<``, ``<=``, ``>``, ``>=``; several filters are joined with AND.
+    Raw Lance SQL is accepted only when the app enables it.
+
+    Attributes
+    ----------
+    filter : str or None
+        The offending filter (at most 200 characters of it).
+    """
+
+    def __init__(self, message: str, *, filter: str | None = None) -> None:
+        super().__init__(message)
+        self.filter = filter[:200] if filter is not None else None

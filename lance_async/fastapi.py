@@ -129,9 +129,12 @@ from .errors import (
     ClosedError,
     ConflictError,
     DatasetNotFoundError,
+    FilterError,
     InvalidInputError,
     LanceAsyncError,
+    NoShardWriterError,
     SourceError,
+    UnknownTableError,
     WriterFailedError,
 )
 from .mem_wal import AsyncShardWriter
@@ -200,45 +203,6 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # ---------------------------------------------------------------------------
 # errors
 # ---------------------------------------------------------------------------
-
-
-class UnknownTableError(LanceAsyncError):
-    """No table is registered under this name (HTTP 404). Table names are
-    looked up in the app's :class:`TableRegistry`, never on disk.
-
-    Attributes
-    ----------
-    name : str
-        The name asked for (at most 128 characters of it).
-    """
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no table named {name[:128]!r}")
-        self.name = name[:128]
-
-
-class NoShardWriterError(LanceAsyncError):
-    """The table has no MemWAL shard writer in this app (HTTP 409). Register it
-    with ``TableSpec(uri, shard_id=...)`` on a table where
-    ``initialize_mem_wal`` ran."""
-
-
-class FilterError(InvalidInputError):
-    """A row filter is not in the allowed form (HTTP 400).
-
-    The allowed form is ``column <op> literal`` with ``op`` one of ``=``,
-    ``!=``, ``<``, ``<=``, ``>``, ``>=``; several filters are joined with AND.
-    Raw Lance SQL is accepted only when the app enables it.
-
-    Attributes
-    ----------
-    filter : str or None
-        The offending filter (at most 200 characters of it).
-    """
-
-    def __init__(self, message: str, *, filter: str | None = None) -> None:
-        super().__init__(message)
-        self.filter = filter[:200] if filter is not None else None
 
 
 # ---------------------------------------------------------------------------

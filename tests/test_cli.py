@@ -193,3 +193,47 @@ def test_regression_cli_errors_are_one_line_with_usage_exit_codes(
     assert result.exit_code == 1 and "Traceback" not in result.output
     result = runner.invoke(app, ["scan", str(src)])
     assert result.exit_code == 2
+
+
+def test_serve_answers_health_and_rows(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    import httpx
+
+    lance.write_dataset(kv_table(range(7)), str(tmp_path / "kv.lance"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lance_async",
+            "serve",
+            "--root",
+            str(tmp_path),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        rows = httpx.get(f"http://127.0.0.1:{port}/tables/kv/rows", timeout=10)
+        assert rows.status_code == 200
+        ids = sorted(json.loads(line)["id"] for line in rows.text.splitlines() if line.strip())
+        assert ids == list(range(7))
+        assert httpx.get(f"http://127.0.0.1:{port}/tables/nope/rows", timeout=10).status_code == 404
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
