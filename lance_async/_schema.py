@@ -244,8 +244,19 @@ class TableFit:
         return batch
 
     def relabel(self, batches: Sequence[pa.RecordBatch]) -> pa.Table:
-        """Concatenate checked batches under the table schema (blocking; copies)."""
+        """Concatenate checked batches under the table schema (blocking; copies).
+
+        Batches that share one schema (the usual case: one producer) are
+        concatenated first and relabelled once, so the cost per batch is a
+        schema comparison, not a Python-level rebuild.
+        """
         schema = self.schema
+        first = batches[0].schema
+        if all(b.schema.equals(first, check_metadata=True) for b in batches[1:]):
+            table = pa.Table.from_batches(batches, schema=first).combine_chunks()
+            if first.equals(schema, check_metadata=True):
+                return table
+            return pa.Table.from_arrays(table.columns, schema=schema)
         fixed = [
             b
             if b.schema.equals(schema, check_metadata=True)

@@ -444,11 +444,22 @@ class AsyncShardWriter:
             self._space.set()
             self._space = None
 
+    def _has_room(self, rows: int, nbytes: int) -> bool:
+        """Room for this many more rows and bytes? (An empty queue takes anything.)"""
+        return self._queue_rows == 0 or (
+            self._queue_rows + rows <= self.max_queue_rows
+            and self._queue_bytes + nbytes <= self.max_queue_bytes
+        )
+
+    def _take_room(self, rows: int, nbytes: int) -> None:
+        self._check_state()
+        self._queue_rows += rows
+        self._queue_bytes += nbytes
+        self._max_rows_seen = max(self._max_rows_seen, self._queue_rows)
+        self._max_bytes_seen = max(self._max_bytes_seen, self._queue_bytes)
+
     async def _reserve(self, rows: int, nbytes: int, deadline: float | None) -> None:
-        while self._queue_rows > 0 and (
-            self._queue_rows + rows > self.max_queue_rows
-            or self._queue_bytes + nbytes > self.max_queue_bytes
-        ):
+        while not self._has_room(rows, nbytes):
             self._check_state()
             if self._space is None:
                 self._space = anyio.Event()
@@ -463,11 +474,7 @@ class AsyncShardWriter:
                         f"{self._queue_bytes} bytes) past the timeout; this batch was not "
                         "queued (batches of the same send before it were)"
                     )
-        self._check_state()
-        self._queue_rows += rows
-        self._queue_bytes += nbytes
-        self._max_rows_seen = max(self._max_rows_seen, self._queue_rows)
-        self._max_bytes_seen = max(self._max_bytes_seen, self._queue_bytes)
+        self._take_room(rows, nbytes)
 
     def _release(self, rows: int, nbytes: int) -> None:
         self._queue_rows -= rows
@@ -582,6 +589,61 @@ class AsyncShardWriter:
             The writer is closed or broken.
         """
         return await self._send_batches(_Kind.PUT, data, timeout, schema)
+
+    def send_nowait(self, data: pa.RecordBatch | pa.Table) -> Ack:
+        """Queue in-memory rows at once, or fail at once when there is no room.
+
+        The ``send`` / ``send_nowait`` pair of anyio's memory streams: no
+        waiting, no checkpoint, the cheapest way to hand a writer many small
+        batches (check the returned ack later, or call :meth:`flush`).
+
+        Parameters
+        ----------
+        data : pa.RecordBatch or pa.Table
+            Rows with the table's columns (any order) and types.
+
+        Returns
+        -------
+        Ack
+
+        Raises
+        ------
+        anyio.WouldBlock
+            The queue has no room for these rows now (nothing was queued).
+        SchemaMismatchError
+            The rows do not fit the table (nothing was queued).
+        TypeError
+            ``data`` is not a RecordBatch or Table; use :meth:`send`.
+        ClosedError, WriterFailedError, WrongEventLoopError
+            As :meth:`send`.
+        """
+        self._check_usable()
+        if isinstance(data, pa.RecordBatch):
+            batches = [self._conform(data, 0)]
+        elif isinstance(data, pa.Table):
+            batches = [self._conform(b, i) for i, b in enumerate(data.to_batches())]
+        else:
+            raise TypeError(
+                f"send_nowait takes a pyarrow RecordBatch or Table, not {type(data).__name__}; "
+                "use `await writer.send(...)` for other sources"
+            )
+        ack = Ack(self._loop)
+        pieces = self._pieces(batches)
+        if pieces:
+            rows = sum(p.num_rows for p, _ in pieces)
+            nbytes = sum(n for _, n in pieces)
+            if not self._has_room(rows, nbytes):
+                raise anyio.WouldBlock
+            self._take_room(rows, nbytes)
+            assert self._send_stream is not None
+            now = time.monotonic()
+            for piece, size in pieces:
+                ack._add_part()
+                self._send_stream.send_nowait(
+                    _Item(_Kind.PUT, piece, ack, piece.num_rows, size, now)
+                )
+        ack._seal()
+        return ack
 
     async def put(
         self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
@@ -721,17 +783,23 @@ class AsyncShardWriter:
             self._release(item.rows, item.nbytes)
         item.ack._part_failed(error)
 
-    def _done_item(self, item: _Item, put_id: int) -> None:
+    def _settle(self, run: list[_Item], put_id: int) -> None:
+        """The run's rows are written: free their room once, resolve their acks."""
         now = time.monotonic()
-        if item.kind is _Kind.FLUSH:
-            item.ack._part_done()
-            return
-        self._release(item.rows, item.nbytes)
-        self._latencies.append(now - item.queued_at)
-        if item.kind is _Kind.PUT:
-            item.ack._part_done(rows=item.rows, batches=1, put_id=put_id)
-        else:
-            item.ack._part_done(deletes=item.rows, put_id=put_id)
+        rows = nbytes = 0
+        for item in run:
+            if item.kind is _Kind.FLUSH:
+                item.ack._part_done()
+                continue
+            rows += item.rows
+            nbytes += item.nbytes
+            self._latencies.append(now - item.queued_at)
+            if item.kind is _Kind.PUT:
+                item.ack._part_done(rows=item.rows, batches=1, put_id=put_id)
+            else:
+                item.ack._part_done(deletes=item.rows, put_id=put_id)
+        if rows or nbytes:
+            self._release(rows, nbytes)
 
     def _fail_writer(self, exc: BaseException) -> WriterFailedError:
         if self._failure is None:
@@ -763,8 +831,7 @@ class AsyncShardWriter:
     async def _execute(self, run: list[_Item]) -> None:
         kind = run[0].kind
         if kind is _Kind.FLUSH:
-            for item in run:
-                self._done_item(item, 0)
+            self._settle(run, 0)
             return
         if self._failure is not None:
             for item in run:
@@ -810,8 +877,7 @@ class AsyncShardWriter:
             self._rows += sum(i.rows for i in run)
         else:
             self._engine_deletes += 1
-        for item in run:
-            self._done_item(item, self._put_seq)
+        self._settle(run, self._put_seq)
         return None
 
     # -- statistics ---------------------------------------------------------

@@ -10,10 +10,10 @@ MATERIALIZED
 REPLAYABLE
     Lance's retries are turned off (``conflict_retries(0)``), so Lance never
     buffers or spills the input. On a retryable conflict lance_async backs off
-    (about 50, 100, 200, 400 ms ... with jitter, and never less than the last
-    attempt took), reopens the target at its latest version, opens a fresh
-    pass of the source (calls the factory again) and tries again, up to
-    ``conflict_retries`` retries within ``retry_timeout``.
+    (about 50, 100, 200, 400 ms ... with jitter; from the third retry on, at
+    least half the last attempt's time), reopens the target at its latest
+    version, opens a fresh pass of the source (calls the factory again) and
+    tries again, up to ``conflict_retries`` retries within ``retry_timeout``.
 STREAMING
     One pass. Lance's own buffered retries when ``conflict_retries > 0``;
     a conflict fails at once with ``conflict_retries(0)``.
@@ -97,12 +97,16 @@ def backoff_delay(
 ) -> float:
     """Seconds to wait before retry number ``attempt`` (1-based).
 
-    ``0.05 * 2**(attempt-1)`` seconds -- 50, 100, 200, 400 ms ... -- or the
-    duration of the last attempt when that is longer (slow attempts back off
-    more, so contending writers spread out), times a jitter in [0.5, 1.5),
-    capped at 5 s. The shape follows Lance's own commit retry backoff.
+    ``0.05 * 2**(attempt-1)`` seconds -- 50, 100, 200, 400 ms ... -- times a
+    jitter in [0.5, 1.5), capped at 5 s. From the third retry on, the wait is
+    at least half the last attempt's duration, so writers whose attempts are
+    slow spread out instead of colliding again; the first retries stay short,
+    since one conflict usually means one competitor that has just committed.
+    The shape follows Lance's own commit retry backoff.
     """
-    base = max(BASE_BACKOFF * (2 ** max(attempt - 1, 0)), last_attempt_seconds)
+    base = BASE_BACKOFF * (2 ** max(attempt - 1, 0))
+    if attempt >= 3:
+        base = max(base, 0.5 * last_attempt_seconds)
     jitter = (rng or random).uniform(0.5, 1.5)
     return float(min(MAX_BACKOFF, base * jitter))
 

@@ -418,3 +418,25 @@ async def test_regression_a_cancelled_send_of_a_big_batch_queues_all_or_nothing(
     with pytest.raises(ValueError):
         async with ds.mem_wal_writer(sid()) as w2:
             await w2.send(ten_rows(0), timeout=float("nan"))
+
+
+async def test_send_nowait_queues_or_refuses_at_once(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid(), max_queue_rows=20, max_put_rows=10) as writer:
+        gate = writer._gate
+        assert gate is not None
+        async with gate:  # nothing drains meanwhile
+            first = writer.send_nowait(ten_rows(0))
+            second = writer.send_nowait(
+                ten_rows(1).to_pydict() and pa.Table.from_batches([ten_rows(1)])
+            )
+            with pytest.raises(anyio.WouldBlock):
+                writer.send_nowait(ten_rows(2))
+            with pytest.raises(la.SchemaMismatchError):
+                writer.send_nowait(pa.record_batch({"id": [1]}))
+            with pytest.raises(TypeError):
+                writer.send_nowait({"id": [1]})  # type: ignore[arg-type]
+            assert writer.stats().queue_rows == 20
+        assert (await first).rows == 10 and (await second).rows == 10
+        ids = (await writer.lsm_scan(columns=["id"], filter="id >= 1000").to_table())["id"]
+    assert sorted(ids.to_pylist()) == list(range(1000, 1020))

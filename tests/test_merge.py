@@ -459,3 +459,16 @@ async def test_regression_cancelling_a_merge_of_an_async_source_delivers_the_can
             await upsert(ds).execute(source)
     rows = rows_by_key(lance.dataset(table_uri).to_table())
     assert rows in (apply_upserts(BASE), apply_upserts(BASE, OURS))
+
+
+def test_backoff_grows_like_lances_and_with_slow_attempts() -> None:
+    rng = random.Random(1)
+    from lance_async.merge import backoff_delay
+
+    for attempt, base in ((1, 0.05), (2, 0.1), (3, 0.2), (4, 0.4)):
+        delays = [backoff_delay(attempt, 0.01, rng) for _ in range(200)]
+        assert 0.5 * base <= min(delays) and max(delays) < 1.5 * base
+    # a slow attempt does not delay the first retry, but does the third
+    assert backoff_delay(1, 3.0, rng) < 0.075
+    assert backoff_delay(3, 3.0, rng) >= 0.75
+    assert backoff_delay(30, 100.0, rng) <= 5.0
