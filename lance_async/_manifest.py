@@ -32,6 +32,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -198,6 +199,20 @@ def list_shards(uri: str) -> list[str]:
     return sorted(out)
 
 
+_CACHE_SIZE = 1024
+# Manifest files never change once written: decoded ones are kept, keyed by
+# path, size and mtime (so a table deleted and created again is not confused).
+_decoded: dict[str, ShardManifest] = {}
+_compacted: dict[tuple[str, str], dict[str, int]] = {}
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> Any:
+    if len(cache) >= _CACHE_SIZE:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+    return value
+
+
 def read_shard_manifest(uri: str, shard_id: str) -> ShardManifest | None:
     """The newest decodable manifest of a shard, or None if it has none (blocking).
 
@@ -208,19 +223,24 @@ def read_shard_manifest(uri: str, shard_id: str) -> ShardManifest | None:
     """
     fs, root = _fs(uri)
     folder = f"{root}/_mem_wal/{shard_id}/manifest"
-    versions: list[tuple[int, str]] = []
+    versions: list[tuple[int, str, str]] = []
     for info in _children(fs, folder):
         v = _manifest_version(info.base_name)
-        if v is not None:
-            versions.append((v, info.path))
+        if v is not None:  # the cache key also tells a re-created file apart
+            versions.append((v, info.path, f"{info.path}:{info.size}:{info.mtime_ns}"))
     if not versions:
         return None
     errors: list[str] = []
-    for _v, path in sorted(versions, reverse=True)[:3]:
+    for _v, path, key in sorted(versions, reverse=True)[:3]:
+        if key in _decoded:
+            return _decoded[key]
         try:
-            return _decode_shard_manifest(_read(fs, path), shard_id)
+            manifest = _decode_shard_manifest(_read(fs, path), shard_id)
         except (ManifestFormatError, OSError) as exc:  # a newer file may be mid-write
             errors.append(f"{path}: {exc}")
+            continue
+        result: ShardManifest = _remember(_decoded, key, manifest)
+        return result
     raise ManifestFormatError("no shard manifest decodes: " + "; ".join(errors))
 
 
@@ -240,11 +260,11 @@ def read_version_hint(uri: str, shard_id: str) -> int | None:
 # -- compaction progress --------------------------------------------------------
 
 
-def _dataset_manifest_path(fs: pafs.FileSystem, root: str, version: int) -> str:
+def _dataset_manifest_path(fs: pafs.FileSystem, root: str, version: int) -> pafs.FileInfo:
     for name in (f"{_U64_MAX - version:020d}.manifest", f"{version}.manifest"):
-        path = f"{root}/_versions/{name}"
-        if fs.get_file_info(path).type == pafs.FileType.File:
-            return path
+        info = fs.get_file_info(f"{root}/_versions/{name}")
+        if info.type == pafs.FileType.File:
+            return info
     raise ManifestFormatError(f"no manifest file for version {version} under {root}/_versions")
 
 
@@ -262,9 +282,15 @@ def compacted_generations(uri: str, version: int) -> dict[str, int]:
         The MemWAL index details are present but not in the known layout.
     """
     fs, root = _fs(uri)
-    data = _read(fs, _dataset_manifest_path(fs, root, version))
+    info = _dataset_manifest_path(fs, root, version)
+    key = (info.path, f"{info.size}:{info.mtime_ns}")
+    cached = _compacted.get(key)
+    if cached is not None:
+        return dict(cached)
+    data = _read(fs, info.path)
     at = data.rfind(_MEMWAL_TYPE_URL)
     if at < 0:
+        _remember(_compacted, key, {})
         return {}
     i = at + len(_MEMWAL_TYPE_URL)
     if i >= len(data) or data[i] != 0x12:
@@ -288,4 +314,5 @@ def compacted_generations(uri: str, version: int) -> dict[str, int]:
         if shard is None or gen is None:
             raise ManifestFormatError("incomplete compacted SSTable entry")
         out[shard] = max(out.get(shard, 0), gen)
+    _remember(_compacted, key, dict(out))
     return out

