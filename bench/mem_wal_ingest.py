@@ -92,7 +92,7 @@ def sizes(quick: bool) -> dict[str, int]:
     """Message counts: N, the naive and LanceDB counts, and the sweep's limits."""
     if quick:
         return {"N": 500, "naive": 5, "nondurable": 500, "lancedb": 100, "sweep_rows": 2_000}
-    return {"N": 5_000, "naive": 30, "nondurable": 5_000, "lancedb": 600, "sweep_rows": 100_000}
+    return {"N": 12_000, "naive": 30, "nondurable": 5_000, "lancedb": 600, "sweep_rows": 100_000}
 
 
 # ---------------------------------------------------------------------------
@@ -497,6 +497,8 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         "durable acknowledgement (lance_async: Ack creation to resolution, so waiting for "
         "queue room counts; the others: the call's duration). Per-message puts take about "
         "55-100 ms each when durable, so those configurations run on fewer messages. "
+        "N is chosen so that even N fills a memtable (120,000 rows > 100,000): the "
+        "engine's memtable and flush buffers are then part of both peak RSS figures. "
         "Every run is a fresh child process."
     )
     sweep_rows = []
