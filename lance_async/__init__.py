@@ -27,6 +27,7 @@ from .errors import (
     WriterFailedError,
     WrongEventLoopError,
 )
+from .feeds import Feed, FileFeed, IngestStats, IterableFeed, Message, ingest
 from .files import FileSource, file_source
 from .lsm import CompactionResult, ShardSnapshot
 from .mem_wal import AsyncShardWriter, WriterState, WriterStats
@@ -48,10 +49,15 @@ __all__ = [
     "ContentionError",
     "DatasetNotFoundError",
     "DecodeError",
+    "Feed",
+    "FileFeed",
     "FileSource",
+    "IngestStats",
     "InvalidInputError",
+    "IterableFeed",
     "LanceAsyncError",
     "MergeResult",
+    "Message",
     "PutSummary",
     "SchemaMismatchError",
     "ShardRouter",
@@ -72,6 +78,7 @@ __all__ = [
     "coerce_source",
     "configure_threads",
     "file_source",
+    "ingest",
     "iterate_reader",
     "open_dataset",
     "replayable",
