@@ -51,30 +51,20 @@ Errors added here (all under :class:`~lance_async.errors.LanceAsyncError`)::
     └── InvalidInputError
         └── EmptyBodyError            no bytes or no rows                (HTTP 400)
 
-Response bodies
----------------
-:func:`make_encoder` gives an encoder that turns batches into Arrow IPC
-stream bytes or NDJSON lines (blocking; run it on a worker thread).
+Writing bodies into Lance is in ``_http_writes.py``; response bodies are
+in ``_http_responses.py``.
 """
 
 from __future__ import annotations
 
-import base64
 import csv
-import dataclasses
-import datetime
-import decimal
-import io
 import json
-import math
 import os
 import struct
 import tempfile
-import time
 from collections import deque
 from collections.abc import AsyncIterable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +76,6 @@ from ._threads import run_sync, stream_limiter
 from .errors import (
     BodyConsumedError,
     ClientDisconnectedError,
-    ConflictError,
     DecodeError,
     EmptyBodyError,
     NotAcceptableError,
@@ -97,21 +86,16 @@ from .errors import (
     UnsupportedMediaTypeError,
 )
 from .formats import CsvDecoder, Decoder, NdjsonDecoder
-from .merge import backoff_delay
 from .sources import WriteSource, replayable
 
 if TYPE_CHECKING:
-    from .acks import PutSummary
-    from .dataset import AsyncDataset
-    from .mem_wal import AsyncShardWriter
-    from .merge import AsyncMergeInsertBuilder, MergeResult
+    pass
 
 __all__ = [
     "CSV",
     "IPC_FILE",
     "IPC_STREAM",
     "NDJSON",
-    "BatchEncoder",
     "BodyBatches",
     "BodyConsumedError",
     "BodyLimits",
@@ -122,11 +106,6 @@ __all__ = [
     "PayloadTooLargeError",
     "UnsupportedMediaTypeError",
     "body_format",
-    "dumps_json",
-    "ingest_body",
-    "jsonable_rows",
-    "make_encoder",
-    "merge_body",
 ]
 
 IPC_STREAM = "application/vnd.apache.arrow.stream"
@@ -1170,372 +1149,3 @@ class BodyBatches:
             spool, self._spool = self._spool, None
             with anyio.CancelScope(shield=True):
                 await run_sync(spool.discard, limiter=stream_limiter())
-
-
-# ---------------------------------------------------------------------------
-# writes
-# ---------------------------------------------------------------------------
-
-
-async def merge_body(
-    dataset: AsyncDataset,
-    body: BodyBatches,
-    on: str | Sequence[str] | None = None,
-    *,
-    when: Callable[[AsyncMergeInsertBuilder], AsyncMergeInsertBuilder] | None = None,
-    conflict_retries: int = 10,
-    retry_timeout: float = 30.0,
-    replay: str = "spool",
-) -> MergeResult:
-    """Upsert a request body into a table with one commit.
-
-    Parameters
-    ----------
-    dataset : AsyncDataset
-        The target table.
-    body : BodyBatches
-        Started (``await body.start()``) or not; read once, streamed into
-        the engine through a bounded bridge.
-    on : str or list of str, optional
-        Join columns (default: the table's primary key).
-    when : callable, optional
-        Configures the builder; default
-        ``when_matched_update_all().when_not_matched_insert_all()``.
-    conflict_retries : int
-        Retries after a commit conflict (default 10).
-    retry_timeout : float
-        Seconds that retries may take in all (default 30).
-    replay : {"spool", "lance", "none"}
-        How a conflict is retried. A request body is a one-shot source, so it
-        cannot be re-read from the client:
-
-        ``"spool"`` (default)
-            The first pass streams the body into the engine with Lance's own
-            retries off, so Lance buffers nothing; the body keeps a spool
-            (``spool=True``, in memory up to 4 MiB, then on disk). On a
-            conflict the spool is replayed as a REPLAYABLE source by
-            lance_async's retry loop (backoff, fresh target each attempt).
-            Memory stays flat whatever the body size; the disk holds one copy.
-        ``"lance"``
-            Lance's own buffered retries (``conflict_retries > 0`` on the
-            stream): pylance 14 keeps up to 100 MB of the stream **in
-            memory** before spilling to disk, so a large body costs that much
-            RAM per request.
-        ``"none"``
-            One pass, no retry: a conflict raises :class:`ContentionError`.
-
-    Returns
-    -------
-    MergeResult
-        Of the committed attempt; ``num_attempts`` counts the first pass, and
-        ``source_mode`` is STREAMING when the first pass committed, REPLAYABLE
-        when a replay did.
-
-    Raises
-    ------
-    PayloadTooLargeError, SchemaMismatchError, DecodeError, EmptyBodyError
-        The body broke a limit or does not fit (nothing committed).
-    ClientDisconnectedError
-        The client left before the body ended (nothing committed).
-    ContentionError, ConflictError
-        Conflicts outlasted the retries, or cannot be retried.
-
-    Notes
-    -----
-    The engine runs on the library's engine threads; the event loop only
-    moves batch references.
-    """
-    if replay not in ("spool", "lance", "none"):
-        raise ValueError(f"replay must be 'spool', 'lance' or 'none', got {replay!r}")
-    if conflict_retries < 0:
-        raise ValueError("conflict_retries must be >= 0")
-
-    def build(retries: int, timeout: float) -> AsyncMergeInsertBuilder:
-        builder = dataset.merge_insert(on)
-        builder = (
-            when(builder)
-            if when is not None
-            else builder.when_matched_update_all().when_not_matched_insert_all()
-        )
-        return builder.conflict_retries(retries).retry_timeout(timedelta(seconds=timeout))
-
-    schema = await body.start()
-    started = time.monotonic()
-    first_retries = conflict_retries if replay == "lance" else 0
-    try:
-        return await build(first_retries, retry_timeout).execute(body, schema=schema)
-    except ConflictError as exc:
-        if replay != "spool" or not exc.retryable or conflict_retries == 0 or not body.complete:
-            raise
-    source = await body.replay_source()
-    await anyio.sleep(backoff_delay(1, 0.0))
-    remaining = max(retry_timeout - (time.monotonic() - started), 0.001)
-    result = await build(conflict_retries - 1, remaining).execute(source)
-    return dataclasses.replace(result, num_attempts=result.num_attempts + 1)
-
-
-async def ingest_body(
-    writer: AsyncShardWriter,
-    body: BodyBatches,
-    *,
-    max_rows: int | None = None,
-    max_bytes: int | None = None,
-    timeout: float | None = None,
-) -> PutSummary:
-    """Write a request body to a MemWAL shard as one atomic put; wait for the ack.
-
-    The body's batches are collected (bounded by ``max_rows`` / ``max_bytes``)
-    and written with a single engine ``put`` once the body has ended, so a
-    body is written whole or not at all: a client that leaves mid-upload
-    writes nothing.
-
-    Parameters
-    ----------
-    writer : AsyncShardWriter
-        An open writer; the body must hold every table column
-        (``all_columns=True``).
-    body : BodyBatches
-    max_rows : int, optional
-        Rows one body may hold (default and ceiling: ``writer.max_put_rows``,
-        since one engine put never spans memtables).
-    max_bytes : int, optional
-        Bytes of rows one body may hold (default and ceiling:
-        ``writer.max_put_bytes``).
-    timeout : float, optional
-        Seconds to wait for room in the writer's queue.
-
-    Returns
-    -------
-    PutSummary
-        After the ack: durable in the WAL when the writer has
-        ``durable_write`` on (the engine's default).
-
-    Raises
-    ------
-    PayloadTooLargeError
-        The body holds more than ``max_rows`` rows or ``max_bytes`` bytes.
-    EmptyBodyError, SchemaMismatchError, DecodeError, ClientDisconnectedError
-        As :meth:`BodyBatches.start` (nothing written).
-    InvalidInputError, BackpressureTimeoutError, WriterFailedError, ClosedError
-        As :meth:`AsyncShardWriter.put`.
-    """
-    row_cap = min(max_rows or writer.max_put_rows, writer.max_put_rows)
-    byte_cap = min(max_bytes or writer.max_put_bytes, writer.max_put_bytes)
-    batches: list[pa.RecordBatch] = []
-    rows = 0
-    nbytes = 0
-    await body.start()
-    async for batch in body:
-        rows += batch.num_rows
-        nbytes += batch.nbytes
-        if rows > row_cap:
-            raise PayloadTooLargeError(
-                f"an ingest body is written as one atomic put of at most {row_cap:,} rows "
-                "(max_ingest_rows); split it into several requests",
-                limit="max_ingest_rows",
-                maximum=row_cap,
-                actual=rows,
-            )
-        if nbytes > byte_cap:
-            raise PayloadTooLargeError(
-                f"an ingest body may hold at most {byte_cap:,} bytes of rows (max_ingest_bytes)",
-                limit="max_ingest_bytes",
-                maximum=byte_cap,
-                actual=nbytes,
-            )
-        batches.append(batch)
-    if not batches:
-        raise EmptyBodyError("the body holds no rows; nothing was written")
-    schema = body.schema
-
-    def combine() -> pa.RecordBatch:
-        table = pa.Table.from_batches(batches, schema=schema).combine_chunks()
-        (only,) = table.to_batches(max_chunksize=table.num_rows)
-        return only
-
-    one = batches[0] if len(batches) == 1 else await run_sync(combine, limiter=stream_limiter())
-    return await writer.put(one, timeout=timeout)
-
-
-# ---------------------------------------------------------------------------
-# response bodies
-# ---------------------------------------------------------------------------
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
-        return value.isoformat()
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    item = getattr(value, "item", None)  # numpy scalars
-    if callable(item):
-        return item()
-    tolist = getattr(value, "tolist", None)  # numpy arrays
-    if callable(tolist):
-        return tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _finite(value: Any) -> Any:
-    """Replace NaN and infinities (which JSON cannot hold) with None, recursively."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _dumps(value: Any) -> str:
-    try:
-        return json.dumps(
-            value,
-            default=_json_default,
-            ensure_ascii=False,
-            allow_nan=False,
-            separators=(",", ":"),
-        )
-    except ValueError:
-        return json.dumps(
-            _finite(value), default=_json_default, ensure_ascii=False, separators=(",", ":")
-        )
-
-
-def dumps_json(value: Any) -> bytes:
-    """Encode a value as compact UTF-8 JSON.
-
-    Timestamps and dates become ISO 8601 strings, binary becomes base64,
-    decimals become strings, NaN and infinities become ``null``.
-
-    Returns
-    -------
-    bytes
-
-    Raises
-    ------
-    TypeError
-        A value of a type JSON cannot express.
-
-    Notes
-    -----
-    Blocking CPU work proportional to the value's size.
-    """
-    return _dumps(value).encode("utf-8")
-
-
-def jsonable_rows(data: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
-    """Rows as dicts of plain Python values (blocking; see :func:`dumps_json`)."""
-    return [dict(row) for row in data.to_pylist()]
-
-
-class BatchEncoder:
-    """Turns record batches into response bytes (blocking CPU work).
-
-    Attributes
-    ----------
-    media_type : str
-        The response's ``Content-Type``.
-    """
-
-    media_type: str = "application/octet-stream"
-
-    def encode(self, batch: pa.RecordBatch) -> bytes:  # pragma: no cover - abstract
-        """The bytes for one batch (may be empty)."""
-        raise NotImplementedError
-
-    def finish(self) -> bytes:  # pragma: no cover - abstract
-        """The bytes that end the response."""
-        raise NotImplementedError
-
-
-class _Collector(io.RawIOBase):
-    """A writable file that keeps what is written until :meth:`take`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._parts: list[bytes] = []
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        chunk = bytes(data)
-        self._parts.append(chunk)
-        return len(chunk)
-
-    def take(self) -> bytes:
-        out = b"".join(self._parts)
-        self._parts.clear()
-        return out
-
-
-class _IpcEncoder(BatchEncoder):
-    media_type = IPC_STREAM
-
-    def __init__(self, schema: pa.Schema | None) -> None:
-        self._schema = schema
-        self._sink = _Collector()
-        self._writer: Any = None
-
-    def _open(self, schema: pa.Schema) -> Any:
-        if self._writer is None:
-            self._writer = pa.ipc.new_stream(pa.PythonFile(self._sink, mode="w"), schema)
-        return self._writer
-
-    def encode(self, batch: pa.RecordBatch) -> bytes:
-        self._open(batch.schema).write_batch(batch)
-        return self._sink.take()
-
-    def finish(self) -> bytes:
-        if self._writer is None:
-            if self._schema is None:
-                raise ValueError("an empty Arrow stream needs a schema")
-            self._open(self._schema)
-        self._writer.close()
-        return self._sink.take()
-
-
-class _NdjsonEncoder(BatchEncoder):
-    media_type = NDJSON
-
-    def encode(self, batch: pa.RecordBatch) -> bytes:
-        if not batch.num_rows:
-            return b""
-        lines = [_dumps(row) for row in batch.to_pylist()]
-        lines.append("")
-        return "\n".join(lines).encode("utf-8")
-
-    def finish(self) -> bytes:
-        return b""
-
-
-def make_encoder(format: str, schema: pa.Schema | None = None) -> BatchEncoder:
-    """An encoder for response bodies.
-
-    Parameters
-    ----------
-    format : {"ipc", "ndjson"}
-        Arrow IPC stream (schema, batches, end-of-stream marker) or one JSON
-        object per row and line.
-    schema : pa.Schema, optional
-        Needed for an IPC response that may hold no batch at all.
-
-    Returns
-    -------
-    BatchEncoder
-
-    Raises
-    ------
-    ValueError
-        An unknown format.
-    """
-    if format == "ipc":
-        return _IpcEncoder(schema)
-    if format == "ndjson":
-        return _NdjsonEncoder()
-    raise ValueError(f"unknown response format {format!r}; expected 'ipc' or 'ndjson'")

@@ -105,7 +105,6 @@ from ._http_bodies import (
     IPC_STREAM,
     NDJSON,
     SLICE_ROWS,
-    BatchEncoder,
     BodyBatches,
     BodyConsumedError,
     BodyLimits,
@@ -116,12 +115,9 @@ from ._http_bodies import (
     PayloadTooLargeError,
     UnsupportedMediaTypeError,
     body_format,
-    dumps_json,
-    ingest_body,
-    jsonable_rows,
-    make_encoder,
-    merge_body,
 )
+from ._http_responses import BatchEncoder, dumps_json, jsonable_rows, make_encoder
+from ._http_writes import ingest_body, merge_body
 from ._threads import ThreadLimits, configure_threads, run_sync, stream_limiter
 from .dataset import AsyncDataset, open_dataset
 from .errors import (
