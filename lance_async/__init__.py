@@ -3,38 +3,96 @@
 Awaitable merge_insert whose conflict retries replay the source, MemWAL
 ingestion with a bounded queue, group commit and durable acks, and LSM reads
 -- all without blocking the event loop (asyncio or trio, through anyio).
-Every public name is re-exported here; the modules that define them are the
-place to read their documentation.
+Every public name is re-exported here, one line per name; the modules that
+define them are the place to read their documentation. The submodules are
+imported on first use of a name (PEP 562), so ``import lance_async`` is
+cheap and does not load pylance until it is needed.
 """
 
-from ._threads import ThreadLimits, configure_threads
-from .acks import Ack, PutSummary
-from .dataset import AsyncDataset, open_dataset, write_dataset
-from .errors import (
-    BackpressureTimeoutError,
-    ClosedError,
-    ConflictError,
-    ContentionError,
-    DatasetNotFoundError,
-    DecodeError,
-    InvalidInputError,
-    LanceAsyncError,
-    SchemaMismatchError,
-    SourceChangedError,
-    SourceConsumedError,
-    SourceError,
-    UnsupportedSourceError,
-    WriterFailedError,
-    WrongEventLoopError,
-)
-from .feeds import Feed, FileFeed, IngestStats, IterableFeed, Message, ingest
-from .files import FileSource, file_source
-from .lsm import CompactionResult, ShardSnapshot
-from .mem_wal import AsyncShardWriter, WriterState, WriterStats
-from .merge import AsyncMergeInsertBuilder, MergeResult
-from .router import ShardRouter
-from .sources import SourceMode, WriteSource, coerce_source, replayable, resolve_source
-from .streams import AsyncBatchStream, StreamState, bridge_reader, iterate_reader
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._threads import ThreadLimits, configure_threads
+    from .acks import Ack, PutSummary
+    from .dataset import AsyncDataset, open_dataset, write_dataset
+    from .errors import (
+        BackpressureTimeoutError,
+        ClosedError,
+        ConflictError,
+        ContentionError,
+        DatasetNotFoundError,
+        DecodeError,
+        InvalidInputError,
+        LanceAsyncError,
+        SchemaMismatchError,
+        SourceChangedError,
+        SourceConsumedError,
+        SourceError,
+        UnsupportedSourceError,
+        WriterFailedError,
+        WrongEventLoopError,
+    )
+    from .feeds import Feed, FileFeed, IngestStats, IterableFeed, Message, ingest
+    from .files import FileSource, file_source
+    from .lsm import CompactionResult, ShardSnapshot
+    from .mem_wal import AsyncShardWriter, WriterState, WriterStats
+    from .merge import AsyncMergeInsertBuilder, MergeResult
+    from .router import ShardRouter
+    from .sources import SourceMode, WriteSource, coerce_source, replayable, resolve_source
+    from .streams import AsyncBatchStream, StreamState, bridge_reader, iterate_reader
+
+_LOCATIONS: dict[str, str] = {
+    "Ack": ".acks",
+    "AsyncBatchStream": ".streams",
+    "AsyncDataset": ".dataset",
+    "AsyncMergeInsertBuilder": ".merge",
+    "AsyncShardWriter": ".mem_wal",
+    "BackpressureTimeoutError": ".errors",
+    "bridge_reader": ".streams",
+    "ClosedError": ".errors",
+    "coerce_source": ".sources",
+    "CompactionResult": ".lsm",
+    "configure_threads": "._threads",
+    "ConflictError": ".errors",
+    "ContentionError": ".errors",
+    "DatasetNotFoundError": ".errors",
+    "DecodeError": ".errors",
+    "Feed": ".feeds",
+    "file_source": ".files",
+    "FileFeed": ".feeds",
+    "FileSource": ".files",
+    "ingest": ".feeds",
+    "IngestStats": ".feeds",
+    "InvalidInputError": ".errors",
+    "IterableFeed": ".feeds",
+    "iterate_reader": ".streams",
+    "LanceAsyncError": ".errors",
+    "MergeResult": ".merge",
+    "Message": ".feeds",
+    "open_dataset": ".dataset",
+    "PutSummary": ".acks",
+    "replayable": ".sources",
+    "resolve_source": ".sources",
+    "SchemaMismatchError": ".errors",
+    "ShardRouter": ".router",
+    "ShardSnapshot": ".lsm",
+    "SourceChangedError": ".errors",
+    "SourceConsumedError": ".errors",
+    "SourceError": ".errors",
+    "SourceMode": ".sources",
+    "StreamState": ".streams",
+    "ThreadLimits": "._threads",
+    "UnsupportedSourceError": ".errors",
+    "write_dataset": ".dataset",
+    "WriterFailedError": ".errors",
+    "WriterState": ".mem_wal",
+    "WriterStats": ".mem_wal",
+    "WriteSource": ".sources",
+    "WrongEventLoopError": ".errors",
+}
 
 __all__ = [
     "Ack",
@@ -85,3 +143,16 @@ __all__ = [
     "resolve_source",
     "write_dataset",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LOCATIONS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lance_async' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

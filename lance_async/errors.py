@@ -1,8 +1,12 @@
 """The exceptions lance_async raises.
 
-Every error the library raises on purpose derives from :class:`LanceAsyncError`,
-so ``except lance_async.LanceAsyncError`` catches them all. Each message says
-what to do next. Errors that a retry can cure carry ``retryable = True``.
+Every error about data, state, concurrency and the engine derives from
+:class:`LanceAsyncError`, so ``except lance_async.LanceAsyncError`` catches
+them. Each message says what to do next. Errors that a retry can cure carry
+``retryable = True``. Arguments that are wrong in themselves (a shard id that
+is not a UUID, a negative limit, an unknown mode) raise :class:`ValueError` or
+:class:`TypeError` at the call, as Python's own functions do; a source of an
+unknown kind raises :class:`UnsupportedSourceError`, which is both.
 
 The tree::
 

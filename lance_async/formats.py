@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 
 import pyarrow as pa
@@ -76,7 +77,9 @@ def _conform_all(table: pa.Table, schema: pa.Schema) -> list[pa.RecordBatch]:
     return out
 
 
-def decode_json_rows(data: bytes, schema: pa.Schema, *, extra_fields: str = "error") -> pa.Table:
+def decode_json_rows(
+    data: bytes, schema: pa.Schema, *, extra_fields: str = "error", first_line: int = 1
+) -> pa.Table:
     """Decode newline-delimited JSON objects into a table of ``schema``.
 
     Parameters
@@ -87,6 +90,8 @@ def decode_json_rows(data: bytes, schema: pa.Schema, *, extra_fields: str = "err
         The target schema; values are coerced to its types (see module notes).
     extra_fields : {"error", "ignore"}
         What to do with a field the schema does not have.
+    first_line : int
+        The line number of ``data``'s first line, for error messages.
 
     Returns
     -------
@@ -97,8 +102,19 @@ def decode_json_rows(data: bytes, schema: pa.Schema, *, extra_fields: str = "err
     ------
     DecodeError
         Malformed JSON, an unknown field (with ``extra_fields="error"``), a
-        value that cannot be converted, or a null in a non-nullable column.
+        value that cannot be converted, or a null in a non-nullable column;
+        the message names the line (1-based) and the field.
     """
+    try:
+        return _decode_json(data, schema, extra_fields)
+    except DecodeError as exc:
+        where = _first_bad_line(data, schema, extra_fields, first_line)
+        if where is None:
+            raise
+        raise DecodeError(where) from exc
+
+
+def _decode_json(data: bytes, schema: pa.Schema, extra_fields: str) -> pa.Table:
     if not data.strip():
         return schema.empty_table()
     behavior = "error" if extra_fields == "error" else "ignore"
@@ -113,7 +129,7 @@ def decode_json_rows(data: bytes, schema: pa.Schema, *, extra_fields: str = "err
             ),
         )
     except pa.ArrowInvalid as first:
-        if "unexpected field" in str(first).lower() or "unexpected" in str(first).lower():
+        if "unexpected" in str(first).lower():
             raise DecodeError(f"unknown field in JSON: {first}") from first
         try:
             inferred = pjson.read_json(
@@ -129,6 +145,32 @@ def decode_json_rows(data: bytes, schema: pa.Schema, *, extra_fields: str = "err
     except pa.ArrowInvalid as exc:
         raise DecodeError(f"invalid JSON text: {exc}") from exc
     return pa.Table.from_batches(_conform_all(table, schema), schema=schema)
+
+
+def _first_bad_line(
+    data: bytes, schema: pa.Schema, extra_fields: str, first_line: int
+) -> str | None:
+    """Find the first line that fails, and say why (only on the error path)."""
+    for number, line in enumerate(data.split(b"\n"), first_line):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            return f"line {number}: malformed JSON ({getattr(exc, 'msg', exc)})"
+        if not isinstance(obj, dict):
+            return f"line {number}: expected a JSON object, got {type(obj).__name__}"
+        unknown = [k for k in obj if k not in schema.names]
+        if unknown and extra_fields == "error":
+            return f"line {number}: unknown field {unknown[0]!r} (the table has {schema.names})"
+        missing = [f.name for f in schema if not f.nullable and obj.get(f.name) is None]
+        if missing:
+            return f"line {number}: field {missing[0]!r} is missing or null, and it is required"
+        try:
+            _decode_json(line, schema, extra_fields)
+        except DecodeError as exc:
+            return f"line {number}: {exc}"
+    return None
 
 
 class Decoder:
@@ -167,6 +209,14 @@ class NdjsonDecoder(Decoder):
         self._schema = schema
         self._pending = b""
         self._extra = extra_fields
+        self._line = 1  # number of the first pending line, for messages
+
+    def _decode(self, data: bytes) -> list[pa.RecordBatch]:
+        table = decode_json_rows(
+            data, self._schema, extra_fields=self._extra, first_line=self._line
+        )
+        self._line += data.count(b"\n")
+        return list(table.to_batches())
 
     def feed(self, chunk: bytes) -> list[pa.RecordBatch]:
         data = self._pending + chunk
@@ -175,14 +225,13 @@ class NdjsonDecoder(Decoder):
             self._pending = data
             return []
         self._pending = data[cut + 1 :]
-        table = decode_json_rows(data[: cut + 1], self._schema, extra_fields=self._extra)
-        return list(table.to_batches())
+        return self._decode(data[: cut + 1])
 
     def finish(self) -> list[pa.RecordBatch]:
         rest, self._pending = self._pending, b""
         if not rest.strip():
             return []
-        return list(decode_json_rows(rest, self._schema, extra_fields=self._extra).to_batches())
+        return self._decode(rest)
 
 
 _CSV_TOKENS = re.compile(rb'["\n]')

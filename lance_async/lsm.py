@@ -114,9 +114,12 @@ ShardSnapshots = Sequence[ShardSnapshot]
 
 
 def _discover(
-    uri: str, version: int, shard_ids: Iterable[str] | None = None
+    uri: str,
+    version: int,
+    shard_ids: Iterable[str] | None = None,
+    include_compacted: bool = False,
 ) -> list[ShardSnapshot]:
-    compacted = _manifest.compacted_generations(uri, version)
+    compacted = {} if include_compacted else _manifest.compacted_generations(uri, version)
     wanted = set(shard_ids) if shard_ids is not None else None
     out: list[ShardSnapshot] = []
     for sid in _manifest.list_shards(uri):
@@ -142,7 +145,10 @@ def _discover(
 
 
 async def shard_snapshots(
-    dataset: AsyncDataset, shard_ids: Iterable[str] | None = None
+    dataset: AsyncDataset,
+    shard_ids: Iterable[str] | None = None,
+    *,
+    include_compacted: bool = False,
 ) -> list[ShardSnapshot]:
     """Discover each MemWAL shard's current generation and flushed SSTables.
 
@@ -157,6 +163,10 @@ async def shard_snapshots(
         Moved to its latest version first.
     shard_ids : iterable of str, optional
         Only these shards.
+    include_compacted : bool
+        Keep generations already compacted into the base table too (for
+        readers whose base table is an older version, such as a shard
+        writer's: its base predates the compaction).
 
     Returns
     -------
@@ -171,7 +181,7 @@ async def shard_snapshots(
     await dataset.refresh()
     uri, version = dataset.uri, dataset.version
     ids = list(shard_ids) if shard_ids is not None else None
-    return await run_sync(lambda: _discover(uri, version, ids))
+    return await run_sync(lambda: _discover(uri, version, ids, include_compacted))
 
 
 def _lance_snaps(snapshots: Iterable[Any]) -> list[LanceShardSnapshot]:

@@ -315,8 +315,11 @@ class AsyncShardWriter:
         ------
         ClosedError
             Already opened once.
-        OSError, ValueError
-            The engine refused (MemWAL not initialized, bad options).
+        InvalidInputError
+            The engine refused: the MemWAL is not initialized, or an option
+            is out of range.
+        OSError
+            Storage errors, unchanged.
         """
         return await self._open(task_group)
 
@@ -794,10 +797,11 @@ class AsyncShardWriter:
             rows += item.rows
             nbytes += item.nbytes
             self._latencies.append(now - item.queued_at)
+            put = (self.shard_id, put_id)  # unique across writers, for Ack.combine
             if item.kind is _Kind.PUT:
-                item.ack._part_done(rows=item.rows, batches=1, put_id=put_id)
+                item.ack._part_done(rows=item.rows, batches=1, put_id=put)
             else:
-                item.ack._part_done(deletes=item.rows, put_id=put_id)
+                item.ack._part_done(deletes=item.rows, put_id=put)
         if rows or nbytes:
             self._release(rows, nbytes)
 
@@ -947,10 +951,14 @@ class AsyncShardWriter:
             raise ClosedError(f"{self!r} is not open")
         if self._loop is not None:
             self._loop.check(repr(self))
-        from .lsm import _lance_snaps
+        from .lsm import _lance_snaps, shard_snapshots
 
         engine = self._engine
-        raw = _lance_snaps(s for s in (snapshots or []) if s.shard_id != self.shard_id)
+        if snapshots is None:
+            # The other shards' flushed generations, compacted ones included:
+            # the writer's base table is the version it opened on.
+            snapshots = await shard_snapshots(self._dataset, include_compacted=True)
+        raw = _lance_snaps(s for s in snapshots if s.shard_id != self.shard_id)
         assert self._gate is not None
         deadline = time.monotonic() + 30.0
         while True:
@@ -972,6 +980,10 @@ class AsyncShardWriter:
         """Scan base table, flushed SSTables and this writer's memtable.
 
         Newest row per primary key wins; every row acked so far is visible.
+        With ``snapshots=None`` the other shards' flushed generations are
+        discovered and included (their live memtables are not: pylance 14
+        reads a memtable only through its own writer). The base table is the
+        version the writer was opened on.
 
         Returns
         -------

@@ -237,3 +237,23 @@ def test_serve_answers_health_and_rows(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_init_wal_ingest_compact_from_the_command_line(tmp_path: Path) -> None:
+    uri = str(tmp_path / "plain.lance")
+    lance.write_dataset(kv_table(range(3)), uri)
+    result = runner.invoke(app, ["init-wal", uri])
+    assert result.exit_code == 0 and "MemWAL initialized" in result.output
+    again = runner.invoke(app, ["init-wal", uri])
+    assert again.exit_code == 1 and "already initialized" in again.output
+    src = ndjson(
+        tmp_path / "rows.ndjson",
+        [json.dumps({"id": i, "value": 1, "name": "x"}) for i in range(10, 20)],
+    )
+    assert runner.invoke(app, ["ingest", str(src), uri]).exit_code == 0
+    result = runner.invoke(app, ["compact", uri])
+    assert result.exit_code == 0, result.output
+    assert "compacted 1 generation from 1 shard" in result.output
+    assert lance.dataset(uri).count_rows() == 13
+    wide = runner.invoke(app, ["scan", uri, "--format", "table", "--limit", "2"])
+    assert wide.exit_code == 0 and "id" in wide.output

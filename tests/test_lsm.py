@@ -309,3 +309,21 @@ async def test_regression_bad_filters_and_keys_are_typed(table_uri: str) -> None
             await w.lsm_scan(filter="id >>> 1").to_table()
         with pytest.raises(la.InvalidInputError, match="integer"):
             await w.lsm_point_lookup("abc")
+
+
+async def test_regression_a_writer_sees_other_shards_flushed_rows(table_uri: str) -> None:
+    ds = await la.write_dataset(rows(range(5), 0), table_uri)
+    await ds.initialize_mem_wal()
+    async with ds.mem_wal_writer(str(uuid.uuid4())) as reader_side:
+        other = await la.open_dataset(table_uri)
+        async with other.mem_wal_writer(str(uuid.uuid4())) as a:
+            await a.put(rows([7, 8], 3))
+        # a's rows are in its flushed generations; the open writer sees them
+        got = await reader_side.lsm_point_lookup(7)
+        assert got.column("value").to_pylist() == [3]
+        scanned = await reader_side.lsm_scan(columns=["id"]).to_table()
+        assert sorted(scanned["id"].to_pylist()) == [0, 1, 2, 3, 4, 7, 8]
+        # compaction moves them to the base table, which this writer opened before
+        await other.compact_mem_wal()
+        got = await reader_side.lsm_point_lookup(8)
+        assert got.column("value").to_pylist() == [3]

@@ -338,6 +338,7 @@ async def test_shard_router_splits_rows_by_bucket(table_uri: str) -> None:
         assert summary.rows == 1_000
         writers = router.writers
         assert len(writers) == 4
+        assert summary.engine_puts == sum(w.stats().engine_puts for w in writers.values())
         per_shard = {s: w.stats().rows for s, w in writers.items()}
         assert sum(per_shard.values()) == 1_000 and min(per_shard.values()) > 100
     snaps = await ds.shard_snapshots()
@@ -440,3 +441,16 @@ async def test_send_nowait_queues_or_refuses_at_once(table_uri: str) -> None:
         assert (await first).rows == 10 and (await second).rows == 10
         ids = (await writer.lsm_scan(columns=["id"], filter="id >= 1000").to_table())["id"]
     assert sorted(ids.to_pylist()) == list(range(1000, 1020))
+
+
+async def test_combined_acks_count_a_shared_put_once(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid()) as writer:
+        gate = writer._gate
+        assert gate is not None
+        async with gate:  # everything below coalesces into one put
+            acks = [await writer.send(ten_rows(i)) for i in range(50)]
+        summary = await la.Ack.combine(acks)
+        assert summary.rows == 500 and summary.batches == 50
+        puts = writer.stats().engine_puts
+        assert summary.engine_puts == puts <= 2  # the first send may go alone
