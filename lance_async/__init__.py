@@ -11,7 +11,7 @@ cheap and does not load pylance until it is needed.
 
 from __future__ import annotations
 
-import importlib
+import importlib as _importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -149,10 +149,10 @@ def __getattr__(name: str) -> Any:
     module = _LOCATIONS.get(name)
     if module is None:
         raise AttributeError(f"module 'lance_async' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    value = getattr(_importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(__all__)
