@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import enum
 import inspect
+import warnings
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import sniffio
 
 from ..errors import ClosedError, LanceAsyncError
 
-__all__ = ["FeedState", "call_maybe_async", "check_open", "require_asyncio"]
+__all__ = ["BrokerFeed", "FeedState", "call_maybe_async", "check_open", "require_asyncio"]
 
 
 class FeedState(enum.Enum):
@@ -29,6 +30,50 @@ class FeedState(enum.Enum):
     NEW = "new"
     OPEN = "open"
     CLOSED = "closed"
+
+
+_B = TypeVar("_B", bound="BrokerFeed")
+
+
+class BrokerFeed:
+    """What the broker feeds (JetStream, Redis Streams, Kafka) share.
+
+    A broker's stream has no end, so :attr:`exhausted` is always False; the
+    feed is its own ``async with`` context (entering returns it, leaving
+    awaits :meth:`aclose`); a feed that owns its client warns with
+    :class:`ResourceWarning` when collected while still open. Subclasses set
+    ``_state`` and, when they own the client, ``_owns_client``.
+    """
+
+    _state: FeedState
+    _owns_client: bool = False
+
+    @property
+    def state(self) -> FeedState:
+        """Where the feed is in its life cycle."""
+        return self._state
+
+    @property
+    def exhausted(self) -> bool:
+        """Always False: a broker's stream has no end."""
+        return False
+
+    async def aclose(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    async def __aenter__(self: _B) -> _B:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", None) is FeedState.OPEN and getattr(self, "_owns_client", False):
+            warnings.warn(
+                f"{self!r} was never closed; use `async with` or await aclose()",
+                ResourceWarning,
+                stacklevel=1,
+            )
 
 
 def check_open(state: FeedState, what: str) -> None:

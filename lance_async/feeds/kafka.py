@@ -78,7 +78,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from ._common import FeedState, call_maybe_async, check_open
+from ._common import BrokerFeed, FeedState, call_maybe_async, check_open
 from .base import Message
 
 __all__ = ["FeedRebalanceListener", "KafkaFeed", "KafkaOffset"]
@@ -162,7 +162,7 @@ class FeedRebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
             await call_maybe_async(self._chained.on_partitions_assigned, assigned)
 
 
-class KafkaFeed:
+class KafkaFeed(BrokerFeed):
     """An aiokafka consumer as a :class:`~lance_async.feeds.Feed`, committing after durability.
 
     Parameters
@@ -237,16 +237,6 @@ class KafkaFeed:
     def rebalance_listener(self) -> FeedRebalanceListener:
         """Pass to ``consumer.subscribe(topics, listener=feed.rebalance_listener)``."""
         return self._listener
-
-    @property
-    def state(self) -> FeedState:
-        """Where the feed is in its life cycle."""
-        return self._state
-
-    @property
-    def exhausted(self) -> bool:
-        """Always False: a topic has no end."""
-        return False
 
     @property
     def committed(self) -> dict[TopicPartition, int]:
@@ -455,9 +445,3 @@ class KafkaFeed:
                 self._state = FeedState.CLOSED
                 if self._stop_consumer:
                     await self._consumer.stop()
-
-    async def __aenter__(self) -> KafkaFeed:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,7 +48,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
-from ._common import FeedState, check_open, require_asyncio
+from ._common import BrokerFeed, FeedState, check_open, require_asyncio
 from .base import Message
 
 __all__ = ["JetStreamFeed"]
@@ -60,7 +59,7 @@ log = logging.getLogger("lance_async")
 MIN_FETCH_TIMEOUT = 0.01
 
 
-class JetStreamFeed:
+class JetStreamFeed(BrokerFeed):
     """A NATS JetStream durable pull consumer as a :class:`~lance_async.feeds.Feed`.
 
     Create it with :meth:`connect` (which owns its connection) or
@@ -290,25 +289,7 @@ class JetStreamFeed:
             f"state={self._state.value}>"
         )
 
-    def __del__(self) -> None:
-        if getattr(self, "_state", None) is FeedState.OPEN and getattr(self, "_owns_client", False):
-            warnings.warn(
-                f"{self!r} was never closed; use `async with` or await aclose()",
-                ResourceWarning,
-                stacklevel=1,
-            )
-
     # -- the Feed protocol --------------------------------------------------------
-    @property
-    def state(self) -> FeedState:
-        """Where the feed is in its life cycle."""
-        return self._state
-
-    @property
-    def exhausted(self) -> bool:
-        """Always False: a JetStream stream has no end."""
-        return False
-
     def _message(self, msg: Msg) -> Message:
         sequence = msg.metadata.sequence.stream
 
@@ -390,9 +371,3 @@ class JetStreamFeed:
                     log.debug("%r: closing: %r", self, exc)
             if self._owns_client:
                 await self._client.close()
-
-    async def __aenter__(self) -> JetStreamFeed:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()

@@ -54,7 +54,6 @@ import json
 import logging
 import time
 import uuid
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,7 +61,7 @@ import anyio
 import redis.asyncio
 import redis.exceptions
 
-from ._common import FeedState, check_open, require_asyncio
+from ._common import BrokerFeed, FeedState, check_open, require_asyncio
 from .base import Message
 
 __all__ = ["RedisStreamFeed"]
@@ -84,7 +83,7 @@ def _bytes(value: bytes | str) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
-class RedisStreamFeed:
+class RedisStreamFeed(BrokerFeed):
     """One consumer of a Redis Streams consumer group, as a :class:`~lance_async.feeds.Feed`.
 
     Create it with :meth:`connect` (owning its client) or directly on a
@@ -254,25 +253,7 @@ class RedisStreamFeed:
             f"consumer={self.consumer!r} state={self._state.value}>"
         )
 
-    def __del__(self) -> None:
-        if getattr(self, "_state", None) is FeedState.OPEN and getattr(self, "_owns_client", False):
-            warnings.warn(
-                f"{self!r} was never closed; use `async with` or await aclose()",
-                ResourceWarning,
-                stacklevel=1,
-            )
-
     # -- the Feed protocol --------------------------------------------------------
-    @property
-    def state(self) -> FeedState:
-        """Where the feed is in its life cycle."""
-        return self._state
-
-    @property
-    def exhausted(self) -> bool:
-        """Always False: a stream has no end."""
-        return False
-
     @property
     def in_flight(self) -> int:
         """Entries handed out and not yet acknowledged."""
@@ -427,9 +408,3 @@ class RedisStreamFeed:
         if self._owns_client:
             with anyio.CancelScope(shield=True):
                 await self._client.aclose()
-
-    async def __aenter__(self) -> RedisStreamFeed:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
