@@ -46,6 +46,26 @@ def expected_rows(ids: range | list[int]) -> list[dict[str, Any]]:
     return [{"id": i, "value": 10 * i, "name": f"n{i}"} for i in ids]
 
 
+class Recording:
+    """Passes a feed through, keeping the offsets of every message it handed out."""
+
+    def __init__(self, feed: Any) -> None:
+        self.feed = feed
+        self.offsets: list[Any] = []
+
+    @property
+    def exhausted(self) -> bool:
+        return bool(self.feed.exhausted)
+
+    async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
+        out: list[Message] = await self.feed.fetch(max_messages, timeout)
+        self.offsets.extend(m.offset for m in out)
+        return out
+
+    async def aclose(self) -> None:
+        await self.feed.aclose()
+
+
 class Crashed(Exception):
     """Marks the simulated crash."""
 

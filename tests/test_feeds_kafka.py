@@ -24,10 +24,11 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
 import lance_async as la
-from lance_async.feeds import Feed, FeedState, KafkaFeed, KafkaOffset, Message, ingest
+from lance_async.feeds import Feed, FeedState, KafkaFeed, KafkaOffset, ingest
 
 from .feed_support import (
     CrashBeforeAck,
+    Recording,
     expected_rows,
     lsm_rows,
     mem_wal_table,
@@ -162,24 +163,6 @@ def offsets_per_partition(log: list[tuple[TopicPartition, int]]) -> dict[TopicPa
     for tp, offset in log:
         out.setdefault(tp, []).append(offset)
     return out
-
-
-class Recording:
-    def __init__(self, feed: Any) -> None:
-        self.feed = feed
-        self.offsets: list[Any] = []
-
-    @property
-    def exhausted(self) -> bool:
-        return bool(self.feed.exhausted)
-
-    async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
-        out: list[Message] = await self.feed.fetch(max_messages, timeout)
-        self.offsets.extend(m.offset for m in out)
-        return out
-
-    async def aclose(self) -> None:
-        await self.feed.aclose()
 
 
 async def test_ingest_commits_each_partition_only_after_its_rows_are_written(

@@ -20,6 +20,7 @@ from lance_async.feeds import Feed, FeedState, JetStreamFeed, Message, ingest
 from .conftest import broker_or_skip
 from .feed_support import (
     CrashBeforeAck,
+    Recording,
     expected_rows,
     lsm_rows,
     mem_wal_table,
@@ -62,26 +63,6 @@ async def stream() -> AsyncIterator[Stream]:
     finally:
         await js.delete_stream(name)
         await nc.close()
-
-
-class Recording:
-    """Passes a feed through, keeping the offsets of every message it handed out."""
-
-    def __init__(self, feed: Any) -> None:
-        self.feed = feed
-        self.offsets: list[Any] = []
-
-    @property
-    def exhausted(self) -> bool:
-        return bool(self.feed.exhausted)
-
-    async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
-        out: list[Message] = await self.feed.fetch(max_messages, timeout)
-        self.offsets.extend(m.offset for m in out)
-        return out
-
-    async def aclose(self) -> None:
-        await self.feed.aclose()
 
 
 async def test_ingest_acks_each_message_after_its_rows_are_written(

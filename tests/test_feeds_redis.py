@@ -20,6 +20,7 @@ from lance_async.feeds import Feed, FeedState, Message, RedisStreamFeed, ingest
 from .conftest import broker_or_skip
 from .feed_support import (
     CrashBeforeAck,
+    Recording,
     expected_rows,
     lsm_rows,
     mem_wal_table,
@@ -66,26 +67,6 @@ async def stream() -> AsyncIterator[Stream]:
     finally:
         await client.delete(key)
         await client.aclose()
-
-
-class Recording:
-    """Passes a feed through, keeping the offsets of every message it handed out."""
-
-    def __init__(self, feed: Any) -> None:
-        self.feed = feed
-        self.offsets: list[Any] = []
-
-    @property
-    def exhausted(self) -> bool:
-        return bool(self.feed.exhausted)
-
-    async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
-        out: list[Message] = await self.feed.fetch(max_messages, timeout)
-        self.offsets.extend(m.offset for m in out)
-        return out
-
-    async def aclose(self) -> None:
-        await self.feed.aclose()
 
 
 async def crash_after(
