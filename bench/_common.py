@@ -28,6 +28,8 @@ MIB = float(1 << 20)
 
 #: The configuration every ratio is taken against.
 LANCE_ASYNC = "lance_async"
+PK = {"lance-schema:unenforced-primary-key": "true"}
+"""Field metadata marking a primary-key column (Lance's unenforced primary key)."""
 
 
 # ---------------------------------------------------------------------------

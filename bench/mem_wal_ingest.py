@@ -46,6 +46,7 @@ import pyarrow as pa
 
 from ._common import (
     LANCE_ASYNC,
+    PK,
     LatencyHistogram,
     Meter,
     Metric,
@@ -64,7 +65,6 @@ from ._common import (
     with_ticker,
 )
 
-PK = {"lance-schema:unenforced-primary-key": "true"}
 SCHEMA = pa.schema(
     [
         pa.field("id", pa.int64(), nullable=False, metadata=PK),

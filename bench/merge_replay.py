@@ -48,6 +48,7 @@ import pyarrow as pa
 from ._common import (
     LANCE_ASYNC,
     MIB,
+    PK,
     Meter,
     Metric,
     Section,
@@ -67,7 +68,6 @@ from ._common import (
     with_ticker,
 )
 
-PK = {"lance-schema:unenforced-primary-key": "true"}
 DIM = 32
 SCHEMA = pa.schema(
     [

@@ -77,6 +77,21 @@ def _pyplot() -> Any:
     return plt
 
 
+def _by_config(configs: set[str]) -> list[str]:
+    """lance_async first, then the alternatives by name (legend and bar order)."""
+    return sorted(configs, key=lambda c: (c != LANCE_ASYNC, c))
+
+
+def _save(plt: Any, fig: Any, ax: Any, out: Path, name: str, grid_axis: str = "both") -> str:
+    """Grid, legend, layout; write ``out/name`` at 110 dpi and close the figure."""
+    ax.grid(True, axis=grid_axis, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
 def chart_ingest_sweep(shared: dict[str, Any], out: Path) -> str | None:
     """rows/s against rows per message, log-log; the 10k pre-batched floor as a line."""
     sweep: list[Series] = shared.get("ingest_sweep", [])
@@ -84,7 +99,7 @@ def chart_ingest_sweep(shared: dict[str, Any], out: Path) -> str | None:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    configs = sorted({s.config for s in sweep}, key=lambda c: (c != LANCE_ASYNC, c))
+    configs = _by_config({s.config for s in sweep})
     for config in configs:
         points = sorted(
             (int(s.case.split()[0]), s.median("rows_per_s")) for s in sweep if s.config == config
@@ -101,13 +116,7 @@ def chart_ingest_sweep(shared: dict[str, Any], out: Path) -> str | None:
     ax.set_xlabel("rows per message")
     ax.set_ylabel("rows/s acknowledged durable (median)")
     ax.set_title("MemWAL ingestion: throughput against message size")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    name = "ingest_throughput_vs_message_size.png"
-    fig.savefig(out / name, dpi=110)
-    plt.close(fig)
-    return name
+    return _save(plt, fig, ax, out, "ingest_throughput_vs_message_size.png")
 
 
 def chart_scan_sweep(shared: dict[str, Any], out: Path) -> str | None:
@@ -117,7 +126,7 @@ def chart_scan_sweep(shared: dict[str, Any], out: Path) -> str | None:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for config in sorted({s.config for s in sweep}, key=lambda c: (c != LANCE_ASYNC, c)):
+    for config in _by_config({s.config for s in sweep}):
         points = sorted(
             (int(s.case.split()[-1]), s.median("rows_per_s")) for s in sweep if s.config == config
         )
@@ -127,13 +136,7 @@ def chart_scan_sweep(shared: dict[str, Any], out: Path) -> str | None:
     ax.set_xlabel("scan batch_size (rows)")
     ax.set_ylabel("million rows/s (median)")
     ax.set_title("Full scan: throughput against batch size")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    name = "scan_throughput_vs_batch_size.png"
-    fig.savefig(out / name, dpi=110)
-    plt.close(fig)
-    return name
+    return _save(plt, fig, ax, out, "scan_throughput_vs_batch_size.png")
 
 
 def chart_ack_histogram(shared: dict[str, Any], out: Path, limit_ms: float) -> str | None:
@@ -170,13 +173,7 @@ def chart_ack_histogram(shared: dict[str, Any], out: Path, limit_ms: float) -> s
     ax.set_xlabel("ack latency (ms): send() to durable ack")
     ax.set_ylabel("messages")
     ax.set_title(f"lance_async ack latency, 10-row messages ({total:,} acks, {len(hists)} runs)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    name = "ack_latency_distribution.png"
-    fig.savefig(out / name, dpi=110)
-    plt.close(fig)
-    return name
+    return _save(plt, fig, ax, out, "ack_latency_distribution.png")
 
 
 def chart_lag(section: Section, out: Path) -> str | None:
@@ -190,7 +187,7 @@ def chart_lag(section: Section, out: Path) -> str | None:
         w = s.case.split(":")[0]
         if w not in workloads:
             workloads.append(w)
-    configs = sorted({s.config for s in series}, key=lambda c: (c != LANCE_ASYNC, c))
+    configs = _by_config({s.config for s in series})
     fig, ax = plt.subplots(figsize=(8.5, 4.8))
     width = 0.8 / max(1, len(configs))
     for i, config in enumerate(configs):
@@ -205,13 +202,7 @@ def chart_lag(section: Section, out: Path) -> str | None:
     ax.set_yscale("log")
     ax.set_ylabel("p99 lag of a 1 ms ticker (ms, median of runs)")
     ax.set_title("Event-loop lag during each workload")
-    ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    name = "loop_lag_p99.png"
-    fig.savefig(out / name, dpi=110)
-    plt.close(fig)
-    return name
+    return _save(plt, fig, ax, out, "loop_lag_p99.png", grid_axis="y")
 
 
 # ---------------------------------------------------------------------------

@@ -57,6 +57,7 @@ import pyarrow as pa
 
 from ._common import (
     LANCE_ASYNC,
+    PK,
     Metric,
     Section,
     Series,
@@ -74,7 +75,6 @@ from ._common import (
     with_ticker,
 )
 
-PK = {"lance-schema:unenforced-primary-key": "true"}
 SCAN_SCHEMA = pa.schema(
     [
         pa.field("id", pa.int64(), nullable=False, metadata=PK),

@@ -23,12 +23,11 @@ import pytest
 
 import lance_async as la
 
-from .helpers import Ticker, rows_by_key
+from .helpers import PK, Ticker, rows_by_key
 
 pytestmark = pytest.mark.anyio
 
 DIM = 8
-PK = {"lance-schema:unenforced-primary-key": "true"}
 SCHEMA = pa.schema(
     [
         pa.field("id", pa.int64(), nullable=False, metadata=PK),
