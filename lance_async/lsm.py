@@ -261,7 +261,7 @@ def scanner_stream(
 
         return opener
 
-    return AsyncBatchStream(None, prepare=prepare)
+    return AsyncBatchStream(None, schema=schema, prepare=prepare)
 
 
 def lsm_scan(
@@ -444,6 +444,29 @@ def exact_knn(table: pa.Table, column: str, query: Any, k: int, metric: str = "l
     return picked.append_column("_distance", pa.array(dist[order], type=pa.float32()))
 
 
+def exact_knn_scan(
+    scanner: Any,
+    column: str,
+    query: Any,
+    k: int,
+    metric: str = "l2",
+    *,
+    filter: str | None = None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """Exact k nearest rows of an engine ``LsmScanner`` (blocking).
+
+    Reads only ``columns`` plus the vector column when ``columns`` is given
+    (every column otherwise); the result has ``columns`` (or all) and
+    ``_distance``.
+    """
+    sc = scanner.filter(filter) if filter else scanner
+    if columns is not None:
+        sc = sc.project(list(dict.fromkeys([*columns, column])))
+    result = exact_knn(sc.to_table(), column, query, k, metric)
+    return result.select([*columns, "_distance"]) if columns is not None else result
+
+
 def _has_vector_index(ds: Any, column: str, *, complete: bool = False) -> bool:
     """True when ``column`` has a vector index (covering every row if ``complete``)."""
     try:
@@ -531,10 +554,7 @@ async def lsm_vector_search(
             )
             return plan.to_table()
         sc = LsmScanner.from_snapshots(ds, raw)
-        if filter:
-            sc = sc.filter(filter)
-        result = exact_knn(sc.to_table(), column, q, k, metric)
-        return result.select([*cols, "_distance"]) if cols is not None else result
+        return exact_knn_scan(sc, column, q, k, metric, filter=filter, columns=cols)
 
     table: pa.Table = await _with_snapshots(dataset, snaps, work)
     return table

@@ -53,6 +53,7 @@ import warnings
 from collections import deque
 from collections.abc import AsyncIterable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -972,10 +973,10 @@ class AsyncShardWriter:
 
     def lsm_scan(
         self,
+        snapshots: ShardSnapshots | None = None,
         columns: Sequence[str] | None = None,
         filter: str | None = None,
         limit: int | None = None,
-        snapshots: ShardSnapshots | None = None,
     ) -> AsyncBatchStream:
         """Scan base table, flushed SSTables and this writer's memtable.
 
@@ -1022,28 +1023,43 @@ class AsyncShardWriter:
         *,
         column: str,
         k: int = 10,
+        nprobes: int = 20,
         filter: str | None = None,
-        metric: str = "l2",
         snapshots: ShardSnapshots | None = None,
+        columns: Sequence[str] | None = None,
+        metric: str = "l2",
     ) -> pa.Table:
         """Exact k-nearest search over every level, this writer's memtable included.
 
-        pylance 14 gives no vector planner over a live memtable, so this scans
-        the LSM view (projected to the needed columns) on a worker thread and
-        ranks exactly. For large tables prefer :meth:`AsyncDataset.lsm_vector_search`
-        (indexed, flushed levels only).
+        The parameters of :meth:`AsyncDataset.lsm_vector_search`. pylance 14
+        gives no vector planner over a live memtable, so this scans the LSM
+        view on a worker thread (only ``columns`` and ``column`` when
+        ``columns`` is given) and ranks exactly; ``nprobes`` is accepted for
+        the same call shape and has no effect. For large tables prefer
+        :meth:`AsyncDataset.lsm_vector_search` (indexed, flushed levels only).
 
         Returns
         -------
         pa.Table
-            At most ``k`` rows, newest version per key, with ``_distance``.
+            At most ``k`` rows, newest version per key, with ``_distance``
+            (``columns`` and ``_distance`` when ``columns`` is given).
+
+        Raises
+        ------
+        InvalidInputError
+            ``k`` < 1 or a bad metric or query.
+        SchemaMismatchError
+            ``column`` is not in the table.
+        ClosedError
+            The writer is not open.
         """
-        from .lsm import exact_knn
+        from .lsm import exact_knn_scan
 
+        if k < 1:
+            raise InvalidInputError("k must be >= 1")
         scanner = await self._scanner(snapshots)
-
-        def work() -> pa.Table:
-            sc = scanner.filter(filter) if filter else scanner
-            return exact_knn(sc.to_table(), column, query, k, metric)
-
-        return await run_sync(work)
+        return await run_sync(
+            partial(
+                exact_knn_scan, scanner, column, query, k, metric, filter=filter, columns=columns
+            )
+        )
