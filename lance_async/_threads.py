@@ -4,16 +4,21 @@ Every blocking pylance or pyarrow call lance_async makes goes through
 :func:`run_sync`, on anyio's worker threads, gated by a
 :class:`anyio.CapacityLimiter` that the library owns (one per event loop,
 kept in an :class:`anyio.lowlevel.RunVar`, as anyio does for its own default
-limiter). There are two limiters so that one kind of work can never starve or
-deadlock the other:
+limiter). There are three limiters so that one kind of work can never starve
+or deadlock another:
 
 ``engine``
     engine calls: merge_insert attempts, writes, MemWAL puts, planners. An
     engine call may drain a bridged async source whose producer needs a
-    ``stream`` thread; the two pools never wait on each other.
+    ``stream`` thread; the pools never wait on each other.
 ``stream``
-    the prefetch threads of :class:`~lance_async.AsyncBatchStream` and file
-    parsing.
+    short calls on the way of a stream: parsing a chunk of a file or a
+    request body, encoding a batch of a response, opening a reader.
+``reader``
+    the prefetch threads of :class:`~lance_async.AsyncBatchStream`, each held
+    for the whole life of an open stream. Kept apart from ``stream`` so that
+    open streams can never take every slot the per-batch work of their own
+    consumers needs (a response encoding each batch of a scan).
 
 Cancellation rule
 -----------------
@@ -38,7 +43,14 @@ import anyio
 import anyio.to_thread
 from anyio.lowlevel import RunVar
 
-__all__ = ["ThreadLimits", "configure_threads", "engine_limiter", "run_sync", "stream_limiter"]
+__all__ = [
+    "ThreadLimits",
+    "configure_threads",
+    "engine_limiter",
+    "reader_limiter",
+    "run_sync",
+    "stream_limiter",
+]
 
 T = TypeVar("T")
 log = logging.getLogger("lance_async")
@@ -53,20 +65,28 @@ class ThreadLimits:
     engine : int
         Threads for engine calls (merges, writes, MemWAL puts, lookups).
     stream : int
-        Threads for stream prefetch and file parsing.
+        Threads for short parse and encode calls (file chunks, request
+        bodies, response batches).
+    reader : int
+        Open :class:`~lance_async.AsyncBatchStream` prefetch threads; one
+        more open stream waits for a free one on its first ``__anext__``.
     """
 
     engine: int = 16
     stream: int = 16
+    reader: int = 16
 
 
 _limits = ThreadLimits()
 _engine: RunVar[anyio.CapacityLimiter] = RunVar("lance_async.engine_limiter")
 _stream: RunVar[anyio.CapacityLimiter] = RunVar("lance_async.stream_limiter")
+_reader: RunVar[anyio.CapacityLimiter] = RunVar("lance_async.reader_limiter")
 _lock = threading.Lock()
 
 
-def configure_threads(*, engine: int | None = None, stream: int | None = None) -> ThreadLimits:
+def configure_threads(
+    *, engine: int | None = None, stream: int | None = None, reader: int | None = None
+) -> ThreadLimits:
     """Set how many worker threads lance_async may use, per event loop.
 
     Parameters
@@ -74,7 +94,10 @@ def configure_threads(*, engine: int | None = None, stream: int | None = None) -
     engine : int, optional
         Maximum concurrent engine calls (default 16). Must be >= 1.
     stream : int, optional
-        Maximum concurrent stream prefetch / parse threads (default 16).
+        Maximum concurrent parse / encode calls (default 16).
+    reader : int, optional
+        Maximum open :class:`~lance_async.AsyncBatchStream` prefetch threads
+        (default 16).
 
     Returns
     -------
@@ -92,42 +115,50 @@ def configure_threads(*, engine: int | None = None, stream: int | None = None) -
     called inside a running loop, to that loop's limiters at once (like
     setting ``CapacityLimiter.total_tokens``).
     """
-    for name, value in (("engine", engine), ("stream", stream)):
+    wanted = {"engine": engine, "stream": stream, "reader": reader}
+    for name, value in wanted.items():
         if value is not None and value < 1:
             raise ValueError(f"{name} threads must be >= 1, got {value}")
     with _lock:
-        if engine is not None:
-            _limits.engine = engine
-        if stream is not None:
-            _limits.stream = stream
+        for name, value in wanted.items():
+            if value is not None:
+                setattr(_limits, name, value)
+    for name, value in wanted.items():
+        if value is None:
+            continue
+        try:
+            _VARS[name].get().total_tokens = value
+        except (LookupError, RuntimeError):
+            pass  # no limiter yet in this loop, or no loop running
+    return ThreadLimits(_limits.engine, _limits.stream, _limits.reader)
+
+
+_VARS = {"engine": _engine, "stream": _stream, "reader": _reader}
+
+
+def _limiter(name: str) -> anyio.CapacityLimiter:
+    var = _VARS[name]
     try:
-        if engine is not None:
-            _engine.get().total_tokens = engine
-        if stream is not None:
-            _stream.get().total_tokens = stream
-    except (LookupError, RuntimeError):
-        pass  # no limiter yet in this loop, or no loop running
-    return ThreadLimits(_limits.engine, _limits.stream)
+        return var.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(getattr(_limits, name))
+        var.set(limiter)
+        return limiter
 
 
 def engine_limiter() -> anyio.CapacityLimiter:
     """The running event loop's limiter for engine calls (created on first use)."""
-    try:
-        return _engine.get()
-    except LookupError:
-        limiter = anyio.CapacityLimiter(_limits.engine)
-        _engine.set(limiter)
-        return limiter
+    return _limiter("engine")
 
 
 def stream_limiter() -> anyio.CapacityLimiter:
-    """The running event loop's limiter for stream prefetch threads."""
-    try:
-        return _stream.get()
-    except LookupError:
-        limiter = anyio.CapacityLimiter(_limits.stream)
-        _stream.set(limiter)
-        return limiter
+    """The running event loop's limiter for short parse and encode calls."""
+    return _limiter("stream")
+
+
+def reader_limiter() -> anyio.CapacityLimiter:
+    """The running event loop's limiter for open streams' prefetch threads."""
+    return _limiter("reader")
 
 
 async def run_sync(

@@ -206,8 +206,9 @@ class AsyncDataset:
         -------
         AsyncBatchStream
             Reads this object's current version. Nothing happens until the
-            first ``__anext__``; ``break`` or ``aclose()`` stops the scan and
-            closes the reader promptly.
+            first ``__anext__``. Leaving ``async with`` or ``aclose()`` stops
+            the scan and closes the reader promptly; so does ``break`` when
+            nothing else holds the stream (see :class:`AsyncBatchStream`).
         """
         ds = self._ds
         if isinstance(columns, (list, tuple)):

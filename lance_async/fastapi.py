@@ -425,7 +425,7 @@ def lance_lifespan(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if threads is not None:
-            configure_threads(engine=threads.engine, stream=threads.stream)
+            configure_threads(engine=threads.engine, stream=threads.stream, reader=threads.reader)
         async with registry:
             setattr(app.state, REGISTRY_STATE_KEY, registry)
             yield

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from ._loop import LoopHandle, unwrap_groups
 from ._schema import conform_batch
-from ._threads import stream_limiter
+from ._threads import reader_limiter
 from .errors import ClosedError, LanceAsyncError, SourceError
 
 __all__ = [
@@ -200,13 +200,17 @@ class AsyncBatchStream:
 
     Notes
     -----
-    * The thread counts against the library's ``stream`` limiter
-      (:func:`lance_async.configure_threads`): when the limit is reached the
-      first ``__anext__`` waits for a free slot.
-    * ``break`` out of ``async for``, :meth:`aclose`, or leaving
-      ``async with`` stops the thread after at most the batch it is reading
-      and closes the reader. :meth:`aclose` waits for that (up to
-      ``CLOSE_TIMEOUT`` seconds).
+    * The thread counts against the library's ``reader`` limiter
+      (:func:`lance_async.configure_threads`) for as long as the stream is
+      open: when the limit is reached the first ``__anext__`` waits for a
+      free slot.
+    * Leaving ``async with`` or :meth:`aclose` stops the thread after at
+      most the batch it is reading and closes the reader; :meth:`aclose`
+      waits for that (up to ``CLOSE_TIMEOUT`` seconds). A stream nobody
+      holds any more (``async for b in ds.scan(): break``) is stopped the
+      same way when it is collected, at once on CPython. A stream you still
+      hold after a ``break`` keeps its thread parked at the prefetch bound
+      (it reads no further) until you close it.
     * Bound to the event loop of its first use; another loop raises
       :class:`~lance_async.errors.WrongEventLoopError`.
     * Errors raised by the reader are raised by ``__anext__`` unchanged.
@@ -302,7 +306,7 @@ class AsyncBatchStream:
         if self._opener is None:
             assert self._prepare is not None
             self._opener = await self._prepare()
-        limiter = stream_limiter()
+        limiter = reader_limiter()
         holder = object()
         await limiter.acquire_on_behalf_of(holder)
         try:

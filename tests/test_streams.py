@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 import lance_async as la
+from lance_async._threads import stream_limiter
 
 from .helpers import Ticker
 
@@ -249,6 +250,33 @@ async def test_no_deadlock_when_the_consumer_is_the_only_worker_thread() -> None
         assert table.num_rows == 20
     finally:
         la.configure_threads(engine=16, stream=16)
+
+
+async def test_open_streams_never_take_the_threads_their_consumers_need() -> None:
+    # One parse/encode thread and one reader thread: the open stream holds the
+    # reader slot for its life, while its consumer encodes each batch on the
+    # stream limiter (what a scan response does).
+    la.configure_threads(stream=1, reader=1)
+    try:
+        encoded = 0
+        with anyio.fail_after(10):
+            async with la.iterate_reader(lambda: iter([batch(i) for i in range(8)])) as stream:
+                async for b in stream:
+                    await la._threads.run_sync(b.to_pylist, limiter=stream_limiter())
+                    encoded += 1
+        assert encoded == 8
+        # a second open stream waits for the reader slot, and gets it on close
+        first = la.iterate_reader(lambda: iter([batch(i) for i in range(8)]))
+        second = la.iterate_reader(lambda: iter([batch(i) for i in range(8)]))
+        await first.__anext__()
+        with anyio.move_on_after(0.3) as waited:
+            await second.__anext__()
+        assert waited.cancelled_caught
+        await first.aclose()
+        with anyio.fail_after(10):
+            assert (await second.to_table()).num_rows == 8
+    finally:
+        la.configure_threads(stream=16, reader=16)
 
 
 async def test_cancelled_producer_never_looks_like_a_clean_end() -> None:
