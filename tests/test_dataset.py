@@ -146,7 +146,6 @@ async def test_write_dataset_modes_and_bad_mode(table_uri: str) -> None:
         await la.write_dataset(kv_table(range(3)), table_uri, mode="upsert")
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_loop_stays_free_during_a_1m_row_scan(tmp_path: Path) -> None:
     uri = str(tmp_path / "big.lance")
     lance.write_dataset(wide_table(1_000_000), uri)

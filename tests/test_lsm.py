@@ -68,11 +68,13 @@ class Model:
         for i in ids:
             self.rows.pop(i, None)
 
-    def knn(self, query: list[float], k: int) -> list[int]:
+    def knn(self, query: list[float], k: int, keep: Any = None) -> list[int]:
+        """Ids of the ``k`` nearest rows (only ids ``keep(id)`` accepts, if given)."""
         q = np.array(query, dtype=np.float32)
         dist = sorted(
             (float(((np.array(r["vec"], dtype=np.float32) - q) ** 2).sum()), i)
             for i, r in self.rows.items()
+            if keep is None or keep(i)
         )
         return [i for _, i in dist[:k]]
 
@@ -122,13 +124,37 @@ async def test_reads_through_every_stage_of_the_lsm(table_uri: str) -> None:
     shard_a, shard_b = str(uuid.uuid4()), str(uuid.uuid4())
     opts: dict[str, Any] = {"max_memtable_rows": 64, "max_put_rows": 64, "durable_write": False}
     async with ds.mem_wal_writer(shard_a, **opts) as a, ds.mem_wal_writer(shard_b, **opts) as b:
-        # before any flush: each writer sees base + its own memtable
-        first_a = rows(range(0, 20, 2), 1)
+        # before any flush: each writer sees base + its own memtable (and
+        # not the other shard's memtable)
+        first_a, first_b = rows(range(0, 20, 2), 1), rows(range(1, 20, 2), 1)
+        base_only = Model()
+        base_only.rows = dict(model.rows)
         await a.put(first_a)
+        await b.put(first_b)
+        seen_by_a, seen_by_b = Model(), Model()
+        seen_by_a.rows, seen_by_b.rows = dict(base_only.rows), dict(base_only.rows)
+        seen_by_a.put(first_a)
+        seen_by_b.put(first_b)
         model.put(first_a)
-        got = plain(await a.lsm_scan().to_table())
-        assert got == model_plain(model.subset(set(range(200))))
+        model.put(first_b)
+        stream = a.lsm_scan(columns=["value", "id"])
+        assert stream.schema.names == ["value", "id"]  # known before it opens
+        assert plain(await stream.to_table()) == {
+            i: {"value": r["value"], "id": i} for i, r in seen_by_a.rows.items()
+        }
+        assert plain(await b.lsm_scan().to_table()) == model_plain(seen_by_b.rows)
         assert plain(await a.lsm_point_lookup(2)) == model_plain(model.subset([2]))
+        assert plain(await b.lsm_point_lookup(3)) == model_plain(model.subset([3]))
+        assert plain(await a.lsm_point_lookup(3)) == model_plain(base_only.subset([3]))
+        query = vec_for(2, 1)
+        near = await a.lsm_vector_search(
+            query, column="vec", k=4, nprobes=5, columns=["id", "value"]
+        )
+        assert near.column_names == ["id", "value", "_distance"]
+        assert near.column("id").to_pylist() == seen_by_a.knn(query, 4)
+        assert near.column("value").to_pylist() == [
+            seen_by_a.rows[i]["value"] for i in seen_by_a.knn(query, 4)
+        ]
         # more writes: memtables seal and flush while the writers are open
         for v in range(2, 6):
             upd_a = rows(range(0, 120, 2), v)
@@ -153,11 +179,18 @@ async def test_reads_through_every_stage_of_the_lsm(table_uri: str) -> None:
         for key, writer in ((2, a), (51, b), (203, b), (238, a)):
             got = await writer.lsm_point_lookup(key, snapshots=snaps)
             assert plain(got) == model_plain(model.subset([key])), key
-        query = vec_for(100, 5)
-        top = await a.lsm_vector_search(query, column="vec", k=5, snapshots=snaps)
-        own = {i: r for i, r in model.rows.items() if i % 2 == 0 or i < 200}
-        assert top.column("id").to_pylist()[0] == 100
-        assert set(top.column("id").to_pylist()) <= set(own)
+        # each writer's own keys (even ids for a, odd for b) are exact in its
+        # view: its memtable, both shards' flushed generations and the base
+        for writer, parity in ((a, 0), (b, 1)):
+            own = plain(await writer.lsm_scan(filter=f"id % 2 = {parity}").to_table())
+            assert own == model_plain({i: r for i, r in model.rows.items() if i % 2 == parity})
+            query = vec_for(100 + parity, 5)
+            top = await writer.lsm_vector_search(
+                query, column="vec", k=5, filter=f"id % 2 = {parity}"
+            )
+            expected = model.knn(query, 5, keep=lambda i, p=parity: i % 2 == p)
+            assert top.column("id").to_pylist() == expected
+            assert plain(top.drop_columns(["_distance"])) == model_plain(model.subset(expected))
     # after close: both memtables are flushed; dataset-level reads see everything
     await check_dataset_reads(ds, model.rows)
     for q in ([100.53] * DIM, [7.21] * DIM, [230.87] * DIM):
@@ -266,7 +299,6 @@ async def test_snapshots_convert_to_engine_snapshots(table_uri: str) -> None:
     assert scanner.count_rows() == 250
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_loop_stays_free_during_an_lsm_scan(tmp_path: Path) -> None:
     n = 1_000_000
     uri = str(tmp_path / "t.lance")
