@@ -29,6 +29,8 @@ from anyio.abc import TaskGroup
 from lance.mem_wal import evaluate_sharding_spec
 
 from ._loop import aclose_shielded, unwrap_groups
+from ._schema import TableFit, primary_key
+from ._threads import run_sync, stream_limiter
 from .acks import Ack, PutSummary
 from .errors import ClosedError, InvalidInputError
 from .mem_wal import AsyncShardWriter
@@ -37,9 +39,12 @@ from .sources import SourceMode, resolve_source
 if TYPE_CHECKING:
     from .dataset import AsyncDataset
 
-__all__ = ["SHARD_NAMESPACE", "ShardRouter", "default_shard_id"]
+__all__ = ["ROUTE_INLINE_ROWS", "SHARD_NAMESPACE", "ShardRouter", "default_shard_id"]
 
 SHARD_NAMESPACE = uuid.UUID("6c616e63-655f-6173-796e-635f73686172")
+ROUTE_INLINE_ROWS = 8_192
+"""Batches up to this many rows are routed on the loop (microseconds); larger
+ones on a worker thread."""
 
 
 def default_shard_id(spec_id: int, value: Any) -> str:
@@ -86,6 +91,7 @@ class ShardRouter:
         self._open = False
         self._closed = False
         self._open_lock: anyio.Lock | None = None
+        self._fit = TableFit(dataset.schema, primary_key(dataset.schema))
 
     @property
     def writers(self) -> dict[str, AsyncShardWriter]:
@@ -127,6 +133,7 @@ class ShardRouter:
                 await self._tg.__aexit__(None, None, None)
 
     def _route(self, batch: pa.RecordBatch) -> list[tuple[Any, pa.RecordBatch]]:
+        """(shard value, rows) parts of one checked batch (blocking for large ones)."""
         assert self._spec is not None
         if batch.num_rows == 0:
             return []
@@ -160,6 +167,12 @@ class ShardRouter:
     async def send(self, data: Any, *, timeout: float | None = None) -> Ack:
         """Route rows to their shards' writers; wait only for queue room.
 
+        In-memory rows are checked against the table whole before any shard
+        receives a row, so a bad row anywhere queues nothing. A stream is
+        checked and routed batch by batch (batches before a bad one stay
+        queued, as with :meth:`AsyncShardWriter.send`). Routing a batch of
+        more than :data:`ROUTE_INLINE_ROWS` rows runs on a worker thread.
+
         Returns
         -------
         Ack
@@ -167,8 +180,11 @@ class ShardRouter:
 
         Raises
         ------
-        SchemaMismatchError, BackpressureTimeoutError, WriterFailedError
-            As :meth:`AsyncShardWriter.send`.
+        SchemaMismatchError
+            Rows do not fit the table (nothing of an in-memory send is queued).
+        BackpressureTimeoutError, WriterFailedError
+            As :meth:`AsyncShardWriter.send` (parts already handed to other
+            shards stay queued).
         ClosedError
             The router is closed.
         """
@@ -177,22 +193,32 @@ class ShardRouter:
         source = await resolve_source(data)
         acks: list[Ack] = []
         if source.mode is SourceMode.MATERIALIZED:
-            batches: Any = source.batches() or []
-            for batch in batches:
-                await self._send_batch(batch, acks, timeout)
+            checked = [self._fit.check(b, i) for i, b in enumerate(source.batches() or [])]
+            await self._send_parts(await self._route_all(checked), acks, timeout)
         else:
             stream = source.open()
             try:
+                index = 0
                 async for batch in stream:
-                    await self._send_batch(batch, acks, timeout)
+                    checked = [self._fit.check(batch, index)]
+                    await self._send_parts(await self._route_all(checked), acks, timeout)
+                    index += 1
             finally:
                 await aclose_shielded(stream)
         return Ack.combine(acks)
 
-    async def _send_batch(
-        self, batch: pa.RecordBatch, acks: list[Ack], timeout: float | None
+    async def _route_all(self, batches: list[pa.RecordBatch]) -> list[tuple[Any, pa.RecordBatch]]:
+        def work() -> list[tuple[Any, pa.RecordBatch]]:
+            return [part for batch in batches for part in self._route(batch)]
+
+        if sum(b.num_rows for b in batches) <= ROUTE_INLINE_ROWS:
+            return work()
+        return await run_sync(work, limiter=stream_limiter())
+
+    async def _send_parts(
+        self, parts: list[tuple[Any, pa.RecordBatch]], acks: list[Ack], timeout: float | None
     ) -> None:
-        for value, part in self._route(batch):
+        for value, part in parts:
             writer = await self._writer(value)
             acks.append(await writer.send(part, timeout=timeout))
 

@@ -349,6 +349,27 @@ async def test_shard_router_splits_rows_by_bucket(table_uri: str) -> None:
     assert la.router.default_shard_id(1, 3) == la.router.default_shard_id(1, 3)
 
 
+async def test_shard_router_queues_nothing_of_an_in_memory_send_with_a_bad_row(
+    table_uri: str,
+) -> None:
+    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
+    good = kv_table(range(100, 10_100)).to_batches()[0]  # routed on a worker thread
+    bad = kv_table(range(20_000, 20_040)).to_batches()[0]
+    ids = bad.column(0).to_pylist()
+    ids[21] = None
+    bad = pa.record_batch(
+        [pa.array(ids, pa.int64()), bad.column(1), bad.column(2)], schema=KV_SCHEMA
+    )
+    async with ds.shard_router() as router:
+        with pytest.raises(la.SchemaMismatchError, match="batch 1"):
+            await router.send([good, bad])
+        assert all(w.stats().rows == 0 for w in router.writers.values())
+        summary = await router.put(good)  # the router stays usable
+        assert summary.rows == 10_000
+    table = await ds.lsm_scan(columns=["id"], filter="id >= 100").to_table()
+    assert sorted(table.column("id").to_pylist()) == list(range(100, 10_100))
+
+
 async def test_shard_router_needs_a_sharded_table(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     with pytest.raises(la.InvalidInputError, match="sharding"):
