@@ -807,8 +807,11 @@ def coerce_source(obj: Any, *, schema: pa.Schema | None = None) -> WriteSource:
     Notes
     -----
     A :func:`functools.singledispatch` function: add a type with
-    ``@lance_async.coerce_source.register(MyType)``. Does not block (files and
-    datasets are opened later, on worker threads).
+    ``@lance_async.coerce_source.register(MyType)``. Wrapping tables,
+    batches, readers, datasets, files and iterators does not block (files and
+    datasets are opened later, on worker threads); converting Python rows,
+    column dicts or DataFrames, or casting to ``schema=``, is O(rows) and
+    blocks -- lance_async's own entry points do that on a worker thread.
     """
     if _register_optional(obj):
         return coerce_source(obj, schema=schema)
@@ -943,12 +946,33 @@ async def resolve_source(obj: Any, *, schema: pa.Schema | None = None) -> WriteS
     The async twin of :func:`coerce_source`, used by every lance_async entry
     point: an iterator given without ``schema=`` is advanced by one batch (on
     a worker thread for sync iterators) and that batch is kept for the pass.
+    Conversions that touch every row (Python rows, column dicts, DataFrames,
+    casts to ``schema=``) run on a worker thread; tables, batches, readers,
+    datasets and iterators are wrapped on the loop (O(1)).
 
     Returns
     -------
     WriteSource
         With :attr:`WriteSource.schema` available.
     """
-    source = coerce_source(obj, schema=schema)
+    if _converts_rows(obj, schema):
+        source = await run_sync(
+            functools.partial(coerce_source, obj, schema=schema), limiter=stream_limiter()
+        )
+    else:
+        source = coerce_source(obj, schema=schema)
     await source.resolve_schema()
     return source
+
+
+def _converts_rows(obj: Any, schema: pa.Schema | None) -> bool:
+    """Whether coercing ``obj`` converts or casts its rows (O(rows), blocking)."""
+    if isinstance(obj, (pa.Table, pa.RecordBatch)):
+        return schema is not None and not obj.schema.equals(schema, check_metadata=True)
+    if isinstance(obj, (list, tuple)):
+        return bool(obj) and (
+            schema is not None or not isinstance(obj[0], (pa.RecordBatch, pa.Table))
+        )
+    if isinstance(obj, dict):
+        return True
+    return type(obj).__module__.split(".", 1)[0] in ("pandas", "polars")
