@@ -45,12 +45,14 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import pyarrow as pa
+import pyarrow.compute as pc
 from lance.dataset import LanceDataset
 
 from ._threads import run_sync
 from .errors import (
     ConflictError,
     ContentionError,
+    InvalidInputError,
     SchemaMismatchError,
     map_engine_error,
 )
@@ -251,6 +253,9 @@ class AsyncMergeInsertBuilder:
     async def _prepare(self, source: Any, schema: pa.Schema | None) -> WriteSource:
         src = await resolve_source(source, schema=schema)
         self._check_source(src)
+        batches = src.batches() if src.mode is SourceMode.MATERIALIZED else None
+        if batches and sorted(self._on) == sorted(self._dataset.primary_key):
+            await run_sync(lambda: _check_primary_keys(batches, self._on))
         return src
 
     # -- execution -----------------------------------------------------------
@@ -274,7 +279,14 @@ class AsyncMergeInsertBuilder:
         ------
         SchemaMismatchError
             The source's columns do not fit the table (before anything runs),
-            or a batch drifts (nothing committed).
+            or a batch drifts (nothing committed); in-memory rows with a null
+            primary key (when joining on the primary key).
+        InvalidInputError
+            In-memory rows repeat a primary key (when joining on the primary
+            key; checked on a worker thread before anything runs). Streamed
+            and replayable sources are not read twice for this: pylance
+            rejects a repeated key that matches a row, and inserts twice one
+            that does not.
         SourceChangedError
             A replay gave another schema or changed files (nothing committed).
         ContentionError
@@ -470,4 +482,33 @@ class AsyncMergeInsertBuilder:
         base = self._dataset.lance
         return str(
             await run_sync(lambda: self._build(base, 0).explain_plan(schema, verbose=verbose))
+        )
+
+
+def _check_primary_keys(batches: Sequence[pa.RecordBatch], keys: Sequence[str]) -> None:
+    """Primary-key values of in-memory rows: never null, each at most once (blocking).
+
+    Raises
+    ------
+    SchemaMismatchError
+        A key column holds nulls.
+    InvalidInputError
+        A key repeats (pylance would insert it twice when it matches no row,
+        and reject the merge when it does).
+    """
+    table = pa.Table.from_batches(batches).select(list(keys))
+    for name in keys:
+        nulls = table.column(name).null_count
+        if nulls:
+            raise SchemaMismatchError(
+                f"primary-key column {name!r} holds {nulls} null value(s); nothing was written",
+                field=name,
+            )
+    counts = table.group_by(list(keys), use_threads=False).aggregate([([], "count_all")])
+    if counts.num_rows != table.num_rows:
+        repeated = counts.filter(pc.greater(counts["count_all"], 1))
+        example = {k: repeated.column(k)[0].as_py() for k in keys}
+        raise InvalidInputError(
+            f"the source repeats {repeated.num_rows} primary key(s), e.g. {example}; each key "
+            "may appear once in a merge_insert source; nothing was written"
         )

@@ -322,6 +322,34 @@ async def test_bad_source_schema_is_refused_before_anything_runs(table_uri: str)
     assert lance.dataset(table_uri).version == ds.version
 
 
+async def test_null_or_repeated_primary_keys_are_refused_before_anything_runs(
+    table_uri: str,
+) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+    version = ds.version
+    nullable = pa.schema([pa.field(f.name, f.type) for f in KV_SCHEMA])
+    with pytest.raises(la.SchemaMismatchError, match="null") as err:
+        await upsert(ds).execute(
+            pa.table({"id": [900, None], "value": [1, 2], "name": ["a", "b"]}, schema=nullable)
+        )
+    assert err.value.field == "id"
+    # a repeated key that matches no row (pylance would insert it twice) ...
+    with pytest.raises(la.InvalidInputError, match="repeats 1 primary key"):
+        await upsert(ds).execute(kv_table([900, 901, 900]))
+    # ... and one that matches a row, split across batches
+    batches = kv_table([3, 4]).to_batches() + kv_table([3]).to_batches()
+    with pytest.raises(la.InvalidInputError, match="'id': 3"):
+        await upsert(ds).execute(batches)
+    assert lance.dataset(table_uri).version == version
+    # joining on another column is the caller's business: no key checks
+    result = (
+        await ds.merge_insert("name")
+        .when_not_matched_insert_all()
+        .execute(kv_table([900, 901, 900]))
+    )
+    assert result.num_inserted_rows == 3
+
+
 async def test_on_defaults_to_the_primary_key(table_uri: str) -> None:
     ds = await la.write_dataset(BASE, table_uri)
     result = await upsert(ds).execute(kv_table([3], value=5))
