@@ -529,7 +529,10 @@ async def write_dataset(
     Raises
     ------
     SchemaMismatchError
-        A batch does not match the schema (nothing is committed).
+        A batch does not match the schema, or (``mode="append"``) the
+        dataset's schema (nothing is committed).
+    InvalidInputError
+        ``mode="create"`` where a dataset already exists.
     BaseException
         Whatever the source raised, as itself (nothing is committed).
     """

@@ -230,7 +230,9 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     non-nullable holds nulls), "Too many concurrent writers" (retries
     exhausted inside Lance; retryable), "Incompatible transaction" (a
     concurrent overwrite or similar; not retryable), "Dataset at path ... was
-    not found".
+    not found", "Append with different schema" (a
+    :class:`SchemaMismatchError`), "Dataset already exists" (mode="create"
+    over a dataset).
     """
     from lance.commit import CommitConflictError as _LanceConflict
 
@@ -249,6 +251,14 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
         return InvalidInputError(f"the engine rejected the input: {_message(exc)}")
     if text.startswith("Failed to read batches"):
         return InvalidInputError(f"the engine could not read the batches: {_message(exc)}")
+    if text.startswith("Append with different schema"):
+        return SchemaMismatchError(
+            f"the rows do not fit the dataset they are appended to: {_message(exc)}"
+        )
+    if text.startswith("Dataset already exists"):
+        return InvalidInputError(
+            f"{_message(exc)}; write with mode='append' or mode='overwrite', or to another path"
+        )
     if "Too many concurrent writers" in text:
         return ConflictError(f"commit conflict: {_message(exc)}", retryable=True)
     if text.startswith("Incompatible transaction"):

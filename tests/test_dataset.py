@@ -138,8 +138,13 @@ async def test_missing_dataset_is_a_typed_error(tmp_path: Path) -> None:
 
 async def test_write_dataset_modes_and_bad_mode(table_uri: str) -> None:
     await la.write_dataset(kv_table(range(3)), table_uri)
-    with pytest.raises((OSError, ValueError)):
+    with pytest.raises(la.InvalidInputError, match="mode='append'"):
         await la.write_dataset(kv_table(range(3)), table_uri)  # already exists
+    with pytest.raises(la.SchemaMismatchError, match="appended"):
+        await la.write_dataset(pa.table({"id": [1], "other": [2]}), table_uri, mode="append")
+    with pytest.raises(la.SchemaMismatchError, match="appended"):
+        await la.write_dataset(pa.table({"id": ["x"]}), table_uri, mode="append")
+    assert await (await la.open_dataset(table_uri)).count_rows() == 3  # nothing written
     ds = await la.write_dataset(kv_table(range(5)), table_uri, mode="overwrite")
     assert await ds.count_rows() == 5
     with pytest.raises(ValueError, match="mode"):

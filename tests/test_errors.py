@@ -51,6 +51,11 @@ def test_commit_conflict_error_maps_by_type() -> None:
             "Dataset at path tmp/x was not found: Not found: tmp/x/_versions",
             la.DatasetNotFoundError,
         ),
+        (
+            "Append with different schema: fields did not match, missing=[], unexpected=[x]",
+            la.SchemaMismatchError,
+        ),
+        ("Dataset already exists: /tmp/t.lance, /home/runner/x.rs:1:1", la.InvalidInputError),
     ],
 )
 def test_engine_messages_map_to_typed_errors(message: str, expected: type) -> None:
