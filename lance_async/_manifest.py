@@ -23,7 +23,9 @@ Compaction progress
     file of the version in hand (``_versions/``, V2 or V1 naming).
 
 Any file that does not decode as expected raises :class:`ManifestFormatError`
-(never a wrong answer); callers fall back to what the engine can tell.
+(never a wrong answer): the read fails loudly rather than guessing, and the
+error names the file. A shard's newest manifest that is half-written is
+skipped for the one before it (up to three).
 """
 
 from __future__ import annotations

@@ -595,7 +595,9 @@ def _identity(value: Any) -> Any:
     return value
 
 
-def _generation_plan(gen_uri: str, keys: list[str]) -> tuple[pa.Array, pa.Table | None]:
+def _generation_plan(
+    gen_uri: str, keys: list[str], key_schema: pa.Schema
+) -> tuple[pa.Array, pa.Table | None]:
     """Rows of a generation to upsert (indices) and keys to delete.
 
     A generation holds the newest state of each key it saw (the engine
@@ -614,7 +616,7 @@ def _generation_plan(gen_uri: str, keys: list[str]) -> tuple[pa.Array, pa.Table 
     tomb = pc.take(meta[TOMBSTONE], last_rows)
     live = pc.filter(last_rows, pc.invert(tomb))
     dead_rows = pc.filter(last_rows, tomb)
-    deletes = meta.select(keys).take(dead_rows) if len(dead_rows) else None
+    deletes = meta.select(keys).take(dead_rows).cast(key_schema) if len(dead_rows) else None
     return live.combine_chunks() if isinstance(live, pa.ChunkedArray) else live, deletes
 
 
@@ -666,20 +668,19 @@ async def compact_mem_wal(
     if not keys:
         raise InvalidInputError("compacting a MemWAL needs a primary key")
     table_cols = dataset.schema.names
+    key_schema = pa.schema([dataset.schema.field(k) for k in keys])
     snaps = await shard_snapshots(dataset, shard_ids)
     done: dict[str, list[int]] = {}
     upserted = deleted = commits = attempts = 0
     for snap in snaps:
         for gen, path in snap.sstables:
             gen_uri = posixpath.join(dataset.uri, "_mem_wal", snap.shard_id, path)
-            live, deletes = await run_sync(partial(_generation_plan, gen_uri, keys))
+            live, deletes = await run_sync(partial(_generation_plan, gen_uri, keys, key_schema))
             if deletes is not None and deletes.num_rows:
-                key_schema = pa.schema([dataset.schema.field(k) for k in keys])
-                delete_rows = deletes.cast(key_schema)
                 res = await (
                     dataset.merge_insert(keys)
                     .when_matched_delete()
-                    .execute(replayable(partial(_identity, delete_rows), schema=key_schema))
+                    .execute(replayable(partial(_identity, deletes), schema=key_schema))
                 )
                 deleted += res.num_deleted_rows
                 commits += 1
@@ -705,9 +706,16 @@ async def compact_mem_wal(
             commits += 1
             attempts += res.num_attempts
             done.setdefault(snap.shard_id, []).append(gen)
-    if commits and optimize_indices and len(dataset.lance.describe_indices()) > 1:
-        await dataset._mutate(lambda d: d.optimize.optimize_indices())
-        commits += 1
+    if commits and optimize_indices:
+
+        def optimize(d: Any) -> bool:
+            if len(d.describe_indices()) <= 1:  # only the MemWAL's own index
+                return False
+            d.optimize.optimize_indices()
+            return True
+
+        if await dataset._mutate(optimize):
+            commits += 1
     if not commits:
         await anyio.lowlevel.checkpoint()
     return CompactionResult(done, upserted, deleted, commits, attempts, dataset.version)
