@@ -34,6 +34,7 @@ from ._common import (
     Section,
     Settings,
     close_zygotes,
+    code_state,
     log,
     machine_facts,
     set_child_log,
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     set_child_log(out / "runs" / f"children-{stamp}.log")
     started = time.strftime("%Y-%m-%d %H:%M:%S")
+    code = code_state()  # before anything runs: the code the zygotes import
     load_at_start = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     t_start = time.perf_counter()
     command = shlex.join(["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])])
@@ -137,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             sections.append(section)
             log(f"{name}: {section.seconds:.0f} s")
         lag = report.lag_section(shared, use_lancedb, lancedb_note)
+        # the lag runs happen inside the workloads' sections (their times include them)
+        lag.seconds = float(shared.get("lag_seconds", 0.0))
+        lag.seconds_note = " (spent inside the sections above and included in their times)"
         sections.append(lag)
         charts = _charts(shared, sections, lag, out)
     finally:
@@ -146,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t_start
     facts = machine_facts()
     facts["load average (1, 5, 15 min) at start"] = load_at_start
+    facts["lance_async commit"] = code.describe()
     raw = {
         "command": command,
         "started": started,
         "wall_seconds": wall,
         "settings": {"quick": args.quick, "runs": runs, "lancedb": use_lancedb},
         "machine": facts,
+        "code": {"commit": code.commit, "changed": code.changed},
         "sections": {
             s.key: {"series": [x.to_json() for x in s.series], "raw": s.raw} for s in sections
         },
@@ -168,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         started,
         runs,
         "measured" if use_lancedb else lancedb_note,
+        code,
     )
     log(f"wrote {path} ({wall:.0f} s in all)")
     return 0

@@ -165,13 +165,17 @@ def fmt_num(value: float, digits: int = 2) -> str:
 
 
 def fmt_stat(values: Sequence[float], metric: Metric) -> str:
-    """``median [min–max]`` of a metric, scaled for display."""
+    """``median [min–max]`` of a metric, scaled for display.
+
+    A single number when there was one run, or when every run shows the same
+    value at the digits displayed.
+    """
     med, lo, hi = summarize([v * metric.scale for v in values])
     if not math.isfinite(med):
         return "n/a"
-    if len(values) == 1 or lo == hi:
-        return fmt_num(med, metric.digits)
     d = metric.digits
+    if len(values) == 1 or fmt_num(lo, d) == fmt_num(hi, d):
+        return fmt_num(med, d)
     return f"{fmt_num(med, d)} [{fmt_num(lo, d)}–{fmt_num(hi, d)}]"
 
 
@@ -185,6 +189,37 @@ def ratio(a: float, b: float) -> float:
 def fmt_ratio(value: float) -> str:
     """A ratio for a table cell (``0.62x``)."""
     return "n/a" if not math.isfinite(value) else f"{value:.2f}x"
+
+
+def fmt_vs_limit(
+    value: float,
+    limit: float,
+    digits: int = 2,
+    suffix: str = "x",
+    at_most: bool = True,
+    signed: bool = False,
+) -> str:
+    """``value`` printed so that its rounding never crosses ``limit``.
+
+    ``digits`` decimals normally, at least 3 when the value is within 1% of
+    the limit, and more while the printed value would land on the other side
+    of the limit than the value itself (1.1004 against ``≤ 1.10`` prints as
+    ``1.1004x``, never ``1.10x``). ``at_most``: the target is ``value ≤
+    limit`` (else ``value ≥ limit``).
+    """
+    if not (math.isfinite(value) and math.isfinite(limit)):
+        return "n/a"
+
+    def ok(v: float) -> bool:
+        return v <= limit if at_most else v >= limit
+
+    d = digits
+    if limit != 0 and abs(value - limit) <= 0.01 * abs(limit):
+        d = max(d, 3)
+    while d < 8 and ok(round(value, d)) != ok(value):
+        d += 1
+    sign = "+" if signed else ""
+    return f"{value:{sign},.{d}f}{suffix}"
 
 
 # ---------------------------------------------------------------------------
@@ -231,6 +266,7 @@ class Section:
     series: list[Series] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    seconds_note: str = ""
 
 
 def summary_table(
@@ -241,13 +277,16 @@ def summary_table(
     ratio_label: str = "",
     baseline: str = LANCE_ASYNC,
     note: str = "",
+    group: Callable[[Series], str] | None = None,
 ) -> Table:
     """Medians [min–max] per configuration, with a ratio column against ``baseline``.
 
     The ratio is ``median(baseline) / median(config)`` of ``ratio_metric``
-    within the same case, so for a time below 1 means lance_async is faster
-    and for a throughput above 1 means lance_async is faster.
+    within the same case (or the same ``group(series)`` when given), so for
+    a time below 1 means lance_async is faster and for a throughput above 1
+    means lance_async is faster.
     """
+    key = group or (lambda s: s.case)
     header = ["case", "configuration", "runs", *[m.label for m in metrics]]
     if ratio_metric is not None:
         header.append(ratio_label or f"lance_async ÷ config ({ratio_metric.label})")
@@ -256,7 +295,7 @@ def summary_table(
         row = [s.case, s.config, str(len(s.samples))]
         row += [fmt_stat(s.values(m.key), m) for m in metrics]
         if ratio_metric is not None:
-            base = find(series, s.case, baseline)
+            base = next((b for b in series if key(b) == key(s) and b.config == baseline), None)
             value = (
                 ratio(base.median(ratio_metric.key), s.median(ratio_metric.key))
                 if base is not None
@@ -609,13 +648,78 @@ def dir_mib(path: str | Path) -> float:
 # ---------------------------------------------------------------------------
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+        ).stdout
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class CodeState:
+    """The commit the suite ran on and the paths that differed from it.
+
+    Attributes
+    ----------
+    commit : str
+        ``git rev-parse --short HEAD`` ("unknown" outside a checkout).
+    changed : list of str
+        Paths ``git status --porcelain`` listed (modified, staged or
+        untracked), except the suite's own output under bench/results/.
+    """
+
+    commit: str
+    changed: list[str]
+
+    @property
+    def dirty(self) -> bool:
+        """Whether the measured code may differ from ``commit``."""
+        return bool(self.changed)
+
+    def describe(self) -> str:
+        """One line for the report."""
+        if not self.dirty:
+            return f"{self.commit} (working tree clean)"
+        shown = ", ".join(self.changed[:6]) + (", ..." if len(self.changed) > 6 else "")
+        return (
+            f"{self.commit} + uncommitted changes to {len(self.changed)} path(s) "
+            f"({shown}): the code measured is not exactly that commit"
+        )
+
+
+def code_state() -> CodeState:
+    """The repository's HEAD and its uncommitted changes (call before measuring)."""
+    commit = _git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    changed = []
+    for line in _git("status", "--porcelain").splitlines():
+        path = line[3:].strip().strip('"')
+        if path and not path.startswith("bench/results/"):
+            changed.append(path)
+    return CodeState(commit, changed)
+
+
 def machine_facts() -> dict[str, str]:
-    """CPU count, RAM, Python and library versions, and the lance_async commit."""
+    """CPU model and count, RAM, platform, Python and library versions, load."""
     from importlib.metadata import PackageNotFoundError, version
 
     import psutil
 
     facts = {
+        "cpu_model": cpu_model(),
         "cpu_count": str(os.cpu_count()),
         "ram_gib": f"{psutil.virtual_memory().total / (1 << 30):.1f}",
         "platform": platform.platform(),
@@ -626,17 +730,6 @@ def machine_facts() -> dict[str, str]:
             facts[dist] = version(dist)
         except PackageNotFoundError:
             facts[dist] = "not installed"
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    facts["lance_async commit"] = commit or "unknown"
     load = os.getloadavg()
     facts["load average (1, 5, 15 min) at report time"] = ", ".join(f"{x:.2f}" for x in load)
     return facts

@@ -8,6 +8,7 @@ from typing import Any
 
 from ._common import (
     LANCE_ASYNC,
+    CodeState,
     LatencyHistogram,
     Metric,
     Section,
@@ -35,7 +36,10 @@ def lag_section(shared: dict[str, Any], lancedb: bool, lancedb_note: str) -> Sec
     for workload, key in (("scan", "lag_scan"), ("point lookups", "lag_lookup")):
         for config, stats in shared.get(key, {}).items():
             series.append(Series(workload, config, [stats]))
+    ingest_counts = ", ".join(f"{s.config} {s.case}" for s in shared.get("lag_ingest", []))
     notes = [
+        "Ratio column: lance_async's median p99 lag ÷ the configuration's, in the same "
+        "workload (below 1: the loop is less delayed with lance_async).",
         "pylance_in_async_def: the pylance call made directly inside `async def` (the loop "
         "awaits between messages, batches or keys, as a feed or a handler would, but not "
         "during a call). Its lag is the length of the calls: every tick that falls inside "
@@ -43,6 +47,12 @@ def lag_section(shared: dict[str, Any], lancedb: bool, lancedb_note: str) -> Sec
         "Ticks are counted from the operation's start to its end; a blocked loop yields few "
         "ticks, each as late as the blocking call was long.",
     ]
+    if ingest_counts:
+        notes.append(
+            "Ingestion runs on different feed lengths per configuration (" + ingest_counts + "; "
+            "durable per-message puts take about 100 ms each); the lag is a per-tick figure, so "
+            "the p99s compare, but the operation walls do not."
+        )
     if not lancedb:
         notes.append(f"LanceDB not measured: {lancedb_note}")
     return Section(
@@ -55,7 +65,14 @@ def lag_section(shared: dict[str, Any], lancedb: bool, lancedb_note: str) -> Sec
             "scan and lookups: one pass in the measuring child."
         ),
         tables=[
-            summary_table("Ticker lag per workload and configuration", series, LAG_METRICS, None)
+            summary_table(
+                "Ticker lag per workload and configuration: medians [min–max]",
+                series,
+                LAG_METRICS,
+                LAG_METRICS[1],
+                "lance_async ÷ config (lag p99)",
+                group=lambda s: s.case.split(":")[0],
+            )
         ],
         series=series,
         charts=[],
@@ -232,6 +249,7 @@ def write_report(
     started: str,
     runs: int,
     lancedb_line: str,
+    code: CodeState | None = None,
 ) -> Path:
     """Write REPORT.md; returns its path."""
     lines = [
@@ -241,6 +259,17 @@ def write_report(
         f"- Mode: {mode}; {runs} runs per configuration unless a table says otherwise",
         f"- Started: {started}; whole suite took {wall_seconds:.0f} s",
         f"- LanceDB alternative: {lancedb_line}",
+    ]
+    if code is not None:
+        if code.dirty:
+            lines.append(
+                f"- **Working tree dirty at start**: commit {code.commit} plus uncommitted "
+                f"changes to {len(code.changed)} path(s) (listed under Machine); the code "
+                "measured is not exactly that commit."
+            )
+        else:
+            lines.append(f"- Code: commit {code.commit}, working tree clean at start")
+    lines += [
         "",
         "## Machine",
         "",
@@ -249,6 +278,13 @@ def write_report(
     ]
     lines += [f"| {k} | {v} |" for k, v in facts.items()]
     lines += ["", "## Targets", ""]
+    all_targets = [t for s in sections for t in s.targets]
+    if all_targets:
+        passed = sum(t.passed for t in all_targets)
+        lines += [
+            f"{len(all_targets)} targets checked: {passed} PASS, {len(all_targets) - passed} MISS.",
+            "",
+        ]
     for section in sections:
         for target in section.targets:
             lines.append(f"- {target.line()}")
@@ -258,8 +294,15 @@ def write_report(
         "",
         "## How to read this",
         "",
-        "- Every table cell is `median [min–max]` over the runs.",
-        "- Ratios are `lance_async ÷ alternative` of the medians, in the same case.",
+        "- Tables titled 'medians [min–max]' show `median [min–max]` over the runs, with a "
+        "runs column; a cell is a single number when there was one run or every run gave "
+        "the same value at the digits shown.",
+        "- Ratio cells (`0.95x`) are `lance_async ÷ alternative` of the medians, in the same "
+        "case (the lag table: the same workload); each ratio column or table says which "
+        "direction is better. The bytes-written table and the growth table hold medians and "
+        "ratios of medians only, as their titles say.",
+        "- A target's measured value is printed with as many decimals as it takes not to "
+        "round a miss into a pass (three when it is within 1% of the limit).",
         "- merge_insert and ingestion runs each run in a fresh child process forked from a "
         "server that has only imported the libraries (no engine call before the fork), so "
         "peak RSS (`ru_maxrss`) and bytes written (`write_bytes`) are that run's own; the "
@@ -285,7 +328,7 @@ def write_report(
             lines.append("")
         for chart in section.charts:
             lines += [f"![{chart}]({chart})", ""]
-        lines.append(f"_Section time: {section.seconds:.0f} s._")
+        lines.append(f"_Section time: {section.seconds:.0f} s{section.seconds_note}._")
         lines.append("")
     path = out / "REPORT.md"
     path.write_text("\n".join(lines), encoding="utf-8")
