@@ -23,6 +23,7 @@ from typing import Any
 from . import mem_wal_ingest, merge_replay
 from ._common import (
     LANCE_ASYNC,
+    Metric,
     Section,
     Series,
     Settings,
@@ -31,7 +32,7 @@ from ._common import (
     fmt_num,
     log,
     ratio,
-    summarize,
+    summary_table,
 )
 
 MERGE_CONFIGS = [LANCE_ASYNC, "pylance_default"]
@@ -48,25 +49,33 @@ def _growth(series_by_mult: dict[int, Series], key: str) -> tuple[float, float]:
     return r4, r16
 
 
+POINT_METRICS = [
+    Metric("wall_s", "wall (s)", 1.0, 3),
+    Metric("peak_rss_mib", "peak RSS (MiB)", 1.0, 0),
+]
+
+
 def _row(workload: str, config: str, by_mult: dict[int, Series]) -> list[str]:
-    cells = [workload, config]
-    for mult in (1, 4, 16):
-        s = by_mult.get(mult)
-        if s is None:
-            cells += ["n/a", "n/a"]
-            continue
-        wall = summarize(s.values("wall_s"))[0]
-        rss = summarize(s.values("peak_rss_mib"))[0]
-        cells += [fmt_num(wall, 3), fmt_num(rss, 0)]
+    runs = " / ".join(str(len(by_mult[m].samples)) if m in by_mult else "0" for m in (1, 4, 16))
     t4, t16 = _growth(by_mult, "wall_s")
-    _, m16 = _growth(by_mult, "peak_rss_mib")
+    m4, m16 = _growth(by_mult, "peak_rss_mib")
     exponent = math.log(t16) / math.log(16) if t16 > 0 and math.isfinite(t16) else math.nan
-    cells += [
+    return [
+        workload,
+        config,
+        runs,
         f"{fmt_num(t4)}x / {fmt_num(t16)}x",
         fmt_num(exponent),
-        f"{fmt_num(m16)}x",
+        f"{fmt_num(m4)}x / {fmt_num(m16)}x",
     ]
-    return cells
+
+
+def _points(label: str, inputs: dict[int, str], by_mult: dict[int, Series]) -> list[Series]:
+    """The per-size series, named for the points table."""
+    return [
+        Series(f"{label} {mult}x ({inputs[mult]})", s.config, s.samples)
+        for mult, s in sorted(by_mult.items())
+    ]
 
 
 def _statement(workload: str, config: str, by_mult: dict[int, Series]) -> str:
@@ -128,23 +137,28 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         log(f"scaling: ingestion {mult}x done")
 
     sizes = paths["sizes"]
+    merge_inputs = {
+        1: f"{sizes['x1']:,} source rows",
+        4: f"{sizes['x4']:,} source rows",
+        16: f"{sizes['big']:,} source rows",
+    }
+    ingest_inputs = {m: f"{m * n:,} messages" for m in (1, 4, 16)}
+    points: list[Series] = []
+    for mult in (1, 4, 16):
+        for config in MERGE_CONFIGS:
+            if mult in merge[config]:
+                points += _points("merge_insert", merge_inputs, {mult: merge[config][mult]})
+    points += _points("ingestion", ingest_inputs, ingest)
     header = [
         "workload",
         "configuration",
-        "1x wall (s)",
-        "1x peak RSS (MiB)",
-        "4x wall (s)",
-        "4x peak RSS (MiB)",
-        "16x wall (s)",
-        "16x peak RSS (MiB)",
+        "runs (1x / 4x / 16x)",
         "time 4x / 16x vs 1x",
         "time exponent",
-        "peak RSS 16x vs 1x",
+        "peak RSS 4x / 16x vs 1x",
     ]
-    merge_label = f"merge_insert ({sizes['x1']:,} / {sizes['x4']:,} / {sizes['big']:,} source rows)"
-    ingest_label = f"ingestion ({n:,} / {4 * n:,} / {16 * n:,} messages)"
-    rows = [_row(merge_label, c, merge[c]) for c in MERGE_CONFIGS]
-    rows.append(_row(ingest_label, LANCE_ASYNC, ingest))
+    rows = [_row("merge_insert", c, merge[c]) for c in MERGE_CONFIGS]
+    rows.append(_row("ingestion", LANCE_ASYNC, ingest))
     statements = [_statement("merge_insert", c, merge[c]) for c in MERGE_CONFIGS]
     statements.append(_statement("ingestion", LANCE_ASYNC, ingest))
     all_series = [s for by in merge.values() for s in by.values()] + list(ingest.values())
@@ -152,10 +166,25 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         key="scaling",
         title="Scaling: time and peak RSS at 1x, 4x and 16x input",
         intro=(
-            "Medians over the runs (fresh child per run). Peak RSS includes the interpreter "
-            "and its imports (about the 1x figure minus the data the run holds)."
+            "Fresh child per run. Peak RSS includes the interpreter and its imports (about "
+            "the 1x figure minus the data the run holds). The 16x merge_insert runs are "
+            "merge_replay's no-conflict runs on the big source, and the 1x ingestion runs "
+            "mem_wal_ingest's N runs (reused, not run again)."
         ),
-        tables=[Table("Growth with the input", header, rows)],
+        tables=[
+            summary_table(
+                "Time and peak RSS per input size: medians [min–max]",
+                points,
+                POINT_METRICS,
+                None,
+            ),
+            Table(
+                "Growth with the input (ratios of the medians above)",
+                header,
+                rows,
+                "time exponent = log(time 16x / time 1x) / log(16): 1.0 is linear.",
+            ),
+        ],
         notes=["Observed growth: " + s for s in statements],
         series=all_series,
     )
