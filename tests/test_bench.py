@@ -2,7 +2,8 @@
 
 The suite itself is not a test (``python -m bench`` takes minutes); this
 runs ``python -m bench --quick`` once, without LanceDB, and checks what it
-writes.
+writes, plus the rule that a target's printed value never rounds a miss into
+a pass.
 """
 
 from __future__ import annotations
@@ -15,9 +16,28 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.slow
+
+@pytest.mark.parametrize(
+    ("value", "limit", "at_most", "expected"),
+    [
+        (0.95, 0.75, True, "0.95x"),  # far from the limit: 2 decimals
+        (1.101, 1.10, True, "1.101x"),  # within 1%: 3 decimals, visibly above
+        (1.1004, 1.10, True, "1.1004x"),  # 3 decimals would print the limit itself
+        (1.0996, 1.10, True, "1.100x"),  # a pass may print as the limit
+        (0.7996, 0.80, False, "0.7996x"),  # an at-least target missed by a hair
+        (99.6, 100.0, False, "99.600x"),
+    ],
+)
+def test_target_values_never_round_across_the_limit(
+    value: float, limit: float, at_most: bool, expected: str
+) -> None:
+    sys.path.insert(0, str(REPO_ROOT))
+    from bench._common import fmt_vs_limit
+
+    assert fmt_vs_limit(value, limit, at_most=at_most) == expected
 
 
+@pytest.mark.slow
 def test_quick_run_writes_report_and_charts(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the suite draws its charts with matplotlib")
     pytest.importorskip("psutil", reason="the suite reads write_bytes with psutil")
@@ -46,6 +66,12 @@ def test_quick_run_writes_report_and_charts(tmp_path: Path) -> None:
     assert "--no-lancedb" in report
     assert "PASS" in report or "MISS" in report
     assert "median" in report
+    assert "| cpu_model |" in report
+    assert "runs (1x / 4x / 16x)" in report  # scaling has runs and [min–max]
+    assert "lance_async ÷ config (lag p99)" in report  # the lag table has ratios
+    assert "spent inside the sections above" in report  # the lag section's time is set
+    for case in ("no conflict", "one conflict"):  # every merge case is checked
+        assert report.count(f"source, {case}] wall vs pylance default retries") == 4
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs, "no chart was written"
     for png in pngs:
