@@ -238,8 +238,9 @@ class TableFit:
             nulls = batch.column(i).null_count
             if nulls:
                 what = "primary-key column" if is_key else "non-nullable field"
+                where = f"batch {index}: " if index is not None else ""
                 raise SchemaMismatchError(
-                    f"{what} {name!r} holds {nulls} null(s)", field=name, batch_index=index
+                    f"{where}{what} {name!r} holds {nulls} null(s)", field=name, batch_index=index
                 )
         return batch
 

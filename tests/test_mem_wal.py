@@ -103,6 +103,40 @@ async def test_bad_batch_fails_its_own_sender_only(table_uri: str) -> None:
         assert (await writer.lsm_scan(filter="id >= 1000").to_table()).num_rows == 20
 
 
+async def test_a_table_with_one_bad_batch_queues_none_of_its_rows(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    nullable = KV_SCHEMA.remove_metadata()
+    good = pa.record_batch({"id": [1001, 1002], "value": [1, 2], "name": ["a", "b"]}, nullable)
+    bad = pa.record_batch({"id": [1003, None], "value": [3, 4], "name": ["c", "d"]}, nullable)
+    async with ds.mem_wal_writer(sid()) as writer:
+        with pytest.raises(la.SchemaMismatchError, match="batch 1"):
+            await writer.send(pa.Table.from_batches([good, bad]))
+        assert writer.stats().queue_rows == 0
+        await writer.put(ten_rows(0))
+        ids = (await writer.lsm_scan(columns=["id"], filter="id >= 1000").to_table())["id"]
+        assert sorted(ids.to_pylist()) == list(range(1000, 1010))
+
+
+async def test_bad_delete_keys_are_refused_and_the_writer_stays_usable(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid()) as writer:
+        await writer.put(ten_rows(0))
+        for bad in (
+            {"id": pa.array([1000, None], pa.int64())},  # a null key
+            {"value": [1]},  # no key column
+            {"id": ["1000"]},  # a string key
+            {"id": pa.array([1000], pa.int32())},  # another integer type
+        ):
+            with pytest.raises(la.SchemaMismatchError):
+                await writer.delete(bad)
+        with pytest.raises(la.UnsupportedSourceError):
+            await writer.delete(object())
+        assert (await writer.lsm_scan(filter="id >= 1000").to_table()).num_rows == 10
+        summary = await writer.delete({"id": [1000, 1001]})
+        assert summary.deletes == 2
+        assert (await writer.lsm_scan(filter="id >= 1000").to_table()).num_rows == 8
+
+
 async def test_columns_in_another_order_are_accepted(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid()) as writer:
