@@ -20,6 +20,11 @@ or deadlock another:
     open streams can never take every slot the per-batch work of their own
     consumers needs (a response encoding each batch of a scan).
 
+The one thread that is not an anyio worker thread is that prefetch thread:
+a stream is iterated from whatever task holds it and has no task of its own
+in which to await a worker thread for its whole life, so it runs a dedicated
+thread, started on the first ``__anext__`` and counted against ``reader``.
+
 Cancellation rule
 -----------------
 ``run_sync`` does not abandon its thread by default. When the awaiting task is

@@ -27,6 +27,7 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import sniffio
 
+from ._loop import aclose_shielded
 from ._threads import run_sync, stream_limiter
 from .errors import DecodeError, SourceChangedError, SourceError
 from .formats import FORMATS, Decoder, make_decoder
@@ -190,7 +191,16 @@ class FileSource(WriteSource):
         )
 
     def _open(self, pass_no: int) -> AsyncIterator[pa.RecordBatch]:
-        return _achecked(self._async_batches(), self.schema, pass_no)
+        return self._open_resolved(pass_no)
+
+    async def _open_resolved(self, pass_no: int) -> AsyncIterator[pa.RecordBatch]:
+        schema = await self.resolve_schema()  # read from the file when not given
+        inner = _achecked(self._async_batches(), schema, pass_no)
+        try:
+            async for batch in inner:
+                yield batch
+        finally:
+            await aclose_shielded(inner)
 
     async def _async_batches(self) -> AsyncIterator[pa.RecordBatch]:
         await run_sync(lambda: self._check_fingerprint("between passes"), limiter=stream_limiter())

@@ -208,11 +208,12 @@ class WriteSource:
     ----------
     schema : pa.Schema or None
         The rows' schema (metadata included). ``None`` only for iterators
-        whose schema is learned from their first batch; see
-        :meth:`resolve_schema`.
+        whose schema is learned from their first batch and files given
+        without ``schema=`` (read from the file); see :meth:`resolve_schema`.
     mode : SourceMode
     num_rows : int, optional
-        Rows per pass, when known (set after a complete pass otherwise).
+        Rows per pass when known without reading (in-memory rows); None
+        otherwise.
 
     Notes
     -----
@@ -608,46 +609,78 @@ async def _prepend(
 
 
 class FactorySource(WriteSource):
-    """A reader factory called once per pass (REPLAYABLE); see :func:`replayable`."""
+    """A reader factory called once per pass (REPLAYABLE); see :func:`replayable`.
+
+    A sync factory is taken to be native (its reader is made on the worker
+    thread that drains it) until a call shows it returns an async iterable:
+    the first engine pass calls it on a worker thread first to find out, and
+    from then on its passes are bridged from the loop.
+    """
 
     def __init__(self, factory: Factory, schema: pa.Schema) -> None:
         if not callable(factory):
             raise TypeError(f"replayable() needs a callable factory, got {type(factory).__name__}")
         self._factory = factory
         self._is_async = inspect.iscoroutinefunction(factory) or inspect.isasyncgenfunction(factory)
-        self._first_reader_schema: pa.Schema | None = None
+        self._first_schema: pa.Schema | None = None
+        self._probed = self._is_async
+        self._made: Any = None  # what the probe's call returned, for the pass it opened
         super().__init__(schema, SourceMode.REPLAYABLE)
         self.native = not self._is_async
 
-    def _check_reader_schema(self, reader_schema: pa.Schema, pass_no: int) -> None:
-        if self._first_reader_schema is None:
-            diff = describe_difference(self.schema, reader_schema)
+    def _check_pass_schema(self, pass_schema: pa.Schema, pass_no: int) -> None:
+        """The first pass fits ``schema``; later passes give exactly its schema."""
+        if self._first_schema is None:
+            diff = describe_difference(self.schema, pass_schema)
             if diff is not None:
                 raise SchemaMismatchError(
-                    f"the factory's reader does not match schema=: {diff[0]}", field=diff[1]
+                    f"the factory's rows do not match schema=: {diff[0]}", field=diff[1]
                 )
-            self._first_reader_schema = reader_schema
+            self._first_schema = pass_schema
             return
-        diff = describe_difference(self._first_reader_schema, reader_schema, check_metadata=True)
+        diff = describe_difference(self._first_schema, pass_schema, check_metadata=True)
         if diff is not None:
             raise SourceChangedError(
                 f"pass {pass_no} of the factory gave another schema: {diff[0]}; "
                 "nothing was committed"
             )
 
+    def _first_batch_checked(
+        self, batches: Iterable[pa.RecordBatch], pass_no: int
+    ) -> Iterator[pa.RecordBatch]:
+        for i, batch in enumerate(batches):
+            if i == 0 and isinstance(batch, pa.RecordBatch):
+                self._check_pass_schema(batch.schema, pass_no)
+            yield batch
+
+    async def _afirst_batch_checked(
+        self, batches: AsyncIterable[pa.RecordBatch], pass_no: int
+    ) -> AsyncIterator[pa.RecordBatch]:
+        iterator = batches.__aiter__()
+        first = True
+        try:
+            async for batch in iterator:
+                if first and isinstance(batch, pa.RecordBatch):
+                    self._check_pass_schema(batch.schema, pass_no)
+                first = False
+                yield batch
+        finally:
+            await aclose_shielded(iterator)
+
     def _wrap_sync(self, made: Any, pass_no: int) -> pa.RecordBatchReader:
         if isinstance(made, pa.RecordBatchReader):
-            self._check_reader_schema(made.schema, pass_no)
+            self._check_pass_schema(made.schema, pass_no)
             items: Iterable[pa.RecordBatch] = made
         elif isinstance(made, pa.Table):
-            self._check_reader_schema(made.schema, pass_no)
+            self._check_pass_schema(made.schema, pass_no)
             items = made.to_batches()
         elif isinstance(made, (AsyncIterable, Awaitable)):
             raise SourceError(
-                "a sync factory returned an async object; make the factory `async def` instead"
+                "the factory returned an async object where a blocking reader was needed; "
+                "use `async with source.reader()` or make the factory `async def`"
             )
         elif isinstance(made, Iterable):
-            items = made
+            items = self._first_batch_checked(made, pass_no)
         else:
             raise SourceError(
                 f"the factory returned {type(made).__name__}; expected a RecordBatchReader, "
@@ -657,20 +690,41 @@ class FactorySource(WriteSource):
             self.schema, _checked(items, self.schema, pass_no, self._sink(pass_no))
         )
 
+    def _call(self) -> Any:
+        made, self._made = self._made, None
+        return made if made is not None else self._factory()
+
     def _open_reader(self, pass_no: int) -> pa.RecordBatchReader:
-        return self._wrap_sync(self._factory(), pass_no)
+        return self._wrap_sync(self._call(), pass_no)
+
+    @asynccontextmanager
+    async def reader_plan(
+        self, *, max_batches: int = DEFAULT_BRIDGE_BATCHES, max_bytes: int | None = None
+    ) -> AsyncIterator[ReaderPlan]:
+        if not self._probed:
+            # find out, once, whether this sync factory returns an async iterable
+            made = await run_sync(self._factory, limiter=stream_limiter())
+            self._probed = True
+            self.native = not isinstance(made, (AsyncIterable, Awaitable))
+            self._made = made
+        async with super().reader_plan(max_batches=max_batches, max_bytes=max_bytes) as plan:
+            yield plan
 
     def _open(self, pass_no: int) -> AsyncIterator[pa.RecordBatch]:
-        if not self._is_async:
-            return AsyncBatchStream(lambda: self._open_reader(pass_no), schema=self.schema)
         return self._open_async(pass_no)
 
     async def _open_async(self, pass_no: int) -> AsyncIterator[pa.RecordBatch]:
-        made: Any = self._factory()
+        if self._made is not None or self._is_async:
+            made: Any = self._call()
+        else:  # a sync factory may block: call it on a worker thread
+            made = await run_sync(self._factory, limiter=stream_limiter())
         if inspect.isawaitable(made):
             made = await made
         if isinstance(made, AsyncIterable):
-            inner: AsyncIterator[pa.RecordBatch] = _achecked(made, self.schema, pass_no)
+            self._probed, self.native = True, False
+            inner: AsyncIterator[pa.RecordBatch] = _achecked(
+                self._afirst_batch_checked(made, pass_no), self.schema, pass_no
+            )
         else:
             reader = self._wrap_sync(made, pass_no)
             inner = AsyncBatchStream(lambda: reader, schema=self.schema)

@@ -96,3 +96,13 @@ def test_real_engine_messages_still_match(tmp_path: object) -> None:
     with pytest.raises(OSError) as closed:
         writer.put(pa.table({"id": [2]}))
     assert isinstance(map_engine_error(closed.value), la.ClosedError)
+
+
+@pytest.mark.anyio
+async def test_mapped_errors_keep_the_engine_error_as_their_cause(tmp_path: object) -> None:
+    uri = str(tmp_path) + "/t.lance"
+    await la.write_dataset(pa.table({"id": [1]}), uri)
+    with pytest.raises(la.InvalidInputError) as info:
+        await la.write_dataset(pa.table({"id": [1]}), uri)
+    assert isinstance(info.value.__cause__, OSError)
+    assert "already exists" in str(info.value.__cause__)

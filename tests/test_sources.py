@@ -198,7 +198,8 @@ async def test_factory_type_change_on_replay_is_caught_before_rows_move() -> Non
         calls += 1
         if calls == 1:
             return kv_table(range(3)).to_batches()
-        return [pa.record_batch({"id": [1], "value": ["text"], "name": ["x"]})]
+        retyped = KV_SCHEMA.set(1, pa.field("value", pa.string()))
+        return [pa.record_batch({"id": [1], "value": ["text"], "name": ["x"]}, schema=retyped)]
 
     source = la.replayable(factory, schema=KV_SCHEMA)
     await read_all(source)
@@ -367,3 +368,57 @@ async def test_converting_python_rows_leaves_the_loop_free(tmp_path: Path) -> No
         ticker.running = False
     assert source.num_rows == 200_000
     assert ticker.max_lag < 0.1, ticker.max_lag
+
+
+async def test_a_sync_factory_may_return_an_async_iterable(table_uri: str) -> None:
+    source = la.replayable(lambda: agen_batches(3), schema=KV_SCHEMA)
+    assert (await read_all(source)).num_rows == 3  # loop pass
+    assert (await read_reader(source)).num_rows == 3  # engine pass, bridged after a probe
+    assert not source.native
+    ds = await la.write_dataset(source, table_uri)
+    assert await ds.count_rows() == 3
+    assert source.passes == 3
+
+
+@pytest.mark.parametrize("kind", ["iterable", "async"])
+async def test_metadata_change_on_replay_is_caught_for_every_factory(kind: str) -> None:
+    calls = 0
+
+    def table() -> pa.Table:
+        nonlocal calls
+        calls += 1
+        t = kv_table(range(3))
+        return t if calls == 1 else t.replace_schema_metadata({"pass": str(calls)})
+
+    if kind == "iterable":
+        source = la.replayable(lambda: table().to_batches(), schema=KV_SCHEMA)
+    else:
+
+        async def factory() -> AsyncIterator[pa.RecordBatch]:
+            for b in table().to_batches():
+                yield b
+
+        source = la.replayable(factory, schema=KV_SCHEMA)
+    await read_all(source)
+    with pytest.raises(la.SourceChangedError, match="pass 2"):
+        await read_all(source)
+
+
+async def test_a_file_path_reads_without_a_schema(tmp_path: Path) -> None:
+    table = kv_table(range(4))
+    stream_path, ndjson = tmp_path / "rows.arrows", tmp_path / "rows.ndjson"
+    with pa.OSFile(str(stream_path), "wb") as f, pa.ipc.new_stream(f, KV_SCHEMA) as w:
+        w.write_table(table)
+    ndjson.write_text("".join(f'{{"id": {i}, "value": 0, "name": "n{i}"}}\n' for i in range(4)))
+    ipc_source = la.file_source(stream_path, format="ipc")
+    assert (await read_all(ipc_source)).equals(table)  # open() reads the file's schema
+    assert ipc_source.schema.equals(KV_SCHEMA, check_metadata=True)
+    assert (await read_all(la.coerce_source(ndjson))).column("id").to_pylist() == [0, 1, 2, 3]
+
+
+async def test_an_unpinned_lance_dataset_is_pinned_when_coerced(tmp_path: Path) -> None:
+    ds = _lance(tmp_path)
+    source = la.coerce_source(ds)
+    lance.write_dataset(kv_table(range(100, 110)), ds.uri, mode="append")
+    assert (await read_all(source)).num_rows == 5
+    assert (await read_reader(source)).num_rows == 5
