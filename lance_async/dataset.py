@@ -32,7 +32,7 @@ from .sources import resolve_source
 from .streams import AsyncBatchStream
 
 if TYPE_CHECKING:
-    from .lsm import ShardSnapshots
+    from .lsm import CompactionResult, ShardSnapshots
     from .mem_wal import AsyncShardWriter
     from .merge import AsyncMergeInsertBuilder
     from .router import ShardRouter
@@ -430,11 +430,26 @@ class AsyncDataset:
             **options,
         )
 
-    async def compact_mem_wal(self, shard_ids: Iterable[str] | None = None) -> Any:
-        """Merge flushed MemWAL generations into the base table (see ``lsm.py``)."""
+    async def compact_mem_wal(
+        self,
+        shard_ids: Iterable[str] | None = None,
+        *,
+        chunk_rows: int = 65_536,
+        optimize_indices: bool = True,
+    ) -> CompactionResult:
+        """Merge flushed MemWAL generations into the base table.
+
+        Every flushed, not yet compacted generation of each shard (all shards,
+        or ``shard_ids``), oldest first, is merged with merge_insert and marked
+        compacted in the same commit; conflicts replay the immutable SSTable.
+        See :func:`lance_async.lsm.compact_mem_wal` for the parameters, the
+        result and the errors.
+        """
         from .lsm import compact_mem_wal
 
-        return await compact_mem_wal(self, shard_ids=shard_ids)
+        return await compact_mem_wal(
+            self, shard_ids, chunk_rows=chunk_rows, optimize_indices=optimize_indices
+        )
 
 
 async def open_dataset(
