@@ -15,7 +15,6 @@ from .errors import SchemaMismatchError
 __all__ = [
     "PRIMARY_KEY_META",
     "conform_batch",
-    "conform_to_table",
     "describe_difference",
     "primary_key",
 ]
@@ -73,13 +72,30 @@ def describe_difference(
     return None
 
 
+_REQUIRED: dict[int, tuple[pa.Schema, tuple[tuple[int, str], ...]]] = {}
+
+
+def _required(schema: pa.Schema) -> tuple[tuple[int, str], ...]:
+    """(position, name) of the schema's non-nullable fields, remembered per
+    schema object (a stream checks every batch against the same one)."""
+    hit = _REQUIRED.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    required = tuple((i, f.name) for i, f in enumerate(schema) if not f.nullable)
+    if len(_REQUIRED) >= 64:
+        _REQUIRED.clear()
+    _REQUIRED[id(schema)] = (schema, required)
+    return required
+
+
 def _check_nulls(batch: pa.RecordBatch, schema: pa.Schema, index: int | None) -> None:
-    for f, col in zip(schema, batch.columns, strict=True):
-        if not f.nullable and col.null_count:
+    for i, name in _required(schema):
+        nulls = batch.column(i).null_count
+        if nulls:
             where = f" in batch {index}" if index is not None else ""
             raise SchemaMismatchError(
-                f"field {f.name!r} is not nullable but holds {col.null_count} null(s){where}",
-                field=f.name,
+                f"field {name!r} is not nullable but holds {nulls} null(s){where}",
+                field=name,
                 batch_index=index,
             )
 
@@ -116,7 +132,7 @@ def conform_batch(
             + (f" as batch {index}" if index is not None else ""),
             batch_index=index,
         )
-    if batch.schema is schema:
+    if batch.schema is schema or batch.schema.equals(schema, check_metadata=True):
         _check_nulls(batch, schema, index)
         return batch
     diff = describe_difference(schema, batch.schema)
@@ -125,57 +141,7 @@ def conform_batch(
         where = f"batch {index}: " if index is not None else ""
         raise SchemaMismatchError(f"{where}{msg}", field=field, batch_index=index)
     _check_nulls(batch, schema, index)
-    if batch.schema.equals(schema, check_metadata=True):
-        return batch
     return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
-
-
-def conform_to_table(
-    batch: pa.RecordBatch,
-    table_schema: pa.Schema,
-    *,
-    key_columns: Sequence[str] = (),
-    index: int | None = None,
-) -> pa.RecordBatch:
-    """Shape a batch for a table: reorder columns by name, then check it.
-
-    Parameters
-    ----------
-    batch : pa.RecordBatch
-        Rows with exactly the table's column names, in any order.
-    table_schema : pa.Schema
-        The target table's schema.
-    key_columns : sequence of str
-        Primary-key columns; they must hold no nulls whatever the schema says.
-    index : int, optional
-        Batch position, for messages.
-
-    Returns
-    -------
-    pa.RecordBatch
-        The batch with the table's column order and schema (zero-copy).
-
-    Raises
-    ------
-    SchemaMismatchError
-        A missing or unknown column, a type that differs, or nulls in a key or
-        non-nullable column.
-    """
-    if not isinstance(batch, pa.RecordBatch):
-        raise SchemaMismatchError(f"expected a pyarrow.RecordBatch, got {type(batch).__name__}")
-    names = batch.schema.names
-    if names != table_schema.names and sorted(names) == sorted(table_schema.names):
-        batch = batch.select(table_schema.names)
-    for key in key_columns:
-        if key in batch.schema.names:
-            col = batch.column(key)
-            if col.null_count:
-                raise SchemaMismatchError(
-                    f"primary-key column {key!r} holds {col.null_count} null(s)",
-                    field=key,
-                    batch_index=index,
-                )
-    return conform_batch(batch, table_schema, index)
 
 
 class TableFit:

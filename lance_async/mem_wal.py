@@ -62,7 +62,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._loop import LoopHandle, aclose_shielded, unwrap_groups
-from ._schema import TableFit, conform_to_table, primary_key
+from ._schema import TableFit, primary_key
 from ._threads import run_sync
 from .acks import Ack, PutSummary
 from .errors import (
@@ -245,6 +245,9 @@ class AsyncShardWriter:
         self._table_schema = dataset.schema
         self._keys = primary_key(self._table_schema)
         self._fit = TableFit(self._table_schema, self._keys)
+        self._key_fit = TableFit(
+            pa.schema([self._table_schema.field(k) for k in self._keys]), self._keys
+        )
         self._state = WriterState.NEW
         self._engine: Any = None
         self._loop: LoopHandle | None = None
@@ -689,10 +692,7 @@ class AsyncShardWriter:
         missing = [k for k in self._keys if k not in batch.schema.names]
         if missing:
             raise SchemaMismatchError(f"delete keys lack column {missing[0]!r}", field=missing[0])
-        key_schema = pa.schema([self._table_schema.field(k) for k in self._keys])
-        return conform_to_table(
-            batch.select(self._keys), key_schema, key_columns=self._keys, index=index
-        )
+        return self._key_fit.check(batch.select(self._keys), index)
 
     async def delete(self, keys: Any, *, timeout: float | None = None) -> PutSummary:
         """Delete rows by primary key, in order with the puts queued before it.
@@ -820,13 +820,13 @@ class AsyncShardWriter:
 
     async def _engine_call(self, kind: _Kind, batches: list[pa.RecordBatch]) -> None:
         engine = self._engine
-        fit = self._fit
+        fit = self._fit if kind is _Kind.PUT else self._key_fit
 
         def work() -> tuple[dict[str, Any], dict[str, Any]]:
             if kind is _Kind.PUT:
                 engine.put(fit.relabel(batches))
             else:
-                engine.delete(pa.Table.from_batches(batches).combine_chunks())
+                engine.delete(fit.relabel(batches).combine_chunks())
             return engine.stats(), engine.memtable_stats()
 
         assert self._gate is not None
