@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 __all__ = ["ROUTE_INLINE_ROWS", "SHARD_NAMESPACE", "ShardRouter", "default_shard_id"]
 
 SHARD_NAMESPACE = uuid.UUID("6c616e63-655f-6173-796e-635f73686172")
-ROUTE_INLINE_ROWS = 8_192
-"""Batches up to this many rows are routed on the loop (microseconds); larger
-ones on a worker thread."""
+ROUTE_INLINE_ROWS = 1_024
+"""Sends of up to this many rows are routed on the loop (a fraction of a
+millisecond); larger ones on a worker thread."""
 
 
 def default_shard_id(spec_id: int, value: Any) -> str:
@@ -190,12 +190,18 @@ class ShardRouter:
         """
         if not self._open or self._closed:
             raise ClosedError("the ShardRouter is not open; use `async with`")
-        source = await resolve_source(data)
         acks: list[Ack] = []
-        if source.mode is SourceMode.MATERIALIZED:
-            checked = [self._fit.check(b, i) for i, b in enumerate(source.batches() or [])]
+        if isinstance(data, (pa.RecordBatch, pa.Table)):  # in memory already: no coercion
+            source = None
+            in_memory = [data] if isinstance(data, pa.RecordBatch) else data.to_batches()
+        else:
+            source = await resolve_source(data)
+            in_memory = source.batches() if source.mode is SourceMode.MATERIALIZED else None
+        if in_memory is not None:
+            checked = [self._fit.check(b, i) for i, b in enumerate(in_memory)]
             await self._send_parts(await self._route_all(checked), acks, timeout)
         else:
+            assert source is not None
             stream = source.open()
             try:
                 index = 0
