@@ -2,11 +2,13 @@
 
 :class:`FileFeed` reads a file in ``chunk_size`` pieces with
 :func:`~lance_async.files.open_async_file` (aiofiles on asyncio, anyio's file
-API on trio), never whole, cuts the bytes at record boundaries (a newline
-outside quotes, the end of an IPC message), decodes them on a worker thread
-with the incremental decoders of :mod:`lance_async.formats`, and hands out
-one :class:`~lance_async.feeds.Message` per chunk whose ``payload`` is the
-decoded :class:`pyarrow.RecordBatch`.
+API on trio), never whole, and hands out one
+:class:`~lance_async.feeds.Message` per chunk whose ``payload`` is the
+decoded :class:`pyarrow.RecordBatch`. Everything done with the bytes --
+finding record boundaries (a newline outside quotes, the end of an IPC
+message), parsing, combining a chunk's batches -- runs on a worker thread
+in the incremental decoders of :mod:`lance_async.formats`; the event loop
+only awaits reads and hands messages out.
 
 Offsets and resuming
 --------------------
@@ -60,7 +62,7 @@ import pyarrow as pa
 from .._threads import run_sync, stream_limiter
 from ..errors import DecodeError, SourceChangedError, SourceError
 from ..files import DEFAULT_CHUNK, guess_format, open_async_file
-from ..formats import csv_record_cut, ipc_message_cut, make_decoder
+from ..formats import ipc_message_cut, make_decoder
 from ._common import FeedState, call_maybe_async, check_open
 from .base import Message
 
@@ -195,7 +197,7 @@ class FileFeed:
     @property
     def position(self) -> int:
         """The byte offset just past the last record decoded so far."""
-        return self._read_pos - len(self._buf)
+        return self._read_pos - len(self._buf) - self._decoder.pending
 
     # -- offsets -------------------------------------------------------------------
     def load_offset(self) -> int | None:
@@ -306,7 +308,8 @@ class FileFeed:
                     f"start_offset {start} lies inside the header (it ends at byte {prologue})"
                 )
             head = bytes(self._buf[:prologue])
-            await self._decode(head, 0, prologue, final=False, consumed=lambda: None)
+            decoder = self._decoder
+            await run_sync(lambda: decoder.feed(head), limiter=stream_limiter())
         self._buf.clear()
         self._read_pos = start
         self._need_seek = True
@@ -343,37 +346,40 @@ class FileFeed:
         self._need_seek = False
         return chunk
 
-    def _cut(self) -> tuple[int, bool]:
-        base = self.position
-        if self.format == "ndjson":
-            return self._buf.rfind(b"\n") + 1, False
-        if self.format == "csv":
-            return max(csv_record_cut(bytes(self._buf)), 0), False
-        cut, ended, _ = ipc_message_cut(self._buf, base == 0)
-        return cut, ended
-
-    def _deliver(self, batches: list[pa.RecordBatch], start: int, end: int) -> None:
-        batch = _one_batch(batches)
+    def _deliver(self, batch: pa.RecordBatch | None, start: int, end: int) -> None:
         if batch is not None:
             self._ready.append(Message(end, batch, {"start": start}, _ack=self._acker(end)))
 
-    async def _decode(
-        self, data: bytes, start: int, end: int, *, final: bool, consumed: Callable[[], None]
-    ) -> None:
-        """Decode ``data`` (file bytes ``start``-``end``) on a worker thread.
+    async def _decode(self, *, final: bool) -> None:
+        """Hand the bytes read so far to the decoder, on a worker thread.
 
-        ``consumed()`` runs once the decoder has taken the bytes -- also when
-        this task was cancelled meanwhile (the batches are then kept for the
-        next fetch). Cancelled before the thread started, nothing changes and
-        the same bytes are decoded next time.
+        The decoder finds the record boundaries (keeping an incomplete last
+        record for later), parses, and the chunk's batches are combined into
+        one -- all off the event loop. The bytes leave ``_buf`` once the
+        decoder has taken them, also when this task was cancelled meanwhile
+        (the batch is then kept for the next fetch). Cancelled before the
+        thread started, nothing changes and the same bytes are decoded next
+        time. ``final``: the end of an unfollowed file.
         """
+        size = len(self._buf)
+        if not size and not final:
+            return
         decoder = self._decoder
+        buf = self._buf  # not resized while the thread runs: fetch holds the lock
+        start = self.position
+        end = self._read_pos
 
-        def work() -> list[pa.RecordBatch]:
-            out = decoder.feed(data) if data else []
+        def work() -> pa.RecordBatch | None:
+            out = decoder.feed(bytes(buf)) if size else []
             if final:
                 out.extend(decoder.finish())
-            return out
+            return _one_batch(out)
+
+        def consumed() -> int:
+            del self._buf[:size]
+            if final or decoder.ended:
+                self._at_end = True
+            return self.position
 
         def wrap(exc: BaseException) -> BaseException:
             if isinstance(exc, DecodeError):
@@ -382,38 +388,20 @@ class FileFeed:
                 return error
             return exc
 
-        def on_cancel(result: list[pa.RecordBatch] | None, error: BaseException | None) -> None:
-            consumed()
+        def on_cancel(result: pa.RecordBatch | None, error: BaseException | None) -> None:
+            position = consumed()
             if error is not None:
                 self._error = wrap(error)
             else:
-                self._deliver(result or [], start, end)
+                self._deliver(result, start, position)
 
         try:
-            batches = await run_sync(work, limiter=stream_limiter(), on_cancel_result=on_cancel)
+            batch = await run_sync(work, limiter=stream_limiter(), on_cancel_result=on_cancel)
         except (DecodeError, pa.ArrowException, ValueError) as exc:
             consumed()
             self._error = wrap(exc)
             raise self._error from exc
-        consumed()
-        self._deliver(batches, start, end)
-
-    async def _process(self, *, final: bool) -> None:
-        start = self.position
-        if final:
-            cut, ended = len(self._buf), True
-        else:
-            cut, ended = self._cut()
-            if cut == 0:
-                return
-        data = bytes(self._buf[:cut])
-
-        def consumed() -> None:
-            del self._buf[:cut]
-            if ended:
-                self._at_end = True
-
-        await self._decode(data, start, start + cut, final=final or ended, consumed=consumed)
+        self._deliver(batch, start, consumed())
 
     async def _check_not_shrunk(self) -> None:
         size = (await anyio.Path(self.path).stat()).st_size
@@ -475,10 +463,10 @@ class FileFeed:
                 chunk = await self._read_chunk()
                 if chunk:
                     read += len(chunk)
-                    await self._process(final=False)
+                    await self._decode(final=False)
                     continue
                 if not self.follow:
-                    await self._process(final=True)  # sets _at_end once decoded
+                    await self._decode(final=True)  # sets _at_end once decoded
                     break
                 if self._ready:
                     break
