@@ -22,6 +22,7 @@ from .feed_support import (
     new_shard,
     row_json,
 )
+from .helpers import LAG_LIMIT, Ticker
 
 pytestmark = pytest.mark.anyio
 
@@ -122,6 +123,56 @@ async def test_without_a_hook_a_bad_message_raises_decode_error_naming_its_offse
     assert "offset 2" in str(info.value)
     # nothing at or after the bad message is acknowledged; before it, a prefix at most
     assert acked == [0, 1][: len(acked)]
+
+
+@pytest.mark.parametrize("bad", [b"null", b"  null ", b"3", b'"x"', b"[1]", b"true"])
+@pytest.mark.parametrize("max_batch", [1, 3])
+async def test_regression_a_json_message_that_is_not_an_object_is_dead_lettered(
+    tmp_path: Path, bad: bytes, max_batch: int
+) -> None:
+    # a message that was just `null` crashed the process (pyarrow SIGSEGV)
+    letters: list[tuple[Any, BaseException]] = []
+    acked: list[int] = []
+    ds = await mem_wal_table(tmp_path)
+    async with ds.mem_wal_writer(new_shard()) as writer:
+        feed = IterableFeed([row_json(1), bad, row_json(2)], on_ack=acked.append)
+        stats = await ingest(
+            feed,
+            writer,
+            max_batch=max_batch,
+            dead_letter=lambda m, e: letters.append((m.offset, e)),
+        )
+        assert [offset for offset, _ in letters] == [1]
+        assert isinstance(letters[0][1], la.DecodeError)
+        assert "expected a JSON object" in str(letters[0][1])
+        assert acked == [0, 1, 2]
+        assert (stats.messages, stats.dead_letters, stats.rows) == (3, 1, 2)
+        assert await lsm_rows(writer) == expected_rows([1, 2])
+
+
+async def test_regression_isolating_bad_messages_keeps_the_loop_free(tmp_path: Path) -> None:
+    # a micro-batch that failed to decode was retried message by message on the
+    # event loop (about 0.7 s for 1,000 messages)
+    payloads = [row_json(i) for i in range(2_000)]
+    payloads[700] = b'{"id": "not a number"}'
+    payloads[1_500] = b"null"
+    letters: list[Any] = []
+    ds = await mem_wal_table(tmp_path)
+    ticker = Ticker()
+    async with ds.mem_wal_writer(new_shard()) as writer, anyio.create_task_group() as tg:
+        tg.start_soon(ticker.run)
+        stats = await ingest(
+            IterableFeed(payloads),
+            writer,
+            max_batch=2_000,
+            dead_letter=lambda m, e: letters.append(m.offset),
+        )
+        ticker.running = False
+    assert letters == [700, 1_500]
+    assert (stats.messages, stats.rows) == (2_000, 1_998)
+    assert len(ticker.lags) > 10
+    assert ticker.max_lag < LAG_LIMIT, ticker.max_lag
+    assert ticker.p99() < 0.05, ticker.p99()
 
 
 class FailingWriter:

@@ -195,6 +195,24 @@ async def _dead_letter(hook: DeadLetter | None, message: Message, error: BaseExc
         await result
 
 
+_DECODE_ERRORS = (DecodeError, pa.ArrowException, ValueError, UnicodeDecodeError)
+
+
+def _decode_each(
+    messages: list[Message],
+    schema: pa.Schema,
+    decode: Callable[[Sequence[Message], pa.Schema], pa.Table],
+) -> list[pa.Table | BaseException]:
+    """Decode messages one by one (blocking): a table or the decode error of each."""
+    out: list[pa.Table | BaseException] = []
+    for m in messages:
+        try:
+            out.append(decode([m], schema))
+        except _DECODE_ERRORS as exc:
+            out.append(exc)
+    return out
+
+
 async def _decode_group(
     messages: list[Message],
     schema: pa.Schema,
@@ -203,29 +221,34 @@ async def _decode_group(
     stats: IngestStats,
 ) -> tuple[pa.Table | None, list[Message]]:
     """Decode a micro-batch on a worker thread; on failure, isolate the bad
-    messages one by one (so one bad message never fails its neighbours)."""
+    messages one by one (so one bad message never fails its neighbours).
+
+    The isolation decodes every message of the micro-batch in one worker
+    thread call; the dead-letter hook is then called on the loop for each
+    bad message, in feed order.
+    """
     try:
         table = await run_sync(partial(decode, messages, schema), limiter=stream_limiter())
         return table, list(messages)
-    except (DecodeError, pa.ArrowException, ValueError, UnicodeDecodeError) as exc:
+    except _DECODE_ERRORS as exc:
         if len(messages) == 1:
             await _dead_letter(dead_letter, messages[0], exc)
             stats.dead_letters += 1
             # acked by the acker, after the messages before it (feed order)
             return None, list(messages)
-    good: list[Message] = []
+    results = await run_sync(
+        partial(_decode_each, messages, schema, decode), limiter=stream_limiter()
+    )
     tables: list[pa.Table] = []
-    for m in messages:
-        try:
-            tables.append(decode([m], schema))
-            good.append(m)
-        except (DecodeError, pa.ArrowException, ValueError, UnicodeDecodeError) as exc:
-            await _dead_letter(dead_letter, m, exc)
+    for m, result in zip(messages, results, strict=True):
+        if isinstance(result, BaseException):
+            await _dead_letter(dead_letter, m, result)
             stats.dead_letters += 1
             # a dead-lettered message is handled: ack it once the ones before it are
-            good.append(m)
             tables.append(schema.empty_table())
-    return (pa.concat_tables(tables) if tables else None), good
+        else:
+            tables.append(result)
+    return (pa.concat_tables(tables) if tables else None), list(messages)
 
 
 async def ingest(
