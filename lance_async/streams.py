@@ -28,7 +28,7 @@ from typing import Any, TypeAlias
 import anyio
 import pyarrow as pa
 
-from ._loop import LoopHandle, unwrap_groups
+from ._loop import LoopHandle, aclose_shielded, unwrap_groups
 from ._schema import conform_batch
 from ._threads import reader_limiter
 from .errors import ClosedError, LanceAsyncError, SourceError
@@ -85,6 +85,20 @@ class StreamStatistics:
     rows_read: int
 
 
+def _has_room(
+    buf: deque[tuple[pa.RecordBatch, int]],
+    buf_bytes: int,
+    nbytes: int,
+    max_batches: int,
+    max_bytes: int | None,
+) -> bool:
+    """Room for one more batch of ``nbytes`` in a bounded buffer (an empty
+    buffer takes any batch, so one batch larger than ``max_bytes`` passes)."""
+    if len(buf) >= max_batches:
+        return False
+    return not (max_bytes and buf and buf_bytes + nbytes > max_bytes)
+
+
 class _ReaderThread:
     """State shared between a stream's reader thread and the loop.
 
@@ -107,7 +121,7 @@ class _ReaderThread:
         self.loop = loop
         self.on_finish = on_finish
         self.cond = threading.Condition()
-        self.buf: deque[pa.RecordBatch] = deque()
+        self.buf: deque[tuple[pa.RecordBatch, int]] = deque()  # (batch, its nbytes)
         self.buf_bytes = 0
         self.max_buffered = 0
         self.schema: pa.Schema | None = None
@@ -122,9 +136,7 @@ class _ReaderThread:
             self.loop.call_soon(ev.set)
 
     def _full(self, nbytes: int) -> bool:
-        if len(self.buf) >= self.prefetch:
-            return True
-        return bool(self.max_bytes and self.buf and self.buf_bytes + nbytes > self.max_bytes)
+        return not _has_room(self.buf, self.buf_bytes, nbytes, self.prefetch, self.max_bytes)
 
     def run(self) -> None:
         source: Any = None
@@ -144,7 +156,7 @@ class _ReaderThread:
                         break
                     if self.schema is None:
                         self.schema = batch.schema
-                    self.buf.append(batch)
+                    self.buf.append((batch, nbytes))
                     self.buf_bytes += nbytes
                     self.max_buffered = max(self.max_buffered, len(self.buf))
                     ev, self.waiter = self.waiter, None
@@ -338,8 +350,8 @@ class AsyncBatchStream:
         while True:
             with shared.cond:
                 if shared.buf:
-                    batch = shared.buf.popleft()
-                    shared.buf_bytes -= batch.nbytes
+                    batch, nbytes = shared.buf.popleft()
+                    shared.buf_bytes -= nbytes
                     shared.cond.notify()
                     break
                 if shared.done:
@@ -483,7 +495,7 @@ class _Bridge:
         self.max_bytes = max_bytes
         self.loop = loop
         self.cond = threading.Condition()
-        self.buf: deque[pa.RecordBatch] = deque()
+        self.buf: deque[tuple[pa.RecordBatch, int]] = deque()  # (batch, its nbytes)
         self.buf_bytes = 0
         self.max_buffered = 0
         self.produced = 0
@@ -495,9 +507,7 @@ class _Bridge:
         self.closed_event = anyio.Event()
 
     def has_room(self, nbytes: int) -> bool:
-        if len(self.buf) >= self.max_batches:
-            return False
-        return not (self.max_bytes and self.buf and self.buf_bytes + nbytes > self.max_bytes)
+        return _has_room(self.buf, self.buf_bytes, nbytes, self.max_batches, self.max_bytes)
 
     def batches(self) -> Iterable[pa.RecordBatch]:
         """The consumer side; runs on whatever thread drains the reader."""
@@ -507,8 +517,8 @@ class _Bridge:
                     while not self.buf and not self.done:
                         self.cond.wait()
                     if self.buf:
-                        batch = self.buf.popleft()
-                        self.buf_bytes -= batch.nbytes
+                        batch, nbytes = self.buf.popleft()
+                        self.buf_bytes -= nbytes
                         self.consumed += 1
                         ev, self.space = self.space, None
                     elif self.error is not None:
@@ -544,7 +554,7 @@ class _Bridge:
                         if self.consumer_closed:
                             return
                         if self.has_room(nbytes):
-                            self.buf.append(batch)
+                            self.buf.append((batch, nbytes))
                             self.buf_bytes += nbytes
                             self.produced += 1
                             self.max_buffered = max(self.max_buffered, len(self.buf))
@@ -568,13 +578,10 @@ class _Bridge:
             with self.cond:
                 self.done = True
                 self.cond.notify_all()
-            aclose = getattr(iterator, "aclose", None)
-            if aclose is not None:
-                with anyio.CancelScope(shield=True):
-                    try:
-                        await aclose()
-                    except Exception:  # pragma: no cover
-                        log.debug("lance_async: closing a producer failed", exc_info=True)
+            try:
+                await aclose_shielded(iterator)
+            except Exception:  # pragma: no cover - the outcome is already recorded
+                log.debug("lance_async: closing a producer failed", exc_info=True)
 
     def close_consumer_side(self) -> None:
         with self.cond:
