@@ -375,5 +375,34 @@ async def test_record_values_headers_and_offsets() -> None:
         assert m[2].offset == KafkaOffset("events", 0, 2)
         assert m[2].offset.partition == 0
         await consumer.rebalance({P1})
-        with pytest.raises(TypeError, match="value_deserializer"):
+        with pytest.raises(la.DecodeError, match="value_deserializer") as info:
             await feed.fetch(100, 0.1)
+        assert info.value.offset == KafkaOffset("events", 1, 0)
+
+
+async def test_regression_an_undecodable_record_value_is_a_sticky_decode_error(
+    tmp_path: Path,
+) -> None:
+    # a value_deserializer returning a dict raised a bare TypeError mid-fetch, after
+    # the records before it in the fetch were registered as handed out
+    broker = FakeBroker()
+    broker.produce(P0, [row_json(0), row_json(1)])
+    broker.produce(P0, [{"id": 2}])  # what a JSON value_deserializer would return
+    broker.produce(P0, [row_json(3)])
+    consumer = FakeConsumer(broker, {P0})
+    ds = await mem_wal_table(tmp_path)
+    async with ds.mem_wal_writer(new_shard()) as writer:
+        feed = subscribed(consumer, revoke_timeout=0.05)
+        first = await feed.fetch(2, 0.1)
+        assert [m.offset.offset for m in first] == [0, 1]
+        for m in first:
+            await m.ack()
+        with pytest.raises(la.DecodeError) as info:
+            await ingest(feed, writer, idle_timeout=0.3)
+        assert info.value.offset == KafkaOffset("events", 0, 2)
+        assert "dict" in str(info.value)
+        assert feed.in_flight() == 0  # nothing of the failed fetch was handed out
+        with pytest.raises(la.DecodeError):  # the feed stays failed
+            await feed.fetch(100, 0.1)
+        await feed.aclose()
+    assert broker.committed == {P0: 2}  # never past the bad record

@@ -78,6 +78,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+from ..errors import DecodeError
 from ._common import BrokerFeed, FeedState, call_maybe_async, check_open
 from .base import Message
 
@@ -114,7 +115,7 @@ class _Partition:
     committed: int | None = None
 
 
-def _payload(value: Any) -> bytes | pa.RecordBatch:
+def _payload(value: Any, where: KafkaOffset) -> bytes | pa.RecordBatch:
     if value is None:
         return b""  # a tombstone: no rows
     if isinstance(value, (bytes, pa.RecordBatch)):
@@ -123,9 +124,11 @@ def _payload(value: Any) -> bytes | pa.RecordBatch:
         return bytes(value)
     if isinstance(value, str):
         return value.encode()
-    raise TypeError(
-        f"a Kafka record value of type {type(value).__name__} cannot be decoded; "
-        "use no value_deserializer (bytes) or one returning bytes, str or pa.RecordBatch"
+    raise DecodeError(
+        f"the Kafka record {where.topic}[{where.partition}]@{where.offset} has a value of type "
+        f"{type(value).__name__}, which cannot be decoded; use no value_deserializer (bytes) "
+        "or one returning bytes, str or pa.RecordBatch",
+        offset=where,
     )
 
 
@@ -219,6 +222,7 @@ class KafkaFeed(BrokerFeed):
         self._epochs: dict[TopicPartition, int] = {}
         self._lock: anyio.Lock | None = None
         self._changed: anyio.Event | None = None
+        self._error: DecodeError | None = None
         self.fetched = 0
         """Records handed out by :meth:`fetch`."""
         self.acked = 0
@@ -378,9 +382,14 @@ class KafkaFeed(BrokerFeed):
         ------
         ClosedError
             The feed was closed.
-        TypeError
+        DecodeError
             A record value is not bytes, str or a record batch (a
-            ``value_deserializer`` returning something else).
+            ``value_deserializer`` returning something else); ``offset`` is
+            its :class:`KafkaOffset`. No record of that fetch is handed out
+            and the feed stays failed (every later fetch raises the same
+            error), so no commit can pass the records it took from the
+            consumer: close the feed, fix the deserializer, and a new
+            consumer session reads them again from the committed offsets.
         aiokafka.errors.KafkaError
             Whatever ``getmany`` raises (``ConsumerStoppedError`` once the
             consumer is stopped).
@@ -388,23 +397,35 @@ class KafkaFeed(BrokerFeed):
         check_open(self._state, repr(self))
         if max_messages < 1:
             raise ValueError(f"max_messages must be >= 1, got {max_messages}")
+        if self._error is not None:
+            raise self._error
         batches = await self._consumer.getmany(
             timeout_ms=max(0, int(timeout * 1000)), max_records=max_messages
         )
+        # every value is checked before any record is registered as handed out
+        taken: list[tuple[TopicPartition, list[tuple[KafkaOffset, Any, Any]]]] = []
+        try:
+            for tp, records in batches.items():
+                if records:
+                    taken.append((tp, []))
+                for record in records:
+                    where = KafkaOffset(tp.topic, tp.partition, record.offset)
+                    taken[-1][1].append((where, _payload(record.value, where), record.headers))
+        except DecodeError as exc:
+            self._error = exc
+            raise
         out: list[Message] = []
-        for tp, records in batches.items():
-            if not records:
-                continue
+        for tp, items in taken:
             part = self._partition(tp)
-            last = records[-1].offset
-            for record in records:
-                part.pending[record.offset] = False
+            last = items[-1][0].offset
+            for where, payload, headers in items:
+                part.pending[where.offset] = False
                 out.append(
                     Message(
-                        KafkaOffset(tp.topic, tp.partition, record.offset),
-                        _payload(record.value),
-                        dict(record.headers or ()),
-                        _ack=self._acker(tp, record.offset, part.epoch, record.offset == last),
+                        where,
+                        payload,
+                        dict(headers or ()),
+                        _ack=self._acker(tp, where.offset, part.epoch, where.offset == last),
                     )
                 )
         self.fetched += len(out)
