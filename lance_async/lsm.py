@@ -196,9 +196,9 @@ def _is_not_found(exc: BaseException) -> bool:
 async def _with_snapshots(
     dataset: AsyncDataset,
     snapshots: ShardSnapshots | None,
-    work: Callable[[Any, list[LanceShardSnapshot]], Any],
+    work: Callable[[Any, list[Any], list[LanceShardSnapshot]], Any],
 ) -> Any:
-    """Run ``work(lance_dataset, snapshots)`` on a worker thread.
+    """Run ``work(lance_dataset, snapshots, engine_snapshots)`` on a worker thread.
 
     With ``snapshots=None`` they are discovered; if a generation vanished
     meanwhile (compaction and clean-up racing the read), discovery and the
@@ -210,7 +210,7 @@ async def _with_snapshots(
         ds = dataset.lance
         raw = _lance_snaps(snaps)
         try:
-            return await run_sync(partial(work, ds, raw))
+            return await run_sync(partial(work, ds, snaps, raw))
         except (OSError, ValueError, RuntimeError) as exc:
             if attempt < attempts and _is_not_found(exc):
                 log.debug("lance_async: LSM read raced a flush or compaction; retrying")
@@ -291,10 +291,9 @@ def lsm_scan(
     """
 
     async def make() -> Any:
-        snaps = list(snapshots) if snapshots is not None else await shard_snapshots(dataset)
-        ds = dataset.lance
-        raw = _lance_snaps(snaps)
-        return await run_sync(lambda: LsmScanner.from_snapshots(ds, raw))
+        return await _with_snapshots(
+            dataset, snapshots, lambda ds, _snaps, raw: LsmScanner.from_snapshots(ds, raw)
+        )
 
     return scanner_stream(make, dataset.schema, columns, filter, limit)
 
@@ -396,8 +395,8 @@ async def lsm_point_lookup(
     array = _key_array(schema, keys, key)
     cols = list(columns) if columns is not None else None
 
-    def work(ds: Any, snaps: list[LanceShardSnapshot]) -> pa.Table:
-        planner = LsmPointLookupPlanner(ds, snaps, keys)
+    def work(ds: Any, _snaps: list[Any], raw: list[LanceShardSnapshot]) -> pa.Table:
+        planner = LsmPointLookupPlanner(ds, raw, keys)
         return planner.plan_lookup(array, cols).to_table()
 
     result: pa.Table = await _with_snapshots(dataset, snapshots, work)
@@ -523,10 +522,9 @@ async def lsm_vector_search(
     q = np.asarray(query, dtype=np.float32).reshape(-1)
     cols = list(columns) if columns is not None else None
     keys = primary_key(dataset.schema)
-    snaps: list[Any] = list(snapshots) if snapshots is not None else await shard_snapshots(dataset)
     uri = dataset.uri
 
-    def index_covers(ds: Any) -> bool:
+    def index_covers(ds: Any, snaps: list[Any]) -> bool:
         import lance
 
         if not _has_vector_index(ds, column, complete=True):
@@ -540,8 +538,8 @@ async def lsm_vector_search(
                     return False
         return True
 
-    def work(ds: Any, raw: list[LanceShardSnapshot]) -> pa.Table:
-        if index_covers(ds):
+    def work(ds: Any, snaps: list[Any], raw: list[LanceShardSnapshot]) -> pa.Table:
+        if index_covers(ds, snaps):
             planner = LsmVectorSearchPlanner(
                 ds, raw, column, pk_columns=keys or None, distance_type=metric, filter=filter
             )
@@ -556,7 +554,7 @@ async def lsm_vector_search(
         sc = LsmScanner.from_snapshots(ds, raw)
         return exact_knn_scan(sc, column, q, k, metric, filter=filter, columns=cols)
 
-    table: pa.Table = await _with_snapshots(dataset, snaps, work)
+    table: pa.Table = await _with_snapshots(dataset, snapshots, work)
     return table
 
 
