@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "charts": charts,
     }
-    (out / "runs" / f"results-{stamp}.json").write_text(json.dumps(raw, indent=1, default=str))
+    raw_name = f"runs/results-{stamp}.json"
+    (out / raw_name).write_text(json.dumps(raw, indent=1, default=str))
     path = report.write_report(
         out,
         sections,
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         runs,
         "measured" if use_lancedb else lancedb_note,
         code,
+        raw_name,
     )
     log(f"wrote {path} ({wall:.0f} s in all)")
     return 0

@@ -187,8 +187,12 @@ def ratio(a: float, b: float) -> float:
 
 
 def fmt_ratio(value: float) -> str:
-    """A ratio for a table cell (``0.62x``)."""
-    return "n/a" if not math.isfinite(value) else f"{value:.2f}x"
+    """A ratio for a table cell (``0.62x``; two significant digits below 0.01: ``0.0043x``)."""
+    if not math.isfinite(value):
+        return "n/a"
+    if 0 < abs(value) < 0.01:
+        return f"{value:.2g}x"
+    return f"{value:.2f}x"
 
 
 def fmt_vs_limit(

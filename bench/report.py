@@ -250,6 +250,7 @@ def write_report(
     runs: int,
     lancedb_line: str,
     code: CodeState | None = None,
+    raw_json: str = "",
 ) -> Path:
     """Write REPORT.md; returns its path."""
     lines = [
@@ -260,6 +261,8 @@ def write_report(
         f"- Started: {started}; whole suite took {wall_seconds:.0f} s",
         f"- LanceDB alternative: {lancedb_line}",
     ]
+    if raw_json:
+        lines.append(f"- Raw results (every run's figures): [{raw_json}]({raw_json})")
     if code is not None:
         if code.dirty:
             lines.append(

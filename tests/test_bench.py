@@ -67,6 +67,8 @@ def test_quick_run_writes_report_and_charts(tmp_path: Path) -> None:
     assert "PASS" in report or "MISS" in report
     assert "median" in report
     assert "| cpu_model |" in report
+    raw = report.split("- Raw results (every run's figures): [", 1)[1].split("]", 1)[0]
+    assert (out / raw).is_file(), raw
     assert "runs (1x / 4x / 16x)" in report  # scaling has runs and [min–max]
     assert "lance_async ÷ config (lag p99)" in report  # the lag table has ratios
     assert "spent inside the sections above" in report  # the lag section's time is set
