@@ -27,7 +27,7 @@ from lance.dataset import LanceDataset
 
 from ._schema import primary_key
 from ._threads import run_sync
-from .errors import DatasetNotFoundError, SchemaMismatchError, map_engine_error
+from .errors import DatasetNotFoundError, SchemaMismatchError, raise_mapped
 from .sources import resolve_source
 from .streams import AsyncBatchStream
 
@@ -42,18 +42,12 @@ __all__ = ["AsyncDataset", "open_dataset", "write_dataset"]
 T = TypeVar("T")
 
 
-def _raise_mapped(exc: BaseException) -> None:
-    mapped = map_engine_error(exc)
-    if mapped is not None:
-        raise mapped from exc
-
-
 async def _engine(func: Callable[[], T]) -> T:
     """Run an engine call on a worker thread, mapping engine errors."""
     try:
         return await run_sync(func)
     except (OSError, ValueError, RuntimeError) as exc:
-        _raise_mapped(exc)
+        raise_mapped(exc)
         raise
 
 
@@ -236,7 +230,7 @@ class AsyncDataset:
             try:
                 return ds.scanner(**options).to_reader()
             except (OSError, ValueError) as exc:
-                _raise_mapped(exc)
+                raise_mapped(exc)
                 raise
 
         schema = None
@@ -555,23 +549,19 @@ async def write_dataset(
         raise ValueError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
     path = os.fspath(uri)
     src = await resolve_source(source, schema=schema)
-    batches = src.batches()
     async with src.reader_plan() as plan:
 
         def work() -> LanceDataset:
-            data: Any = (
-                pa.Table.from_batches(batches, schema=src.schema)
-                if batches is not None
-                else plan.make()
+            return lance.write_dataset(
+                plan.data(), path, schema=src.schema, mode=mode, **lance_kwargs
             )
-            return lance.write_dataset(data, path, schema=src.schema, mode=mode, **lance_kwargs)
 
         try:
             written = await run_sync(work)
         except BaseException as exc:
             plan.reraise(exc)
             if isinstance(exc, (OSError, ValueError, RuntimeError)):
-                _raise_mapped(exc)
+                raise_mapped(exc)
             raise
     await anyio.lowlevel.checkpoint()
     return AsyncDataset(written)

@@ -271,6 +271,17 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     return None
 
 
+def raise_mapped(exc: BaseException) -> None:
+    """Raise the typed error ``exc`` means (``from exc``); return when it has none.
+
+    Call it in an ``except`` block and re-raise after it:
+    ``except OSError as exc: raise_mapped(exc); raise``.
+    """
+    mapped = map_engine_error(exc)
+    if mapped is not None and mapped is not exc:
+        raise mapped from exc
+
+
 # -- errors of the HTTP helpers (lance_async.fastapi) ----------------------------
 
 

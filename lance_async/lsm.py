@@ -50,7 +50,7 @@ from lance.mem_wal import ShardSnapshot as LanceShardSnapshot
 from . import _manifest
 from ._schema import primary_key
 from ._threads import run_sync
-from .errors import InvalidInputError, SchemaMismatchError, map_engine_error
+from .errors import InvalidInputError, SchemaMismatchError, raise_mapped
 from .streams import AsyncBatchStream
 
 if TYPE_CHECKING:
@@ -251,9 +251,7 @@ def scanner_stream(
                     sc = sc.limit(limit)
                 batches = [b for b in sc.to_batches() if b.num_rows]
             except (OSError, ValueError, RuntimeError) as exc:
-                mapped = map_engine_error(exc)
-                if mapped is not None:
-                    raise mapped from exc
+                raise_mapped(exc)
                 raise
             if not batches:
                 return pa.RecordBatchReader.from_batches(schema, [])

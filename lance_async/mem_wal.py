@@ -73,6 +73,7 @@ from .errors import (
     SchemaMismatchError,
     WriterFailedError,
     map_engine_error,
+    raise_mapped,
 )
 from .sources import SourceMode, resolve_source
 
@@ -345,9 +346,7 @@ class AsyncShardWriter:
         try:
             self._engine, memtable_rows = await run_sync(work)
         except (OSError, ValueError, RuntimeError) as exc:
-            mapped = map_engine_error(exc)
-            if mapped is not None:
-                raise mapped from exc
+            raise_mapped(exc)
             raise
         put_rows = self._requested_put_rows or max(1, memtable_rows // 2)
         self.max_put_rows = min(put_rows, memtable_rows)

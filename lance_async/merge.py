@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import pyarrow as pa
@@ -55,6 +55,7 @@ from .errors import (
     InvalidInputError,
     SchemaMismatchError,
     map_engine_error,
+    raise_mapped,
 )
 from .sources import SourceMode, WriteSource, resolve_source
 
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 __all__ = ["AsyncMergeInsertBuilder", "MergeResult", "backoff_delay"]
 
 log = logging.getLogger("lance_async")
+T = TypeVar("T")
 
 BASE_BACKOFF = 0.05
 MAX_BACKOFF = 5.0
@@ -114,11 +116,6 @@ def backoff_delay(
 
 
 _RETRIES_RE = re.compile(r"Attempted (\d+) retries")
-
-
-def _is_retryable_conflict(exc: BaseException) -> bool:
-    mapped = map_engine_error(exc)
-    return isinstance(mapped, ConflictError) and mapped.retryable
 
 
 def _stats(result: Any) -> tuple[int, int, int]:
@@ -327,28 +324,44 @@ class AsyncMergeInsertBuilder:
 
         return handle
 
-    async def _attempt(self, src: WriteSource, retries: int, attempts: int) -> MergeResult:
-        """One pass of the source through one engine merge."""
-        batches = src.batches()
-        base = self._dataset.lance
+    async def _run_pass(
+        self,
+        src: WriteSource,
+        work: Callable[[Any], T],
+        *,
+        on_cancel_result: Callable[[T | None, BaseException | None], None] | None = None,
+        source_must_succeed: bool = False,
+    ) -> T:
+        """``work(data)`` on an engine thread over one pass of ``src``.
+
+        ``data`` is the rows as one table for in-memory sources, a fresh
+        reader otherwise. A failing source's own error replaces the engine's
+        text-only version of it; with ``source_must_succeed`` it is raised even
+        when the engine call returned.
+        """
         async with src.reader_plan() as plan:
-
-            def work() -> tuple[LanceDataset, Any]:
-                target = base.checkout_version(base.latest_version)
-                builder = self._build(target, retries)
-                if batches is not None:
-                    stats = builder.execute(pa.Table.from_batches(batches, schema=src.schema))
-                else:
-                    stats = builder.execute(plan.make())
-                return target, stats
-
             try:
-                target, stats = await run_sync(
-                    work, on_cancel_result=self._on_cancel(src.mode, attempts)
+                result = await run_sync(
+                    lambda: work(plan.data()), on_cancel_result=on_cancel_result
                 )
             except BaseException as exc:
                 plan.reraise(exc)
                 raise
+            if source_must_succeed and plan.error is not None:
+                raise plan.error
+            return result
+
+    async def _attempt(self, src: WriteSource, retries: int, attempts: int) -> MergeResult:
+        """One pass of the source through one engine merge."""
+        base = self._dataset.lance
+
+        def work(data: Any) -> tuple[LanceDataset, Any]:
+            target = base.checkout_version(base.latest_version)
+            return target, self._build(target, retries).execute(data)
+
+        target, stats = await self._run_pass(
+            src, work, on_cancel_result=self._on_cancel(src.mode, attempts)
+        )
         return self._record(target, stats, attempts, src.mode)
 
     async def _execute_once(self, src: WriteSource) -> MergeResult:
@@ -382,8 +395,8 @@ class AsyncMergeInsertBuilder:
             try:
                 return await self._attempt(src, 0, attempts)
             except (OSError, ValueError, RuntimeError) as exc:
-                if not _is_retryable_conflict(exc):
-                    mapped = map_engine_error(exc)
+                mapped = map_engine_error(exc)
+                if not (isinstance(mapped, ConflictError) and mapped.retryable):
                     if mapped is not None:
                         raise mapped from exc
                     raise
@@ -420,28 +433,17 @@ class AsyncMergeInsertBuilder:
             As :meth:`execute` (no retries: nothing is committed here).
         """
         src = await self._prepare(source, schema)
-        batches = src.batches()
         base = self._dataset.lance
-        async with src.reader_plan() as plan:
 
-            def work() -> tuple[Any, dict[str, Any]]:
-                builder = self._build(base, 0)
-                data = (
-                    pa.Table.from_batches(batches, schema=src.schema)
-                    if batches is not None
-                    else plan.make()
-                )
-                txn, stats = builder.execute_uncommitted(data)
-                return txn, dict(stats)
+        def work(data: Any) -> tuple[Any, dict[str, Any]]:
+            txn, stats = self._build(base, 0).execute_uncommitted(data)
+            return txn, dict(stats)
 
-            try:
-                return await run_sync(work)
-            except BaseException as exc:
-                plan.reraise(exc)
-                mapped = map_engine_error(exc)
-                if mapped is not None:
-                    raise mapped from exc
-                raise
+        try:
+            return await self._run_pass(src, work)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise_mapped(exc)
+            raise
 
     async def analyze_plan(self, source: Any, *, schema: pa.Schema | None = None) -> str:
         """Run the merge to collect metrics, without committing; returns the
@@ -454,27 +456,10 @@ class AsyncMergeInsertBuilder:
             The source's own error when it fails: never a plan that looks fine.
         """
         src = await self._prepare(source, schema)
-        batches = src.batches()
         base = self._dataset.lance
-        async with src.reader_plan() as plan:
-
-            def work() -> str:
-                builder = self._build(base, 0)
-                data = (
-                    pa.Table.from_batches(batches, schema=src.schema)
-                    if batches is not None
-                    else plan.make()
-                )
-                return str(builder.analyze_plan(data))
-
-            try:
-                text = await run_sync(work)
-            except BaseException as exc:
-                plan.reraise(exc)
-                raise
-            if plan.error is not None:
-                raise plan.error
-            return text
+        return await self._run_pass(
+            src, lambda data: str(self._build(base, 0).analyze_plan(data)), source_must_succeed=True
+        )
 
     async def explain_plan(self, schema: pa.Schema | None = None, verbose: bool = False) -> str:
         """The plan Lance would run for a streamed source of ``schema``

@@ -180,9 +180,24 @@ class ReaderPlan:
     lose it -- raise this one instead).
     """
 
-    def __init__(self, make: Callable[[], pa.RecordBatchReader], error: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        make: Callable[[], pa.RecordBatchReader],
+        error: Callable[[], Any],
+        rows: tuple[list[pa.RecordBatch], pa.Schema] | None = None,
+    ) -> None:
         self.make = make
         self._error = error
+        self._rows = rows
+
+    def data(self) -> pa.Table | pa.RecordBatchReader:
+        """What to hand an engine call (blocking; on its worker thread): the
+        rows as one table for in-memory sources -- Lance's in-memory path --
+        or a fresh reader from :meth:`make`."""
+        if self._rows is not None:
+            batches, schema = self._rows
+            return pa.Table.from_batches(batches, schema=schema)
+        return self.make()
 
     @property
     def error(self) -> BaseException | None:
@@ -363,8 +378,10 @@ class WriteSource:
                     self._sink(pass_no)(exc)
                     raise
 
+            batches = self.batches()
+            rows = (batches, self.schema) if batches is not None else None
             try:
-                yield ReaderPlan(make, lambda: self._pass_errors.get(pass_no))
+                yield ReaderPlan(make, lambda: self._pass_errors.get(pass_no), rows)
             finally:
                 self._pass_errors.pop(pass_no, None)
             return
