@@ -22,7 +22,6 @@ from .errors import WrongEventLoopError
 __all__ = [
     "LoopHandle",
     "aclose_shielded",
-    "current_loop",
     "single_exception",
     "unwrap_groups",
 ]
@@ -80,11 +79,6 @@ class LoopHandle:
                 native.run_sync_soon(fn)
         except RuntimeError:
             pass  # the loop is closed or the trio run has finished
-
-
-def current_loop() -> LoopHandle:
-    """A handle on the running event loop."""
-    return LoopHandle()
 
 
 if sys.version_info >= (3, 11):

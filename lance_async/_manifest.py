@@ -30,7 +30,6 @@ skipped for the one before it (up to three).
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -244,19 +243,6 @@ def read_shard_manifest(uri: str, shard_id: str) -> ShardManifest | None:
         result: ShardManifest = _remember(_decoded, key, manifest)
         return result
     raise ManifestFormatError("no shard manifest decodes: " + "; ".join(errors))
-
-
-def read_version_hint(uri: str, shard_id: str) -> int | None:
-    """``version_hint.json`` of a shard, if present (blocking)."""
-    fs, root = _fs(uri)
-    try:
-        return int(
-            json.loads(_read(fs, f"{root}/_mem_wal/{shard_id}/manifest/version_hint.json"))[
-                "version"
-            ]
-        )
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 # -- compaction progress --------------------------------------------------------

@@ -119,12 +119,6 @@ class AsyncDataset:
         if int(dataset.version) >= self.version:
             self._ds = dataset
 
-    async def _latest_copy(self) -> LanceDataset:
-        def work() -> LanceDataset:
-            return self._ds.checkout_version(self._ds.latest_version)
-
-        return await _engine(work)
-
     async def latest_version(self) -> int:
         """The newest committed version (reads the version hint on a worker thread)."""
         return int(await _engine(lambda: self._ds.latest_version))
@@ -349,9 +343,8 @@ class AsyncDataset:
 
     async def mem_wal_index_details(self) -> dict[str, Any] | None:
         """The MemWAL index details (shards, specs, writer defaults) or None."""
-        fresh = await self._latest_copy()
-        self._replace(fresh)
-        details = await _engine(fresh.mem_wal_index_details)
+        await self.refresh()
+        details = await _engine(self._ds.mem_wal_index_details)
         return dict(details) if details is not None else None
 
     def mem_wal_writer(self, shard_id: str, **options: Any) -> AsyncShardWriter:

@@ -162,7 +162,6 @@ class AsyncMergeInsertBuilder:
         self._steps: list[tuple[str, tuple[Any, ...]]] = []
         self._retries = 10
         self._timeout = timedelta(seconds=30)
-        self._marked = False
         self.last_result: MergeResult | None = None
 
     # -- configuration (mirrors pylance) -----------------------------------
@@ -219,7 +218,6 @@ class AsyncMergeInsertBuilder:
     def mark_sstables_as_compacted(self, sstables: Sequence[Any]) -> AsyncMergeInsertBuilder:
         """Record, in the merge's own commit, that MemWAL SSTables were compacted
         (a list of ``lance.mem_wal.CompactedSsTable``; at most one per shard)."""
-        self._marked = True
         return self._add("mark_sstables_as_compacted", list(sstables))
 
     # -- building -----------------------------------------------------------

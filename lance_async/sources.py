@@ -146,7 +146,7 @@ async def _achecked(
 
 
 def _table_batches(table: pa.Table) -> list[pa.RecordBatch]:
-    return [b for b in table.to_batches() if b.num_rows] or []
+    return [b for b in table.to_batches() if b.num_rows]
 
 
 def _cast_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
