@@ -322,3 +322,18 @@ async def test_regression_the_loop_stays_free_while_a_large_quoted_csv_is_read(
     assert len(ticker.lags) > 10
     assert ticker.max_lag < LAG_LIMIT, ticker.max_lag
     assert ticker.p99() < 0.05, ticker.p99()
+
+
+async def test_chunks_before_a_bad_one_are_handed_out_first(tmp_path: Path) -> None:
+    path = tmp_path / "rows.ndjson"
+    good = b"".join(row_json(i) + b"\n" for i in range(40))
+    path.write_bytes(good + b"null\n" + row_json(99) + b"\n")
+    async with FileFeed(path, schema=KV_SCHEMA, chunk_size=128) as feed:
+        first = await feed.fetch(100, 0.1)  # meets the bad chunk, returns what came before
+        ids = [i for m in first for i in m.payload.column("id").to_pylist()]  # type: ignore[union-attr]
+        assert first and ids == list(range(len(ids))) and len(ids) < 40
+        with pytest.raises(la.DecodeError, match="expected a JSON object, got null") as info:
+            await feed.fetch(100, 0.1)
+        assert info.value.offset == first[-1].offset
+        with pytest.raises(la.DecodeError):  # the feed stays failed
+            await feed.fetch(100, 0.1)

@@ -43,7 +43,9 @@ Bytes that cannot be decoded raise :class:`~lance_async.DecodeError` from
 :meth:`FileFeed.fetch`, with ``offset`` = the byte position where the bad
 chunk starts (chunks are decoded whole, so there is no per-record
 dead-lettering for files; fix the file, or resume past the bad bytes with
-``start_offset``). The error is raised again by every later fetch.
+``start_offset``). The chunks decoded before the bad one are handed out
+first: a fetch that meets the bad chunk returns them, and the next fetch
+raises. The error is raised again by every later fetch.
 """
 
 from __future__ import annotations
@@ -411,6 +413,28 @@ class FileFeed:
                 "(truncated or replaced)"
             )
 
+    async def _fill(self, max_messages: int, timeout: float) -> None:
+        deadline = anyio.current_time() + max(timeout, 0.0)
+        read = 0
+        while len(self._ready) < max_messages and not self._at_end and self._error is None:
+            if self._ready and read >= self.max_fetch_bytes:
+                break
+            chunk = await self._read_chunk()
+            if chunk:
+                read += len(chunk)
+                await self._decode(final=False)
+                continue
+            if not self.follow:
+                await self._decode(final=True)  # sets _at_end once decoded
+                break
+            if self._ready:
+                break
+            await self._check_not_shrunk()
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                break
+            await anyio.sleep(min(self.poll_interval, remaining))
+
     async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
         """The next decoded chunks, one message each (at most ``max_messages``).
 
@@ -434,7 +458,8 @@ class FileFeed:
         ClosedError
             The feed was closed.
         DecodeError
-            Bytes that cannot be decoded (``offset`` = where they start).
+            Bytes that cannot be decoded (``offset`` = where they start), once
+            every message decoded before them was handed out.
         SourceChangedError
             A followed file shrank.
         SourceError
@@ -453,28 +478,15 @@ class FileFeed:
         async with self._lock:
             if self._state is FeedState.NEW:
                 await self.open()
-            if self._error is not None:
+            if self._error is not None and not self._ready:
                 raise self._error
-            deadline = anyio.current_time() + max(timeout, 0.0)
-            read = 0
-            while len(self._ready) < max_messages and not self._at_end:
-                if self._ready and read >= self.max_fetch_bytes:
-                    break
-                chunk = await self._read_chunk()
-                if chunk:
-                    read += len(chunk)
-                    await self._decode(final=False)
-                    continue
-                if not self.follow:
-                    await self._decode(final=True)  # sets _at_end once decoded
-                    break
-                if self._ready:
-                    break
-                await self._check_not_shrunk()
-                remaining = deadline - anyio.current_time()
-                if remaining <= 0:
-                    break
-                await anyio.sleep(min(self.poll_interval, remaining))
+            try:
+                await self._fill(max_messages, timeout)
+            except DecodeError as exc:
+                # the messages decoded before the bad chunk go out first; the
+                # (sticky) error is raised by the next fetch
+                if exc is not self._error or not self._ready:
+                    raise
             # (taking the lock was the checkpoint) no await from here on: messages
             # taken off the queue must reach the caller, even under cancellation
             count = min(max_messages, len(self._ready))
