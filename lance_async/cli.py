@@ -19,8 +19,16 @@ Commands
 ``serve [--root DIR]``
     The example FastAPI app (``fastapi`` extra).
 
-Errors print one clear line on standard error and exit with 1 (bad data,
-conflicts) or 2 (bad arguments, unknown table).
+Errors print a clear message on standard error and exit with 2 for a bad
+argument -- an unknown option value, column or join key, a filter the engine
+cannot parse, a missing file, no table at the URI -- and with 1 for anything
+else (bad data, conflicts, a table in the wrong state, a broker or engine
+failure). "Nothing was written" is said only when it is true: a file checked
+whole before the first write (``ingest``'s default), or a ``merge`` (which
+commits all or nothing).
+
+Output is encoded and written, and input decoded, on the library's worker
+threads (``stream`` limiter), never on the event loop.
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ os.environ.setdefault("LANCE_LOG", "critical")
 import json
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -62,6 +72,7 @@ except ImportError as exc:  # pragma: no cover - the demo extra provides them
     ) from exc
 
 from . import errors
+from ._threads import run_sync, stream_limiter
 from .dataset import AsyncDataset, open_dataset
 from .feeds import Feed, IngestStats, IterableFeed, ingest
 from .files import file_source, guess_format
@@ -78,16 +89,43 @@ err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
 
 
-def _run(coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-    """Run a coroutine; turn lance_async errors into one line and an exit code."""
+@dataclass
+class _Writes:
+    """Whether a command may have written rows yet (for the error message).
+
+    ``started`` turns True just before the first write; a
+    :class:`~lance_async.DecodeError` before that wrote nothing.
+    """
+
+    started: bool = False
+
+
+def _run(coro_fn: Callable[[], Coroutine[Any, Any, Any]], writes: _Writes | None = None) -> Any:
+    """Run a coroutine; turn lance_async errors into one line and an exit code.
+
+    ``typer.BadParameter`` raised inside exits 2 with typer's usage message;
+    ``writes`` says whether a bad input may have come after written rows
+    (None: nothing is known, so nothing is claimed).
+    """
     try:
         return anyio.run(coro_fn)
+    except (typer.BadParameter, typer.Exit):
+        raise  # a bad argument (exit 2 with typer's usage message), or already decided
+    except BrokenPipeError:  # `| head` closed the pipe: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
     except errors.DatasetNotFoundError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     except errors.DecodeError as exc:
         where = f" (offset {exc.offset})" if exc.offset is not None else ""
-        err.print(f"[red]error:[/red] bad input{where}: {exc}. Nothing was written.")
+        if writes is not None and not writes.started:
+            outcome = " Nothing was written."
+        elif writes is not None:
+            outcome = " Rows before it may have been written."
+        else:
+            outcome = ""
+        err.print(f"[red]error:[/red] bad input{where}: {exc}.{outcome}")
         raise typer.Exit(1) from None
     except errors.LanceAsyncError as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -172,15 +210,15 @@ def demo(
 
 
 async def _stdin_batches(fmt: str, schema: pa.Schema) -> AsyncIterator[pa.RecordBatch]:
+    """Standard input decoded as it arrives (``read1``: whatever the pipe
+    holds, up to 1 MiB); the decoder runs on a worker thread."""
     decoder = make_decoder(fmt, schema)
     stdin = anyio.wrap_file(sys.stdin.buffer)
-    while True:
-        chunk = await stdin.read(1 << 20)
-        if not chunk:
-            break
-        for batch in await anyio.to_thread.run_sync(decoder.feed, chunk):
+    limiter = stream_limiter()
+    while chunk := await stdin.read1(1 << 20):
+        for batch in await run_sync(partial(decoder.feed, chunk), limiter=limiter):
             yield batch
-    for batch in decoder.finish():
+    for batch in await run_sync(decoder.finish, limiter=limiter):
         yield batch
 
 
@@ -237,6 +275,16 @@ def _open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) ->
 
 def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _check_columns(ds: AsyncDataset, names: Sequence[str], option: str) -> None:
+    """Raise typer.BadParameter (exit 2) for a column the table does not have."""
+    unknown = [n for n in names if n not in ds.schema.names]
+    if unknown:
+        raise typer.BadParameter(
+            f"no column {unknown[0]!r} in the table (it has {', '.join(ds.schema.names)})",
+            param_hint=f"'{option}'",
+        )
 
 
 def _format_of(path: str) -> str:
@@ -309,6 +357,8 @@ def ingest_cmd(
     if is_file and format is None:
         format = _format_of(source)
 
+    writes = _Writes()
+
     async def run() -> IngestStats:
         ds = await open_dataset(table_uri)
         if await ds.mem_wal_index_details() is None:
@@ -328,13 +378,14 @@ def ingest_cmd(
 
             async with ds.mem_wal_writer(shard_id) as writer:
                 feed: Feed = feed_or_cm
+                writes.started = True
                 try:
                     return await ingest(feed, writer, idle_timeout=idle_timeout, on_progress=tick)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await feed.aclose()
 
-    stats = _run(run)
+    stats = _run(run, writes)
     out.print(
         f"ingested {_count(stats.rows, 'row')} from {_count(stats.messages, 'message')} into "
         f"shard {shard_id} in {stats.seconds:.1f} s; "
@@ -359,7 +410,12 @@ def merge(
 
     async def run() -> Any:
         ds = await open_dataset(table_uri)
-        keys = on or ds.primary_key or None
+        keys = on or ds.primary_key
+        if not keys:
+            raise typer.BadParameter(
+                "the table has no primary key; name the join column(s)", param_hint="'--on'"
+            )
+        _check_columns(ds, keys, "--on")
         schema = ds.schema
         fmt = format or _format_of(source)
         if fmt in ("ndjson", "csv"):
@@ -375,7 +431,7 @@ def merge(
                 .execute(src)
             )
 
-    result = _run(run)
+    result = _run(run, _Writes())  # a merge commits all or nothing
     out.print(
         f"inserted {result.num_inserted_rows:,}, updated {result.num_updated_rows:,}, "
         f"deleted {result.num_deleted_rows:,} rows in {result.num_attempts} attempt(s); "
@@ -394,9 +450,19 @@ def init_wal(
     no_durable: bool = typer.Option(False, "--no-durable", help="Writers ack before fsync."),
 ) -> None:
     """Initialize TABLE_URI's MemWAL (once), so rows can be ingested into it."""
+    if (bucket_column is None) != (num_buckets is None):
+        raise typer.BadParameter(
+            "--bucket-column and --num-buckets go together", param_hint="'--num-buckets'"
+        )
+    if num_buckets is not None and num_buckets < 1:
+        raise typer.BadParameter(f"must be >= 1, got {num_buckets}", param_hint="'--num-buckets'")
 
     async def run() -> dict[str, Any] | None:
         ds = await open_dataset(table_uri)
+        if bucket_column:
+            _check_columns(ds, [bucket_column], "--bucket-column")
+        if identity_column:
+            _check_columns(ds, [identity_column], "--identity-column")
         options: dict[str, Any] = {}
         if bucket_column or num_buckets:
             options.update(bucket_column=bucket_column, num_buckets=num_buckets)
@@ -463,50 +529,96 @@ def scan(
     fmt = format or ("table" if sys.stdout.isatty() else "ndjson")
     if fmt not in ("table", "ndjson", "ipc"):
         raise typer.BadParameter("--format must be table, ndjson or ipc")
+    if limit is not None and limit < 0:
+        raise typer.BadParameter(f"must be >= 0, got {limit}", param_hint="'--limit'")
     cols = [c.strip() for c in columns.split(",")] if columns else None
 
-    async def run() -> None:
+    async def run() -> _Preview | None:
         ds = await open_dataset(table_uri)
+        if cols:
+            _check_columns(ds, cols, "--columns")
         if lsm:
             stream = ds.lsm_scan(columns=cols, filter=filter, limit=limit)
         else:
             stream = ds.scan(columns=cols, filter=filter, limit=limit)
         async with stream:
+            try:
+                await stream.open()
+            except errors.InvalidInputError as exc:
+                if filter is None:
+                    raise
+                raise typer.BadParameter(str(exc), param_hint="'--filter'") from None
             if fmt == "ipc":
                 await _write_ipc(stream)
             elif fmt == "ndjson":
-                async for batch in stream:
-                    lines = [json.dumps(r, default=_json_default) for r in batch.to_pylist()]
-                    sys.stdout.write("\n".join(lines) + "\n")
-                sys.stdout.flush()
+                await _write_ndjson(stream)
             else:
-                await _print_table(stream)
+                return await _preview(stream)
+        return None
 
     try:
-        _run(run)
+        preview = _run(run)
+        if preview is not None:
+            _print_preview(preview)
     except BrokenPipeError:  # `| head` closed the pipe: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _ndjson_out(batch: pa.RecordBatch) -> None:
+    """Write a batch to standard output as NDJSON (blocking: encoding and write)."""
+    if batch.num_rows:
+        lines = [json.dumps(r, default=_json_default) for r in batch.to_pylist()]
+        sys.stdout.write("\n".join(lines) + "\n")
+
+
+async def _write_ndjson(stream: Any) -> None:
+    limiter = stream_limiter()
+    async for batch in stream:
+        await run_sync(partial(_ndjson_out, batch), limiter=limiter)
+    await run_sync(sys.stdout.flush, limiter=limiter)
+
+
 async def _write_ipc(stream: Any) -> None:
+    """The stream as an Arrow IPC stream on standard output. Its end-of-stream
+    marker is written only after the last batch, so a scan that fails half
+    way leaves a stream its reader sees as cut short."""
     sink = sys.stdout.buffer
-    await stream.open()
-    writer = pa.ipc.new_stream(sink, stream.schema)
+    limiter = stream_limiter()
+    writer = await run_sync(partial(pa.ipc.new_stream, sink, stream.schema), limiter=limiter)
     async for batch in stream:
-        await anyio.to_thread.run_sync(writer.write_batch, batch)
-    writer.close()
-    sink.flush()
+        await run_sync(partial(writer.write_batch, batch), limiter=limiter)
+
+    def close() -> None:
+        writer.close()
+        sink.flush()
+
+    await run_sync(close, limiter=limiter)
 
 
-async def _print_table(stream: Any, most: int = 1_000) -> None:
-    """Up to ``most`` rows: a table when narrow, one block per row when wide."""
-    rows: list[dict[str, Any]] = []
-    total = 0
+@dataclass
+class _Preview:
+    """The first rows of a scan, for the ``table`` format."""
+
+    names: list[str]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    total: int = 0
+
+
+async def _preview(stream: Any, most: int = 1_000) -> _Preview:
+    """Up to ``most`` rows as Python values (converted on a worker thread)."""
+    preview = _Preview(list(stream.schema.names))
     async for batch in stream:
-        total += batch.num_rows
-        if len(rows) < most:
-            rows.extend(batch.slice(0, most - len(rows)).to_pylist())
-    names = list(rows[0]) if rows else list(stream.schema.names)
+        preview.total += batch.num_rows
+        room = most - len(preview.rows)
+        if room > 0:
+            part = batch.slice(0, room)
+            preview.rows.extend(await run_sync(part.to_pylist, limiter=stream_limiter()))
+    return preview
+
+
+def _print_preview(preview: _Preview) -> None:
+    """A table when narrow, one block per row when wide (after the event loop ended)."""
+    names, rows = preview.names, preview.rows
     if len(names) <= 8:
         table = Table(*names)
         for row in rows:
@@ -518,8 +630,8 @@ async def _print_table(stream: Any, most: int = 1_000) -> None:
             out.print(f"[bold]-- row {i + 1}[/bold]")
             for name, value in row.items():
                 out.print(f"{name:>{width}}  {'' if value is None else value}", highlight=False)
-    if total > len(rows):
-        err.print(f"(showing {len(rows):,} of {total:,} rows; use --format ndjson for all)")
+    if preview.total > len(rows):
+        err.print(f"(showing {len(rows):,} of {preview.total:,} rows; use --format ndjson for all)")
 
 
 async def _info(ds: AsyncDataset) -> dict[str, Any]:

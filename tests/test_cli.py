@@ -104,6 +104,8 @@ def test_ingest_stdin(tmp_path: Path, mem_wal_table: str) -> None:
         ),
         ("missing key column", ['{"id": 1, "value": 1, "name": "a"}', '{"value": 3, "name": "c"}']),
         ("unknown column", ['{"id": 1, "value": 1, "name": "a", "colour": "red"}']),
+        ("null line", ['{"id": 1, "value": 1, "name": "a"}', "null"]),
+        ("array line", ['{"id": 1, "value": 1, "name": "a"}', "[1, 2]"]),
     ],
 )
 def test_bad_input_fails_clearly_and_writes_nothing(
@@ -179,7 +181,7 @@ def test_regression_cli_errors_are_one_line_with_usage_exit_codes(
     tmp_path: Path, mem_wal_table: str
 ) -> None:
     result = runner.invoke(app, ["scan", mem_wal_table, "--columns", "nocol"])
-    assert result.exit_code == 1 and "nocol" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "nocol" in result.output and "Traceback" not in result.output
     src = ndjson(tmp_path / "rows.ndjson", ['{"id": 1, "value": 1, "name": "a"}'])
     result = runner.invoke(app, ["ingest", str(src), mem_wal_table, "--shard", "not-a-uuid"])
     assert result.exit_code == 2 and "UUID" in result.output
@@ -257,3 +259,70 @@ def test_init_wal_ingest_compact_from_the_command_line(tmp_path: Path) -> None:
     assert lance.dataset(uri).count_rows() == 13
     wide = runner.invoke(app, ["scan", uri, "--format", "table", "--limit", "2"])
     assert wide.exit_code == 0 and "id" in wide.output
+
+
+def test_regression_a_null_line_fails_clearly_from_a_file_and_from_stdin(
+    tmp_path: Path, mem_wal_table: str
+) -> None:
+    # `printf 'null\n' | lance-async ingest - T` crashed the process (pyarrow SIGSEGV)
+    src = ndjson(tmp_path / "null.ndjson", ["null"])
+    result = runner.invoke(app, ["ingest", str(src), mem_wal_table])
+    assert result.exit_code == 1, result.output
+    assert "line 1: expected a JSON object, got null" in result.output
+    assert "Nothing was written" in result.output
+    result = runner.invoke(app, ["ingest", "-", mem_wal_table], input="null\n")
+    assert result.exit_code == 1, result.output
+    assert "line 1: expected a JSON object, got null" in result.output
+    assert "Nothing was written" not in result.output  # stdin is not checked before writing
+    assert lsm_ids(mem_wal_table) == list(range(5))
+
+
+def test_regression_nothing_written_is_said_only_when_true(
+    tmp_path: Path, mem_wal_table: str
+) -> None:
+    # "Nothing was written." followed every DecodeError, also after rows were written
+    good = [json.dumps({"id": i, "value": i, "name": "x" * 40}) for i in range(100, 30_100)]
+    src = ndjson(tmp_path / "late-bad.ndjson", [*good, '{"id": "not a number"}'])
+    assert src.stat().st_size > 2 * (1 << 20)  # the bad line is chunks after the first
+    result = runner.invoke(app, ["ingest", str(src), mem_wal_table, "--no-validate"])
+    assert result.exit_code == 1, result.output
+    assert "bad input" in result.output and "Nothing was written" not in result.output
+    assert "may have been written" in result.output
+    written = lsm_ids(mem_wal_table)
+    assert len(written) > 5 and written[:6] == [0, 1, 2, 3, 4, 100]
+    body = json.dumps({"id": 40_000, "value": 1, "name": "s"}) + "\n" + '{"id": []}\n'
+    result = runner.invoke(app, ["ingest", "-", mem_wal_table], input=body)
+    assert result.exit_code == 1 and "Nothing was written" not in result.output
+
+
+def test_regression_bad_arguments_exit_2(tmp_path: Path, mem_wal_table: str) -> None:
+    # `merge --on nope` exited 1 although the docs promise 2 for bad arguments
+    src = ndjson(tmp_path / "rows.ndjson", ['{"id": 1, "value": 1, "name": "a"}'])
+    version = lance.dataset(mem_wal_table).version
+    for args, word in [
+        (["merge", str(src), mem_wal_table, "--on", "nope"], "nope"),
+        (["scan", mem_wal_table, "--columns", "id,nope"], "nope"),
+        (["scan", mem_wal_table, "--filter", "id >>> 3"], "--filter"),
+        (["scan", mem_wal_table, "--limit", "-1"], "--limit"),
+        (["init-wal", mem_wal_table, "--num-buckets", "4"], "--bucket-column"),
+        (["init-wal", mem_wal_table, "--bucket-column", "nope", "--num-buckets", "4"], "nope"),
+    ]:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert word in result.output and "Traceback" not in result.output, (args, result.output)
+    plain = str(tmp_path / "plain.lance")
+    lance.write_dataset(pa.table({"id": [1], "value": [1], "name": ["a"]}), plain)
+    result = runner.invoke(app, ["merge", str(src), plain])  # no --on and no primary key
+    assert result.exit_code == 2 and "primary key" in result.output, result.output
+    assert lance.dataset(mem_wal_table).version == version
+
+
+def test_scan_formats_stream_every_batch(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(kv_table(range(5_000)), uri, max_rows_per_file=1_000)
+    result = runner.invoke(app, ["scan", uri, "--format", "ndjson"])
+    assert result.exit_code == 0, result.output
+    ids = sorted(json.loads(line)["id"] for line in result.stdout.splitlines() if line.strip())
+    assert ids == list(range(5_000))
+    result = runner.invoke(app, ["scan", uri, "--format", "table", "--filter", "id < 3"])
+    assert result.exit_code == 0 and "n2" in result.stdout, result.output
