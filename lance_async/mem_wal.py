@@ -487,8 +487,14 @@ class AsyncShardWriter:
         self._queue_bytes -= nbytes
         self._wake_senders()
 
-    def _conform(self, batch: pa.RecordBatch, index: int) -> pa.RecordBatch:
-        return self._fit.check(batch, index)
+    @staticmethod
+    def _in_memory(data: Any, conform: Any) -> list[pa.RecordBatch] | None:
+        """Checked batches of a RecordBatch or Table (None for any other data)."""
+        if isinstance(data, pa.RecordBatch):
+            return [conform(data, 0)]
+        if isinstance(data, pa.Table):
+            return [conform(b, i) for i, b in enumerate(data.to_batches()) if b.num_rows]
+        return None
 
     def _pieces(self, batches: Sequence[pa.RecordBatch]) -> list[tuple[pa.RecordBatch, int]]:
         """Batches cut to at most ``max_put_rows`` rows, with their sizes in bytes."""
@@ -514,6 +520,10 @@ class AsyncShardWriter:
         if not pieces:
             return
         await self._reserve(sum(p.num_rows for p, _ in pieces), sum(n for _, n in pieces), deadline)
+        self._queue(kind, pieces, ack)
+
+    def _queue(self, kind: _Kind, pieces: list[tuple[pa.RecordBatch, int]], ack: Ack) -> None:
+        """Hand pieces whose queue room is taken to the writer task."""
         assert self._send_stream is not None
         now = time.monotonic()
         for piece, nbytes in pieces:
@@ -529,13 +539,10 @@ class AsyncShardWriter:
         await anyio.lowlevel.checkpoint()  # every send is a checkpoint (trio's rule)
         deadline = None if timeout is None else anyio.current_time() + timeout
         ack = Ack(self._loop)
-        conform = self._conform if kind is _Kind.PUT else self._conform_keys
+        conform = self._fit.check if kind is _Kind.PUT else self._conform_keys
         # fast path: one batch or table, checked before anything is queued
-        if isinstance(data, pa.RecordBatch) and schema is None:
-            batches = [conform(data, 0)]
-        elif isinstance(data, pa.Table) and schema is None:
-            batches = [conform(b, i) for i, b in enumerate(data.to_batches()) if b.num_rows]
-        else:
+        batches = self._in_memory(data, conform) if schema is None else None
+        if batches is None:
             source = await resolve_source(data, schema=schema)
             if source.mode is SourceMode.MATERIALIZED:
                 batches = [conform(b, i) for i, b in enumerate(source.batches() or [])]
@@ -624,11 +631,8 @@ class AsyncShardWriter:
             As :meth:`send`.
         """
         self._check_usable()
-        if isinstance(data, pa.RecordBatch):
-            batches = [self._conform(data, 0)]
-        elif isinstance(data, pa.Table):
-            batches = [self._conform(b, i) for i, b in enumerate(data.to_batches())]
-        else:
+        batches = self._in_memory(data, self._fit.check)
+        if batches is None:
             raise TypeError(
                 f"send_nowait takes a pyarrow RecordBatch or Table, not {type(data).__name__}; "
                 "use `await writer.send(...)` for other sources"
@@ -641,13 +645,7 @@ class AsyncShardWriter:
             if not self._has_room(rows, nbytes):
                 raise anyio.WouldBlock
             self._take_room(rows, nbytes)
-            assert self._send_stream is not None
-            now = time.monotonic()
-            for piece, size in pieces:
-                ack._add_part()
-                self._send_stream.send_nowait(
-                    _Item(_Kind.PUT, piece, ack, piece.num_rows, size, now)
-                )
+            self._queue(_Kind.PUT, pieces, ack)
         ack._seal()
         return ack
 
