@@ -96,7 +96,13 @@ class Ack:
         self._parts += 1
 
     def _part_done(
-        self, *, rows: int = 0, batches: int = 0, put_id: Any = None, deletes: int = 0
+        self,
+        *,
+        rows: int = 0,
+        batches: int = 0,
+        put_id: Any = None,
+        deletes: int = 0,
+        put_ids: Iterable[Any] = (),
     ) -> None:
         self._parts -= 1
         self._rows += rows
@@ -104,6 +110,7 @@ class Ack:
         self._deletes += deletes
         if put_id is not None:
             self._puts.add(put_id)
+        self._puts.update(put_ids)
         self._maybe_resolve()
 
     def _part_failed(self, error: BaseException) -> None:
@@ -148,12 +155,12 @@ class Ack:
             if child._error is not None:
                 parent._part_failed(child._error)
             else:
-                parent._parts -= 1
-                parent._rows += child._rows
-                parent._batches += child._batches
-                parent._deletes += child._deletes
-                parent._puts.update(child._puts)
-                parent._maybe_resolve()
+                parent._part_done(
+                    rows=child._rows,
+                    batches=child._batches,
+                    deletes=child._deletes,
+                    put_ids=child._puts,
+                )
 
         for child in children:
             parent._add_part()

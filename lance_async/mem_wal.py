@@ -159,12 +159,14 @@ class _Item:
     queued_at: float
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
+def percentiles(values: Sequence[float], *qs: float) -> list[float]:
+    """Nearest-rank percentiles (``q`` in 0..1) of ``values``, sorted once;
+    zeros for no values."""
     if not values:
-        return 0.0
+        return [0.0 for _ in qs]
     ordered = sorted(values)
-    idx = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
-    return float(ordered[idx])
+    n = len(ordered)
+    return [float(ordered[min(n - 1, max(0, math.ceil(q * n) - 1))]) for q in qs]
 
 
 class AsyncShardWriter:
@@ -889,7 +891,7 @@ class AsyncShardWriter:
         The engine's own ``stats()`` / ``memtable_stats()`` are those read
         after the last put; :meth:`engine_stats` reads them fresh.
         """
-        lat = list(self._latencies)
+        p50, p99 = percentiles(list(self._latencies), 0.50, 0.99)
         return WriterStats(
             state=self._state,
             queue_rows=self._queue_rows,
@@ -900,8 +902,8 @@ class AsyncShardWriter:
             engine_deletes=self._engine_deletes,
             rows=self._rows,
             rows_per_put=self._rows / self._engine_puts if self._engine_puts else 0.0,
-            ack_latency_p50=_percentile(lat, 0.50),
-            ack_latency_p99=_percentile(lat, 0.99),
+            ack_latency_p50=p50,
+            ack_latency_p99=p99,
             failed_puts=self._failed_puts,
             engine=dict(self._engine_stats),
             memtable=dict(self._memtable_stats),
