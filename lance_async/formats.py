@@ -113,20 +113,26 @@ def decode_json_rows(
     """
     try:
         return _decode_json(data, schema, extra_fields, first_line)
+    except _LineError as exc:
+        raise DecodeError(str(exc)) from None  # it names its line already
     except DecodeError as exc:
-        if str(exc).startswith("line "):
-            raise  # already names its line
         where = _first_bad_line(data, schema, extra_fields, first_line)
         if where is None:
             raise
         raise DecodeError(where) from exc
 
 
-# pyarrow 16-21's JSON reader crashes the process (SIGSEGV) when the first value
+# pyarrow's JSON reader (26.0.1 here) crashes the process (SIGSEGV) when the first value
 # of its input is ``null``; a later ``null`` becomes a row of nulls, which is as
 # wrong. The first case is refused before pyarrow sees the bytes (this match
 # reads only the leading whitespace), the second after it parsed them.
 _LEADING_NULL = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*null")
+
+
+class _LineError(DecodeError):
+    """Internal: a decode error whose message names its line already."""
+
+
 _JSON_KINDS = {
     type(None): "null",
     bool: "a boolean",
@@ -189,7 +195,7 @@ def _refuse_null_rows(table: pa.Table, data: bytes, first_line: int) -> None:
             return
     where = _first_non_object(data, first_line)
     if where is not None:
-        raise DecodeError(where)
+        raise _LineError(where)
 
 
 def _decode_json(data: bytes, schema: pa.Schema, extra_fields: str, first_line: int) -> pa.Table:
@@ -197,7 +203,7 @@ def _decode_json(data: bytes, schema: pa.Schema, extra_fields: str, first_line: 
         return schema.empty_table()
     if _LEADING_NULL.match(data):
         where = _first_non_object(data, first_line)
-        raise DecodeError(where or f"line {first_line}: expected a JSON object, got null")
+        raise _LineError(where or f"line {first_line}: expected a JSON object, got null")
     behavior = "error" if extra_fields == "error" else "ignore"
     buf = pa.py_buffer(data if data.endswith(b"\n") else data + b"\n")
     read_options = pjson.ReadOptions(use_threads=False, block_size=max(len(data) + 1, 1 << 16))
@@ -255,6 +261,8 @@ def _first_bad_line(
             return f"line {number}: field {missing[0]!r} is missing or null, and it is required"
         try:
             _decode_json(line, schema, extra_fields, number)
+        except _LineError as exc:
+            return str(exc)
         except DecodeError as exc:
             return f"line {number}: {exc}"
     return None
