@@ -741,6 +741,11 @@ class BodyBatches:
         """True once the whole body was read and decoded."""
         return self._complete
 
+    @property
+    def spooled(self) -> bool:
+        """True when the body keeps a replay spool (``spool=True``, not discarded)."""
+        return self._spool is not None
+
     def statistics(self) -> BodyStats:
         """Bytes, batches and rows read so far (does not block)."""
         return BodyStats(self._format, self._bytes, self._batches, self._rows, self._complete)

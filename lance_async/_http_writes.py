@@ -4,24 +4,29 @@ A request body is a one-shot stream. :func:`merge_body` streams it into one
 merge_insert with Lance's retries off while it spools the body (memory, then
 a temporary file); a commit conflict replays the spool as a replayable
 source through lance_async's retry loop. :func:`ingest_body` writes a body
-to a MemWAL shard as one atomic put and returns after the durable ack.
+to a MemWAL shard -- checked and spooled to its end first, then streamed
+into the writer -- and returns after the durable ack.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING
 
 import anyio
 import pyarrow as pa
 
-from ._http_bodies import BodyBatches
+from ._http_bodies import FEED_BYTES, SLICE_ROWS, BodyBatches, _Spool
+from ._schema import TableFit, primary_key
 from ._threads import run_sync, stream_limiter
 from .errors import ConflictError, EmptyBodyError, PayloadTooLargeError
 from .merge import backoff_delay
+from .sources import replayable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -142,13 +147,23 @@ async def ingest_body(
     max_rows: int | None = None,
     max_bytes: int | None = None,
     timeout: float | None = None,
+    spool_dir: str | None = None,
 ) -> PutSummary:
-    """Write a request body to a MemWAL shard as one atomic put; wait for the ack.
+    """Write a request body to a MemWAL shard; return after the (durable) ack.
 
-    The body's batches are collected (bounded by ``max_rows`` / ``max_bytes``)
-    and written with a single engine ``put`` once the body has ended, so a
-    body is written whole or not at all: a client that leaves mid-upload
-    writes nothing.
+    Two phases, each with bounded memory whatever the body's size:
+
+    1. **Check and spool.** The body is read to its end; every batch is
+       checked against the table as the writer would check it (columns,
+       types, nulls in key and non-nullable columns) and against the limits,
+       and kept in a spool (in memory up to 4 MiB, then a temporary Arrow IPC
+       file). Nothing reaches the writer in this phase, so a bad row
+       anywhere, a passed limit or a client that leaves mid-upload writes
+       nothing.
+    2. **Write.** Only once the whole body is read and valid, the spool is
+       streamed into the writer's queue batch by batch (under its
+       backpressure, shielded from cancellation so that a complete, valid
+       body is queued whole), and the ack is awaited.
 
     Parameters
     ----------
@@ -156,63 +171,109 @@ async def ingest_body(
         An open writer; the body must hold every table column
         (``all_columns=True``).
     body : BodyBatches
+        Started or not; read once. A body made with ``spool=True`` (as
+        :func:`lance_async.fastapi.request_batches` can) is spooled by itself
+        (an Arrow IPC body as the very messages that arrived); otherwise
+        this function spools the decoded batches.
     max_rows : int, optional
-        Rows one body may hold (default and ceiling: ``writer.max_put_rows``,
-        since one engine put never spans memtables).
+        Rows one body may hold (default: no limit beyond the body limits).
     max_bytes : int, optional
-        Bytes of rows one body may hold (default and ceiling:
-        ``writer.max_put_bytes``).
+        Bytes of decoded rows one body may hold (default: no limit beyond
+        the body limits).
     timeout : float, optional
-        Seconds to wait for room in the writer's queue.
+        Seconds each batch may wait for room in the writer's queue (see
+        :meth:`AsyncShardWriter.send`). Past it, the batches queued before
+        are written all the same: leave it None for all-or-nothing bodies.
+    spool_dir : str, optional
+        Directory of the spool file when this function spools (default: the
+        system's temporary directory). Deleted before returning.
 
     Returns
     -------
     PutSummary
-        After the ack: durable in the WAL when the writer has
-        ``durable_write`` on (the engine's default).
+        After the ack of every row: durable in the WAL when the writer has
+        ``durable_write`` on (the engine's default). A body longer than
+        ``writer.max_put_rows`` spans several engine puts.
 
     Raises
     ------
     PayloadTooLargeError
-        The body holds more than ``max_rows`` rows or ``max_bytes`` bytes.
+        The body holds more than ``max_rows`` rows or ``max_bytes`` bytes
+        (nothing written).
     EmptyBodyError, SchemaMismatchError, DecodeError, ClientDisconnectedError
-        As :meth:`BodyBatches.start` (nothing written).
+        As :meth:`BodyBatches.start` and iteration (nothing written).
     InvalidInputError, BackpressureTimeoutError, WriterFailedError, ClosedError
         As :meth:`AsyncShardWriter.put`.
+
+    Notes
+    -----
+    Blocks only the calling task: decoding and spool I/O run on the
+    library's ``stream`` threads, the checks on the loop (a schema
+    comparison and a null count per key column per batch). Each engine put
+    is atomic, a body of several puts is not: if the server dies, or the
+    writer fails, during phase 2, a prefix of the body may be written (the
+    request then gets no success). Client errors and disconnects always
+    happen in phase 1.
     """
-    row_cap = min(max_rows or writer.max_put_rows, writer.max_put_rows)
-    byte_cap = min(max_bytes or writer.max_put_bytes, writer.max_put_bytes)
-    batches: list[pa.RecordBatch] = []
+    row_cap = max_rows if max_rows is not None else math.inf
+    byte_cap = max_bytes if max_bytes is not None else math.inf
+    if row_cap < 1 or byte_cap < 1:
+        raise ValueError("max_rows and max_bytes must be >= 1")
+    fit = TableFit(writer.schema, primary_key(writer.schema))
+    own = None if body.spooled else _Spool(spool_dir, SLICE_ROWS)
+    pending: list[pa.RecordBatch] = []
+    pending_bytes = 0
     rows = 0
     nbytes = 0
-    await body.start()
-    async for batch in body:
-        rows += batch.num_rows
-        nbytes += batch.nbytes
-        if rows > row_cap:
-            raise PayloadTooLargeError(
-                f"an ingest body is written as one atomic put of at most {row_cap:,} rows "
-                "(max_ingest_rows); split it into several requests",
-                limit="max_ingest_rows",
-                maximum=row_cap,
-                actual=rows,
-            )
-        if nbytes > byte_cap:
-            raise PayloadTooLargeError(
-                f"an ingest body may hold at most {byte_cap:,} bytes of rows (max_ingest_bytes)",
-                limit="max_ingest_bytes",
-                maximum=byte_cap,
-                actual=nbytes,
-            )
-        batches.append(batch)
-    if not batches:
-        raise EmptyBodyError("the body holds no rows; nothing was written")
-    schema = body.schema
-
-    def combine() -> pa.RecordBatch:
-        table = pa.Table.from_batches(batches, schema=schema).combine_chunks()
-        (only,) = table.to_batches(max_chunksize=table.num_rows)
-        return only
-
-    one = batches[0] if len(batches) == 1 else await run_sync(combine, limiter=stream_limiter())
-    return await writer.put(one, timeout=timeout)
+    index = 0
+    try:
+        schema = await body.start()
+        async for batch in body:
+            rows += batch.num_rows
+            nbytes += batch.nbytes
+            if rows > row_cap:
+                raise PayloadTooLargeError(
+                    f"an ingest body may hold at most {row_cap:,} rows (max_ingest_rows); "
+                    "split it into several requests; nothing was written",
+                    limit="max_ingest_rows",
+                    maximum=int(row_cap),
+                    actual=rows,
+                )
+            if nbytes > byte_cap:
+                raise PayloadTooLargeError(
+                    f"an ingest body may hold at most {byte_cap:,} bytes of rows "
+                    "(max_ingest_bytes); nothing was written",
+                    limit="max_ingest_bytes",
+                    maximum=int(byte_cap),
+                    actual=nbytes,
+                )
+            fit.check(batch, index)
+            index += 1
+            if own is not None:
+                pending.append(batch)
+                pending_bytes += batch.nbytes
+                if pending_bytes >= FEED_BYTES:
+                    chunk, pending, pending_bytes = pending, [], 0
+                    await run_sync(
+                        partial(own.add_batches, schema, chunk), limiter=stream_limiter()
+                    )
+        if rows == 0:
+            raise EmptyBodyError("the body holds no rows; nothing was written")
+        if own is None:
+            source = await body.replay_source()
+        else:
+            if pending:
+                chunk, pending = pending, []
+                await run_sync(partial(own.add_batches, schema, chunk), limiter=stream_limiter())
+            await run_sync(own.seal, limiter=stream_limiter())
+            source = replayable(own.factory(schema), schema=schema)
+        # The body is complete and valid: queue all of it, or (on a writer
+        # error) as much as the writer took. A cancelled caller must not leave
+        # a prefix of a good body queued and the rest dropped.
+        with anyio.CancelScope(shield=True):
+            ack = await writer.send(source, timeout=timeout)
+        return await ack
+    finally:
+        if own is not None:
+            with anyio.CancelScope(shield=True):
+                await run_sync(own.discard, limiter=stream_limiter())

@@ -39,8 +39,10 @@ What is here
     IPC stream, NDJSON, CSV), decoded incrementally (never on anyio's default
     thread pool), with limits (413) and a schema check before any write (422).
 :func:`merge_body`, :func:`ingest_body`
-    An upsert with one commit; a MemWAL put that returns after the durable
-    ack. A client that disconnects mid-upload commits nothing.
+    An upsert with one commit; a MemWAL write that checks and spools the
+    whole body (disk past 4 MiB) before its first row reaches the writer,
+    then streams it in and returns after the durable ack. A bad row or a
+    client that disconnects mid-upload commits nothing.
 :class:`BatchStreamResponse`, :func:`scan_response`
     Scans streamed as Arrow IPC or NDJSON; a client that leaves early stops
     the scan and closes its reader at once.

@@ -22,8 +22,11 @@ Endpoints
     Conflicts are retried from a spool of the body (see
     :func:`lance_async.fastapi.merge_body`).
 ``POST /tables/{name}/ingest``
-    Writes the body to the table's MemWAL shard as one atomic put and answers
-    after the durable ack.
+    Reads the body to its end, checking every row and spooling it (memory
+    up to 4 MiB, then a temporary file), then streams it into the table's
+    MemWAL shard and answers after the durable ack (see
+    :func:`lance_async.fastapi.ingest_body`): a bad row anywhere or a client
+    that leaves mid-upload writes nothing.
 ``GET /tables/{name}/rows?filter=COL<op>VALUE&columns=a,b&limit=N``
     Streams rows as NDJSON, or Arrow IPC with
     ``Accept: application/vnd.apache.arrow.stream`` (or ``format=arrow``).
@@ -55,7 +58,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any
 
@@ -67,6 +70,7 @@ from .dataset import open_dataset
 from .errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
 from .fastapi import (
     BatchStreamResponse,
+    BodyBatches,
     BodyDrainMiddleware,
     BodyLimits,
     FilterError,
@@ -113,13 +117,17 @@ def _list_table_dirs(root: str) -> list[tuple[str, str]]:
     return sorted(found)
 
 
-async def discover_tables(root: str | os.PathLike[str]) -> dict[str, TableSpec]:
+async def discover_tables(
+    root: str | os.PathLike[str], *, writer_options: Mapping[str, Any] | None = None
+) -> dict[str, TableSpec]:
     """Find the tables under ``root`` (``<name>.lance`` directories).
 
     Parameters
     ----------
     root : str or PathLike
         A local directory.
+    writer_options : mapping, optional
+        ``TableSpec.writer_options`` of every MemWAL table found.
 
     Returns
     -------
@@ -141,7 +149,11 @@ async def discover_tables(root: str | os.PathLike[str]) -> dict[str, TableSpec]:
             log.warning("lance_async.serve: %s holds no Lance dataset; skipped", path)
             continue
         has_wal = await dataset.mem_wal_index_details() is not None
-        specs[name] = TableSpec(path, shard_id=shard_id_for(name) if has_wal else None)
+        specs[name] = (
+            TableSpec(path, shard_id=shard_id_for(name), writer_options=dict(writer_options or {}))
+            if has_wal
+            else TableSpec(path)
+        )
     return specs
 
 
@@ -153,6 +165,11 @@ class _Gauges:
     scans_open: int = 0
     scans_done: int = 0
     rows_streamed: int = 0
+    bodies: set[BodyBatches] = field(default_factory=set)
+
+    def upload_bytes(self) -> int:
+        """Body bytes received so far by the uploads in flight."""
+        return sum(body.statistics().bytes_received for body in self.bodies)
 
     def scan_closed(self, response: BatchStreamResponse) -> None:
         self.scans_open -= 1
@@ -209,6 +226,7 @@ def create_app(
     max_ingest_rows: int | None = None,
     spool_dir: str | None = None,
     threads: ThreadLimits | None = None,
+    writer_options: Mapping[str, Any] | None = None,
 ) -> FastAPI:
     """Build the example app.
 
@@ -230,13 +248,19 @@ def create_app(
     retry_timeout : float
         Seconds merge retries may take (default 60).
     max_ingest_rows : int, optional
-        Rows per ingest body (default and ceiling: the writer's
-        ``max_put_rows``).
+        Rows per ingest body (default: no limit beyond ``limits``).
     spool_dir : str, optional
-        Where merge bodies are spooled for conflict replays (default: the
-        system's temporary directory).
+        Where merge and ingest bodies are spooled (default: the system's
+        temporary directory).
     threads : ThreadLimits, optional
         The library's thread limits (``configure_threads``).
+    writer_options : mapping, optional
+        Options of the shard writers of the MemWAL tables found in ``root``
+        (:class:`~lance_async.AsyncShardWriter` and pylance's
+        ``mem_wal_writer`` keywords). The engine keeps ingested rows in
+        memory until their memtable is flushed, up to
+        ``max_unflushed_memtable_bytes`` (pylance's default: 1 GB); set it
+        (with ``max_memtable_size`` below it) to bound a server's memory.
 
     Returns
     -------
@@ -258,7 +282,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if root_dir is not None:
-            for name, spec in (await discover_tables(root_dir)).items():
+            found = await discover_tables(root_dir, writer_options=writer_options)
+            for name, spec in found.items():
                 if name not in registry.names:
                     registry.add(name, spec)
         async with open_registry(app):
@@ -283,6 +308,7 @@ def create_app(
                 "status": "ok",
                 "tables": registry.names,
                 "uploads_in_flight": gauges.uploads_in_flight,
+                "upload_bytes_received": gauges.upload_bytes(),
                 "uploads_ok": gauges.uploads_ok,
                 "uploads_failed": gauges.uploads_failed,
                 "scans_open": gauges.scans_open,
@@ -308,10 +334,20 @@ def create_app(
         )
 
     @asynccontextmanager
-    async def upload() -> AsyncIterator[None]:
+    async def upload(
+        request: Request, schema: pa.Schema, **options: Any
+    ) -> AsyncIterator[BodyBatches]:
+        """The request body, spooled, counted in the gauges while in flight."""
         gauges.uploads_in_flight += 1
         try:
-            yield
+            async with request_batches(
+                request, schema, limits=body_limits, spool=True, spool_dir=spool_dir, **options
+            ) as body:
+                gauges.bodies.add(body)
+                try:
+                    yield body
+                finally:
+                    gauges.bodies.discard(body)
         except BaseException:
             gauges.uploads_failed += 1
             raise
@@ -341,17 +377,7 @@ def create_app(
                     f"join column {key[:64]!r} is not in the table", field=key
                 )
         required = list(dict.fromkeys([*keys, *(f.name for f in dataset.schema if not f.nullable)]))
-        async with (
-            upload(),
-            request_batches(
-                request,
-                dataset.schema,
-                limits=body_limits,
-                required_columns=required,
-                spool=True,
-                spool_dir=spool_dir,
-            ) as body,
-        ):
+        async with upload(request, dataset.schema, required_columns=required) as body:
             result = await merge_body(
                 dataset,
                 body,
@@ -374,11 +400,8 @@ def create_app(
 
     @app.post("/tables/{name}/ingest")
     async def ingest(request: Request, writer: WriterDep) -> Response:
-        """Write the body to the MemWAL (one atomic put); answers after the durable ack."""
-        async with (
-            upload(),
-            request_batches(request, writer.schema, limits=body_limits, all_columns=True) as body,
-        ):
+        """Check and spool the body, write it to the MemWAL; answers after the durable ack."""
+        async with upload(request, writer.schema, all_columns=True) as body:
             summary = await ingest_body(writer, body, max_rows=max_ingest_rows)
             stats = body.statistics()
         return json_response(
@@ -477,7 +500,7 @@ def main(
     max_body_bytes : int, optional
         Largest request body (default 1 GiB).
     spool_dir : str, optional
-        Where merge bodies are spooled for conflict replays.
+        Where merge and ingest bodies are spooled.
     log_level : str
         uvicorn's log level.
 

@@ -11,6 +11,10 @@ Test-only hooks, on top of :func:`lance_async.serve.create_app`:
   in -- is shrunk to 2 threads, and ``GET /sync-probe`` is a sync endpoint
   that needs one of them. If lance_async ran uploads on that pool, slow
   uploads would starve it.
+* MemWAL tables get a shard writer whose engine keeps at most 24 MiB of
+  rows not yet flushed (``WRITER_OPTIONS``; pylance's default is 1 GB), so
+  that the server's memory during a large ingest measures what lance_async
+  holds, not the engine's write buffer.
 * ``--strict`` sets small body limits (1 MiB bodies, 1,000-row and 256 KiB
   IPC batches, 500-row ingests), enables raw SQL filters, and adds a
   ``BaseHTTPMiddleware`` that reads the whole body with ``request.stream()``
@@ -50,6 +54,7 @@ STRICT_LIMITS = BodyLimits(
 )
 MAIN_LIMITS = BodyLimits(max_body_bytes=256 << 20)
 STRICT_INGEST_ROWS = 500
+WRITER_OPTIONS = {"max_memtable_size": 8 << 20, "max_unflushed_memtable_bytes": 24 << 20}
 
 
 class ConsumeBodyMiddleware(BaseHTTPMiddleware):
@@ -72,6 +77,7 @@ def build_app(root: str, *, strict: bool, spool_dir: str | None) -> FastAPI:
         max_ingest_rows=STRICT_INGEST_ROWS if strict else None,
         spool_dir=spool_dir,
         conflict_retries=20,
+        writer_options=WRITER_OPTIONS,
     )
 
     @app.get("/sync-probe")

@@ -21,7 +21,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from lance_async import open_dataset
 from lance_async.errors import SchemaMismatchError
 from lance_async.fastapi import (
     BodyBatches,
@@ -44,6 +46,7 @@ from lance_async.fastapi import (
     PayloadTooLargeError,
     compile_filter,
     http_status,
+    ingest_body,
 )
 
 from .helpers import KV_SCHEMA
@@ -290,6 +293,10 @@ def merge(
     )
 
 
+def ingest(client: httpx.Client, table: str, content: Any, media: str = IPC) -> httpx.Response:
+    return client.post(f"/tables/{table}/ingest", content=content, headers={"content-type": media})
+
+
 # ---------------------------------------------------------------------------
 # the happy paths
 # ---------------------------------------------------------------------------
@@ -463,7 +470,7 @@ def test_batch_limits_are_413(strict: Server) -> None:
         assert response.json()["body"]["rows"] == 5000
 
 
-def test_ingest_over_one_atomic_put_is_413(strict: Server) -> None:
+def test_ingest_over_max_ingest_rows_is_413(strict: Server) -> None:
     with strict.client() as client:
         rows = [{"id": i, "value": 1, "name": "x"} for i in range(1000, 1501)]
         response = client.post(
@@ -537,6 +544,22 @@ def test_bad_row_late_in_the_stream_aborts_the_merge(server: Server) -> None:
     assert response.status_code == 422
     assert response.json()["field"] == "id"
     assert version(server.table("schema")) == before
+
+
+def test_bad_row_late_in_an_ingest_body_writes_nothing(server: Server) -> None:
+    """120,000 good rows (more than two engine puts take) and then a null key:
+    the body is checked to its end before any row reaches the writer."""
+    good = kv_block(200_000, 120_000, 4)
+    bad = pa.table(
+        {"id": pa.array([None], pa.int64()), "value": pa.array([1]), "name": pa.array(["z"])}
+    )
+    payload = iter([*ipc_messages(good, 10_000)[:-1], *ipc_messages(bad, 1)[1:]])
+    with server.client() as client:
+        response = ingest(client, "events", payload)
+        assert response.status_code == 422, response.text
+        assert response.json()["field"] == "id"
+        for key in (200_000, 319_999):
+            assert client.get(f"/tables/events/lookup/{key}").status_code == 404
 
 
 # ---------------------------------------------------------------------------
@@ -763,22 +786,21 @@ def test_100_mib_arrow_upload_merges_with_flat_server_memory(
     assert lance.dataset(str(server.table("rss"))).count_rows() == 100_000 + rows
 
 
-def ingest(client: httpx.Client, table: str, body: bytes | Iterable[bytes]) -> httpx.Response:
-    return client.post(f"/tables/{table}/ingest", content=body, headers={"content-type": IPC})
-
-
 @pytest.mark.slow
 def test_100_mib_arrow_ingest_streams_with_flat_server_memory(
     server: Server, record_property: Callable[[str, object], None]
 ) -> None:
-    """A 100 MiB Arrow IPC ingest is checked and spooled to disk, then streamed
-    into the MemWAL: peak server RSS grows far less than the body.
+    """A 100 MiB Arrow IPC ingest: checked and spooled to disk while it
+    arrives, then streamed into the MemWAL; the body is never held in memory.
 
-    The MemWAL engine keeps its memtable and the frozen ones being flushed in
-    memory, and grows its caches over the first tens of MiB a shard takes;
-    an 80 MiB warm-up ingest to the same shard comes first, so that the
-    measurement is of the body, not of that (a 16 MiB then 64 MiB ingest
-    raise a fresh process's RSS by about 70 MiB, then 0-20 MiB per 64 MiB).
+    Measured in two phases. The upload holds back its last 8 bytes (the
+    stream's end marker) until the server has read everything else, so the
+    server's peak RSS while reading (and checking and spooling) the whole
+    body is known apart from the write. Then the end marker lets the write
+    run, whose peak also counts the engine's write buffer -- bounded here by
+    ``max_unflushed_memtable_bytes`` = 24 MiB (tests/fastapi_app.py). An 80
+    MiB warm-up ingest comes first: the engine's first memtables and caches
+    of a shard are allocated once and kept.
     """
     with server.client(timeout=180) as client:
         for lo, size in ((3_000_000, 16 * MiB), (4_000_000, 64 * MiB)):
@@ -786,27 +808,59 @@ def test_100_mib_arrow_ingest_streams_with_flat_server_memory(
             response = ingest(client, "bulk", iter(warm))
             assert response.status_code == 200, response.text
             assert response.json()["rows"] == warm_rows
-    del warm
+            del warm
     messages, rows = big_upload(6_000_000, 100 * MiB)
     size = sum(map(len, messages))
+    eos = messages.pop()
+    assert eos == b"\xff\xff\xff\xff\x00\x00\x00\x00"
+    release = threading.Event()
+    outcome: list[httpx.Response] = []
+
+    def body() -> Iterator[bytes]:
+        yield from messages
+        release.wait(120)
+        yield eos
+
+    def upload() -> None:
+        with server.client(timeout=180) as client:
+            outcome.append(ingest(client, "bulk", body()))
+
     time.sleep(0.5)
     baseline = server.rss()
-    with server.client(timeout=180) as client, RssSampler(server.proc.pid) as sampler:
-        response = ingest(client, "bulk", iter(messages))
+    uploader = threading.Thread(target=upload)
+    with RssSampler(server.proc.pid) as sampler:
+        uploader.start()
+        try:
+            wait_for(
+                lambda: server.health()["upload_bytes_received"] == size - len(eos),
+                120,
+                "the server to read all but the end marker",
+            )
+            time.sleep(0.3)
+            reading = (sampler.peak - baseline) / MiB
+        finally:
+            release.set()
+            uploader.join(180)
+    total = (sampler.peak - baseline) / MiB
+    (response,) = outcome
     assert response.status_code == 200, response.text
     result = response.json()
     assert result["rows"] == rows and result["durable"] is True
     assert result["body"]["bytes"] == size
     assert result["engine_puts"] > 1  # far more rows than one engine put takes
-    growth = (sampler.peak - baseline) / MiB
-    record_property("ingest_rss_growth_mib", round(growth, 1))
-    print(f"\n{size / MiB:.0f} MiB ingest: server peak RSS grew {growth:.1f} MiB")
+    record_property("ingest_read_rss_growth_mib", round(reading, 1))
+    record_property("ingest_rss_growth_mib", round(total, 1))
+    print(
+        f"\n{size / MiB:.0f} MiB ingest: server peak RSS grew {reading:.1f} MiB while reading "
+        f"the body, {total:.1f} MiB in all (engine write buffer <= 24 MiB)"
+    )
     with server.client() as client:
         for key in (6_000_000, 6_000_000 + rows // 2, 6_000_000 + rows - 1):
             found = client.get(f"/tables/bulk/lookup/{key}")
             assert found.status_code == 200, key
             assert found.json()["row"]["value"] == 5
-    assert growth < 40, f"server RSS grew {growth:.1f} MiB for a {size / MiB:.0f} MiB ingest"
+    assert reading < 16, f"reading a {size / MiB:.0f} MiB body grew RSS by {reading:.1f} MiB"
+    assert total < 48, f"a {size / MiB:.0f} MiB ingest grew RSS by {total:.1f} MiB"
 
 
 UPLOADER = """
@@ -969,3 +1023,44 @@ def test_body_batches_read_the_arrow_file_format_and_split_messages() -> None:
 
     for step in (1, 13, 4096, len(data)):
         assert anyio.run(read, step).to_pylist() == table.to_pylist(), step
+
+
+@pytest.mark.anyio
+async def test_ingest_body_spools_a_body_that_keeps_no_spool(tmp_path: Path) -> None:
+    """ingest_body on a body made without spool=True: it spools the decoded
+    batches itself (past 4 MiB, to a file in spool_dir, deleted afterwards),
+    writes a body of many engine puts, and writes nothing of a body whose
+    last row is bad."""
+    path = tmp_path / "events.lance"
+    make_table(path, kv_block(0, 10, 0), mem_wal=True)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+
+    def body_of(messages: list[bytes]) -> BodyBatches:
+        async def chunks() -> AsyncIterator[bytes]:
+            for message in messages:
+                yield message
+
+        return BodyBatches(chunks(), format="ipc", table_schema=KV_SCHEMA, all_columns=True)
+
+    dataset = await open_dataset(str(path))
+    async with dataset.mem_wal_writer(str(uuid.uuid4()), max_put_rows=20_000) as writer:
+        messages, rows = big_upload(1000, 8 * MiB)
+        body = body_of(messages)
+        assert not body.spooled
+        summary = await ingest_body(writer, body, spool_dir=str(spool))
+        assert summary.rows == rows and summary.engine_puts >= rows // 20_000
+        assert not list(spool.iterdir())
+        for key in (1000, 1000 + rows - 1):
+            assert (await writer.lsm_point_lookup(key)).num_rows == 1
+
+        bad = pa.table(
+            {"id": pa.array([None], pa.int64()), "value": pa.array([1]), "name": pa.array(["z"])}
+        )
+        good = ipc_messages(kv_block(500_000, 60_000, 1), 5000)
+        with pytest.raises(SchemaMismatchError):
+            await ingest_body(
+                writer, body_of([*good[:-1], *ipc_messages(bad, 1)[1:]]), spool_dir=str(spool)
+            )
+        assert not list(spool.iterdir())
+        assert (await writer.lsm_point_lookup(500_000)).num_rows == 0
