@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import gc
 import importlib.util
-import math
 import os
 import random
 import shutil
@@ -54,7 +53,7 @@ import pyarrow.csv as pcsv
 from ._threads import run_sync, stream_limiter
 from .dataset import AsyncDataset, open_dataset, write_dataset
 from .feeds import IngestStats, IterableFeed, ingest
-from .mem_wal import AsyncShardWriter
+from .mem_wal import AsyncShardWriter, percentiles
 from .merge import MergeResult
 from .sources import replayable
 
@@ -402,13 +401,6 @@ async def _weather_revisions(
 # -- the run -----------------------------------------------------------------------
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
 async def run_demo(
     root: str | os.PathLike[str], progress: DemoProgress | None = None
 ) -> DemoReport:
@@ -544,7 +536,7 @@ async def run_demo(
     report.ack_latency_p50 = stats.ack_latency_p50
     report.ack_latency_p99 = stats.ack_latency_p99
     report.merge_attempts = [r.num_attempts for r in weather_results]
-    report.lookup_p99 = _percentile(lookup_times, 0.99)
+    (report.lookup_p99,) = percentiles(lookup_times, 0.99)
     report.max_loop_lag = max(lags) if lags else 0.0
 
     out.stage("compact flights", None)

@@ -30,7 +30,7 @@ import sniffio
 from ._loop import aclose_shielded
 from ._threads import run_sync, stream_limiter
 from .errors import DecodeError, SourceChangedError, SourceError
-from .formats import FORMATS, Decoder, make_decoder
+from .formats import _LEADING_NULL, FORMATS, Decoder, make_decoder
 from .sources import SourceMode, WriteSource, _achecked, _checked
 
 __all__ = ["FileSource", "file_source", "guess_format", "open_async_file"]
@@ -160,6 +160,8 @@ class FileSource(WriteSource):
         sample = head[: cut + 1] if cut >= 0 else head
         if not sample.strip():
             raise SourceError(f"{self.path!r} is empty; pass schema=")
+        if self.format != "csv" and _LEADING_NULL.match(sample):  # pyarrow would crash
+            raise DecodeError(f"line 1 of {self.path!r}: expected a JSON object, got null")
         try:
             if self.format == "csv":
                 return pcsv.read_csv(pa.py_buffer(sample)).schema

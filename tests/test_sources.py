@@ -422,3 +422,10 @@ async def test_an_unpinned_lance_dataset_is_pinned_when_coerced(tmp_path: Path) 
     lance.write_dataset(kv_table(range(100, 110)), ds.uri, mode="append")
     assert (await read_all(source)).num_rows == 5
     assert (await read_reader(source)).num_rows == 5
+
+
+async def test_a_json_file_starting_with_null_is_a_decode_error(tmp_path: Path) -> None:
+    path = tmp_path / "nulls.ndjson"
+    path.write_text('null\n{"id": 1, "value": 1, "name": "a"}\n')
+    with pytest.raises(la.DecodeError, match="line 1"):
+        await la.resolve_source(la.file_source(path))
