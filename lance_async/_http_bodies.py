@@ -169,11 +169,18 @@ class BodyLimits:
         :class:`lance_async.fastapi.BodyDrainMiddleware`).
     drain_timeout : float
         Seconds that discarding may take (default 5).
+    body_start_timeout : float
+        Seconds the first body bytes may take to reach a handler that asks
+        for them (default 10; 0 waits forever). Past it the request fails
+        with :class:`BodyConsumedError` (HTTP 400): a middleware outside
+        :class:`lance_async.fastapi.BodyDrainMiddleware` may have read the
+        body (a server then never delivers it again), or the client stalled.
+        Only :func:`lance_async.fastapi.request_batches` applies it.
 
     Raises
     ------
     ValueError
-        A limit below 1 (or a negative drain setting).
+        A limit below 1 (or a negative drain or start setting).
     """
 
     max_body_bytes: int = 1 << 30
@@ -181,13 +188,14 @@ class BodyLimits:
     max_batch_bytes: int = 64 << 20
     drain_bytes: int = 8 << 20
     drain_timeout: float = 5.0
+    body_start_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_batch_rows", "max_batch_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.drain_bytes < 0 or self.drain_timeout < 0:
-            raise ValueError("drain_bytes and drain_timeout must be >= 0")
+        if self.drain_bytes < 0 or self.drain_timeout < 0 or self.body_start_timeout < 0:
+            raise ValueError("drain_bytes, drain_timeout and body_start_timeout must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,13 @@ A sketch of an app (``lance_async.serve`` is a complete one)::
 
     from fastapi import FastAPI, Request
     from lance_async.fastapi import (
-        BodyDrainMiddleware, DatasetDep, TableRegistry, install_error_handlers,
+        DatasetDep, TableRegistry, install_body_guard, install_error_handlers,
         lance_lifespan, merge_body, request_batches, scan_response,
     )
 
     registry = TableRegistry({"events": "/data/events.lance"})
     app = FastAPI(lifespan=lance_lifespan(registry))
-    app.add_middleware(BodyDrainMiddleware)
+    install_body_guard(app)
     install_error_handlers(app)
 
     @app.post("/tables/{name}/merge")
@@ -49,9 +49,10 @@ What is here
 :func:`compile_filter`
     Row filters in an allowed form only (column, comparison, literal) unless
     the app enables raw Lance SQL.
-:class:`BodyDrainMiddleware`, :func:`install_error_handlers`
+:class:`BodyDrainMiddleware`, :func:`install_body_guard`, :func:`install_error_handlers`
     Typed errors become JSON responses with the right status, and those
-    responses reach clients that are still uploading.
+    responses reach clients that are still uploading; a body that a
+    middleware read before the handler is a 400, never an empty write.
 
 Retries of uploaded bodies
 --------------------------
@@ -179,6 +180,7 @@ __all__ = [
     "get_writer",
     "http_status",
     "ingest_body",
+    "install_body_guard",
     "install_error_handlers",
     "json_response",
     "jsonable_rows",
@@ -508,12 +510,79 @@ def _content_length(request: Request) -> int | None:
     return length if length >= 0 else None
 
 
-async def _receive_chunks(request: Request) -> AsyncIterator[bytes]:
-    """``request.stream()`` with its failures turned into lance_async errors."""
+class _BodyLedger:
+    """What the outermost :class:`BodyDrainMiddleware` saw of one request body.
+
+    Kept in the ASGI scope under :data:`BODY_LEDGER_SCOPE_KEY`, so that a
+    handler reading the body deeper in the stack can tell that someone else
+    read it first.
+    """
+
+    __slots__ = ("ended", "gone", "readers", "received", "refused", "stalled")
+
+    def __init__(self) -> None:
+        self.received = 0  # body bytes the server delivered
+        self.ended = False  # the last body message was delivered
+        self.gone = False  # the client disconnected
+        self.readers = 0  # request_batches readers waiting for a body message now
+        self.refused = False  # a reader asked for more of a body delivered whole
+        self.stalled = False  # a reader gave up waiting for the first body bytes
+
+
+#: The ASGI scope key under which :class:`BodyDrainMiddleware` keeps its ledger.
+BODY_LEDGER_SCOPE_KEY = "lance_async.body"
+
+
+def _consumed_error(detail: str) -> BodyConsumedError:
+    return BodyConsumedError(
+        f"{detail}: a middleware (or an earlier reader) consumed the request body; "
+        "nothing was written. Middleware must not read bodies that handlers stream."
+    )
+
+
+async def _receive_chunks(request: Request, limits: BodyLimits) -> AsyncIterator[bytes]:
+    """``request.stream()`` with its failures turned into lance_async errors.
+
+    With a :class:`BodyDrainMiddleware` ledger in the scope: a body already
+    delivered to someone else is a :class:`BodyConsumedError` at once (the
+    middleware refuses to wait for a body message that will never come), and
+    so is a body of which fewer bytes reached us than the server delivered.
+    Without one (or when the body was consumed outside the middleware), the
+    wait for the first bytes is bounded by ``limits.body_start_timeout``.
+    """
+    ledger = request.scope.get(BODY_LEDGER_SCOPE_KEY)
+    if not isinstance(ledger, _BodyLedger):
+        ledger = None
+    received = 0
+    first = True
     try:
         async with aclosing(request.stream()) as stream:
-            async for chunk in stream:
+            iterator = aiter(stream)
+            while True:
+                if ledger is not None:
+                    ledger.readers += 1
+                try:
+                    if first and limits.body_start_timeout > 0:
+                        with anyio.move_on_after(limits.body_start_timeout) as waited:
+                            chunk = await anext(iterator)
+                        if waited.cancelled_caught:
+                            if ledger is not None:
+                                ledger.stalled = True
+                            raise _consumed_error(
+                                f"no body bytes arrived within {limits.body_start_timeout:g} s "
+                                "(body_start_timeout); either the client stalled, or a "
+                                "middleware outside BodyDrainMiddleware read the body"
+                            )
+                    else:
+                        chunk = await anext(iterator)
+                except StopAsyncIteration:
+                    break
+                finally:
+                    if ledger is not None:
+                        ledger.readers -= 1
+                first = False
                 if chunk:
+                    received += len(chunk)
                     yield chunk
     except ClientDisconnect as exc:
         raise ClientDisconnectedError(
@@ -521,11 +590,18 @@ async def _receive_chunks(request: Request) -> AsyncIterator[bytes]:
         ) from exc
     except RuntimeError as exc:
         if str(exc) == "Stream consumed":  # Starlette raises no dedicated type
-            raise BodyConsumedError(
-                "the request body was already consumed (by a middleware or an earlier "
-                "reader); nothing was written"
-            ) from exc
+            raise _consumed_error("the request body was already read") from exc
         raise
+    if ledger is not None and ledger.refused:
+        raise _consumed_error(
+            f"the whole body ({ledger.received:,} bytes) was delivered before this handler "
+            f"read {'it' if not received else 'its end'}"
+        )
+    if ledger is not None and ledger.received > received:
+        raise _consumed_error(
+            f"the server delivered {ledger.received:,} body bytes but {received:,} reached "
+            "this handler"
+        )
 
 
 @asynccontextmanager
@@ -580,7 +656,10 @@ async def request_batches(
     SchemaMismatchError, DecodeError
         The body does not fit the table or its format (HTTP 422).
     EmptyBodyError, BodyConsumedError
-        No bytes, no rows, or the body was consumed earlier (HTTP 400).
+        No bytes, no rows, or the body was consumed earlier (HTTP 400): see
+        :class:`BodyDrainMiddleware` for what can be detected, at once or
+        after ``limits.body_start_timeout``. Raised by iteration too (a
+        body of which a middleware read only the first chunks).
     ClientDisconnectedError
         The client left (HTTP 499).
 
@@ -590,8 +669,9 @@ async def request_batches(
     Reading never blocks the loop: chunks are collected on the loop and
     decoded on the library's ``stream`` threads.
     """
+    limits = limits or BodyLimits()
     body = BodyBatches(
-        _receive_chunks(request),
+        _receive_chunks(request, limits),
         format=body_format(request.headers.get("content-type")),
         table_schema=table_schema,
         limits=limits,
@@ -611,15 +691,27 @@ async def request_batches(
 
 
 class BodyDrainMiddleware:
-    """Let early error responses reach clients that are still uploading.
+    """Guard request bodies: detect bodies read twice, and let early error
+    responses reach clients that are still uploading.
 
-    When a handler answers with a status >= 400 before the request body has
-    ended (a 413 at the first oversized message, a 422 at the schema check),
-    closing the connection with unread bytes makes the kernel reset it, and
-    the client never sees the response. This ASGI middleware reads and
-    discards up to ``drain_bytes`` more of the body (within
-    ``drain_timeout`` seconds) before the response starts; if the body is
-    longer than that, the response is sent with ``Connection: close``.
+    Consumed bodies
+        The middleware counts the body messages the server delivers, in a
+        ledger kept in the ASGI scope. When a handler reading through
+        :func:`request_batches` asks for more of a body that was already
+        delivered whole (a middleware inside this one read it and passed the
+        original ``receive`` on), the request fails at once with
+        :class:`BodyConsumedError` (HTTP 400) instead of waiting for a body
+        message that the server will never send; a body of which fewer bytes
+        reached the handler than the server delivered (a middleware read the
+        first chunks) fails the same way when it ends.
+    Early errors
+        When a handler answers with a status >= 400 before the body has ended
+        (a 413 at the first oversized message, a 422 at the schema check),
+        closing the connection with unread bytes makes the kernel reset it,
+        and the client never sees the response. The middleware reads and
+        discards up to ``drain_bytes`` more of the body (within
+        ``drain_timeout`` seconds) before the response starts; past that the
+        response is sent with ``Connection: close``.
 
     Parameters
     ----------
@@ -631,9 +723,15 @@ class BodyDrainMiddleware:
 
     Notes
     -----
-    Add it last (outermost) so it sees the server's ``receive``. Requests
-    without a body (no ``Content-Length`` > 0, no ``Transfer-Encoding``) and
-    responses below 400 pass through untouched.
+    It sees only what passes through it, so it must be the outermost layer:
+    use :func:`install_body_guard` (which keeps it outermost whatever
+    middleware is added later), or wrap the ASGI app handed to the server.
+    A body read by a middleware *outside* it cannot be told from a stalled
+    client; ``BodyLimits.body_start_timeout`` bounds that wait (400 after 10
+    s by default). A middleware that rewrites bodies (decompression) must not
+    sit inside it: the byte counts would not match. A nested instance passes
+    through untouched, as do requests without a body (no ``Content-Length``
+    > 0, no ``Transfer-Encoding``) and responses below 400.
     """
 
     def __init__(
@@ -644,7 +742,7 @@ class BodyDrainMiddleware:
         self.drain_timeout = drain_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or BODY_LEDGER_SCOPE_KEY in scope:
             await self.app(scope, receive, send)
             return
         length: int | None = None
@@ -660,42 +758,84 @@ class BodyDrainMiddleware:
         if not chunked and not length:
             await self.app(scope, receive, send)
             return
-        state = {"received": 0, "ended": False, "gone": False}
+        ledger = _BodyLedger()
+        scope[BODY_LEDGER_SCOPE_KEY] = ledger
 
         async def tracked_receive() -> Message:
+            if ledger.ended and ledger.readers and not ledger.gone:
+                # A body reader asks for more of a body delivered whole before:
+                # someone else read it, and the server would answer only when
+                # the client leaves. End the body here; the reader raises (an
+                # error raised here could reach the handler wrapped in the
+                # exception group of a middleware's task group).
+                ledger.refused = True
+                return {"type": "http.request", "body": b"", "more_body": False}
             message = await receive()
             if message["type"] == "http.request":
-                state["received"] += len(message.get("body", b""))
+                ledger.received += len(message.get("body", b""))
                 if not message.get("more_body", False):
-                    state["ended"] = True
+                    ledger.ended = True
             elif message["type"] == "http.disconnect":
-                state["gone"] = True
+                ledger.gone = True
             return message
 
         async def drain() -> bool:
-            if length is not None and length - int(state["received"]) > self.drain_bytes:
+            if length is not None and length - ledger.received > self.drain_bytes:
                 return False
-            budget = int(state["received"]) + self.drain_bytes
+            budget = ledger.received + self.drain_bytes
             with anyio.move_on_after(self.drain_timeout):
-                while not state["ended"] and not state["gone"]:
+                while not ledger.ended and not ledger.gone:
                     await tracked_receive()
-                    if int(state["received"]) > budget:
+                    if ledger.received > budget:
                         break
-            return bool(state["ended"])
+            return ledger.ended
 
         async def guarded_send(message: Message) -> None:
             if (
                 message["type"] == "http.response.start"
                 and int(message.get("status", 200)) >= 400
-                and not state["ended"]
-                and not state["gone"]
-                and not await drain()
+                and not ledger.ended
+                and not ledger.gone
+                and (ledger.stalled or not await drain())
             ):
                 headers = [*message.get("headers", []), (b"connection", b"close")]
                 message = {**message, "headers": headers}
             await send(message)
 
         await self.app(scope, tracked_receive, guarded_send)
+
+
+def install_body_guard(
+    app: Starlette, *, drain_bytes: int = 8 << 20, drain_timeout: float = 5.0
+) -> None:
+    """Make :class:`BodyDrainMiddleware` the outermost layer of ``app``.
+
+    ``app.add_middleware`` puts the middleware added last outermost, so a
+    :class:`BodyDrainMiddleware` added early would not see what a later one
+    does to the body. This wraps the whole middleware stack that the app
+    builds at its first request instead, outside every middleware added
+    before or after (and outside Starlette's ``ServerErrorMiddleware``).
+
+    Parameters
+    ----------
+    app : Starlette or FastAPI
+        Not started yet.
+    drain_bytes, drain_timeout
+        As :class:`BodyDrainMiddleware`.
+
+    Raises
+    ------
+    RuntimeError
+        The app has already built its middleware stack (it has served).
+    """
+    if getattr(app, "middleware_stack", None) is not None:
+        raise RuntimeError("install_body_guard must be called before the app starts")
+    build = app.build_middleware_stack
+
+    def build_guarded() -> ASGIApp:
+        return BodyDrainMiddleware(build(), drain_bytes=drain_bytes, drain_timeout=drain_timeout)
+
+    app.build_middleware_stack = build_guarded  # type: ignore[method-assign]
 
 
 # ---------------------------------------------------------------------------

@@ -71,7 +71,6 @@ from .errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
 from .fastapi import (
     BatchStreamResponse,
     BodyBatches,
-    BodyDrainMiddleware,
     BodyLimits,
     FilterError,
     TableDep,
@@ -80,6 +79,7 @@ from .fastapi import (
     WriterDep,
     compile_filter,
     ingest_body,
+    install_body_guard,
     install_error_handlers,
     json_response,
     jsonable_rows,
@@ -291,10 +291,8 @@ def create_app(
             yield
 
     app = FastAPI(title="lance_async example", lifespan=lifespan)
-    app.add_middleware(
-        BodyDrainMiddleware,
-        drain_bytes=body_limits.drain_bytes,
-        drain_timeout=body_limits.drain_timeout,
+    install_body_guard(
+        app, drain_bytes=body_limits.drain_bytes, drain_timeout=body_limits.drain_timeout
     )
     install_error_handlers(app)
     app.state.gauges = gauges

@@ -16,12 +16,20 @@ Test-only hooks, on top of :func:`lance_async.serve.create_app`:
   that the server's memory during a large ingest measures what lance_async
   holds, not the engine's write buffer.
 * ``--strict`` sets small body limits (1 MiB bodies, 1,000-row and 256 KiB
-  IPC batches, 500-row ingests), enables raw SQL filters, and adds a
-  ``BaseHTTPMiddleware`` that reads the whole body with ``request.stream()``
-  when the request carries ``x-test-consume-body``, as a careless logging
-  middleware would (the handler then sees an empty body). The main server
-  goes without it: ``BaseHTTPMiddleware`` costs every request extra tasks,
-  which the latency test should not measure.
+  IPC batches, 500-row ingests, a 1 s ``body_start_timeout``), enables raw
+  SQL filters, and adds middleware that read the body before the handler,
+  as careless logging middleware would:
+
+  - ``x-test-consume-body``: a ``BaseHTTPMiddleware`` reads the whole body
+    with ``request.stream()`` (the handler then sees an empty body);
+  - ``x-test-consume-plain: all`` / ``first``: a plain ASGI middleware
+    (inside the app's body guard) reads every body message, or the first
+    one, and passes the server's ``receive`` on unchanged;
+  - ``x-test-consume-outside``: the same, wrapped around the whole app
+    (outside the guard), where only ``body_start_timeout`` can help.
+
+  The main server goes without them: ``BaseHTTPMiddleware`` costs every
+  request extra tasks, which the latency test should not measure.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from fastapi import FastAPI
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lance_async.fastapi import BodyLimits
 from lance_async.serve import create_app
@@ -51,6 +60,7 @@ STRICT_LIMITS = BodyLimits(
     max_batch_bytes=256 << 10,
     drain_bytes=4 << 20,
     drain_timeout=5.0,
+    body_start_timeout=1.0,
 )
 MAIN_LIMITS = BodyLimits(max_body_bytes=256 << 20)
 STRICT_INGEST_ROWS = 500
@@ -67,6 +77,25 @@ class ConsumeBodyMiddleware(BaseHTTPMiddleware):
             async for _ in request.stream():
                 pass
         return await call_next(request)
+
+
+class PlainConsumeMiddleware:
+    """A plain ASGI middleware that reads body messages itself when asked to
+    (header ``header``: ``all`` reads to the end, ``first`` one message),
+    then calls the app with the server's ``receive`` unchanged."""
+
+    def __init__(self, app: ASGIApp, header: bytes = b"x-test-consume-plain") -> None:
+        self.app = app
+        self.header = header
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            mode = dict(scope["headers"]).get(self.header)
+            while mode in (b"all", b"first"):
+                message = await receive()
+                if mode == b"first" or not message.get("more_body", False):
+                    break
+        await self.app(scope, receive, send)
 
 
 def build_app(root: str, *, strict: bool, spool_dir: str | None) -> FastAPI:
@@ -86,6 +115,7 @@ def build_app(root: str, *, strict: bool, spool_dir: str | None) -> FastAPI:
 
     if strict:
         app.add_middleware(ConsumeBodyMiddleware)
+        app.add_middleware(PlainConsumeMiddleware)
     inner = app.router.lifespan_context
 
     @asynccontextmanager
@@ -105,6 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spool-dir", default=None)
     args = parser.parse_args(argv)
     app = build_app(args.root, strict=args.strict, spool_dir=args.spool_dir)
+    asgi: ASGIApp = app
+    if args.strict:
+        asgi = PlainConsumeMiddleware(app, b"x-test-consume-outside")
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted sockets only
     # when the listening socket says it is TCP. Without it, keep-alive responses
     # wait ~40 ms for delayed ACKs (Nagle).
@@ -112,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(
         uvicorn.Config(
-            app, log_level="info", access_log=False, lifespan="on", timeout_graceful_shutdown=5
+            asgi, log_level="info", access_log=False, lifespan="on", timeout_graceful_shutdown=5
         )
     )
     print(f"PORT {sock.getsockname()[1]}", flush=True)

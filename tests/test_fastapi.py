@@ -636,6 +636,57 @@ def test_body_consumed_by_a_middleware_is_400_and_writes_nothing(strict: Server)
 
 
 @pytest.mark.parametrize("endpoint", ["merge", "ingest"])
+@pytest.mark.parametrize(
+    ("header", "mode", "chunked"),
+    [
+        ("x-test-consume-plain", "all", False),
+        ("x-test-consume-plain", "all", True),
+        ("x-test-consume-plain", "first", True),
+        ("x-test-consume-outside", "all", False),
+    ],
+    ids=["inside-all", "inside-all-chunked", "inside-first-chunk", "outside-all"],
+)
+def test_body_consumed_by_a_plain_asgi_middleware_is_400_not_a_hang(
+    strict: Server, endpoint: str, header: str, mode: str, chunked: bool
+) -> None:
+    """A plain ASGI middleware reads the body and passes the server's
+    ``receive`` on. Inside the app's body guard this is a 400 at once (for a
+    whole body: the handler's first read; for the first chunk of a chunked
+    body: at its end, before a commit); outside it, the guard cannot see it
+    and the 400 comes after ``body_start_timeout`` (1 s on this server)."""
+    server = strict
+    table = "guard" if endpoint == "merge" else "events"
+    before = version(server.table(table))
+    lines = [ndjson([{"id": i, "value": 7, "name": f"m{i}"}]) for i in range(7000, 7003)]
+
+    def trickle() -> Iterator[bytes]:
+        for line in lines:
+            yield line
+            time.sleep(0.2)  # one body message each
+
+    content: bytes | Iterator[bytes] = trickle() if chunked else b"".join(lines)
+    started = time.monotonic()
+    with server.client(timeout=10) as client:
+        response = client.post(
+            f"/tables/{table}/{endpoint}",
+            params={"on": "id"},
+            content=content,
+            headers={"content-type": NDJSON, header: mode},
+        )
+        took = time.monotonic() - started
+        assert response.status_code == 400, response.text
+        assert response.json()["error"] == "BodyConsumedError"
+        assert "consumed" in response.json()["detail"]
+        for i in range(7000, 7003):
+            assert client.get(f"/tables/{table}/lookup/{i}").status_code == 404
+    assert version(server.table(table)) == before
+    limit = 3.0 if header == "x-test-consume-outside" else 1.5
+    assert took < limit, f"the 400 took {took:.2f} s"
+    if header == "x-test-consume-outside":
+        assert took >= 0.9  # body_start_timeout: nothing else could tell
+
+
+@pytest.mark.parametrize("endpoint", ["merge", "ingest"])
 def test_client_disconnect_mid_upload_commits_nothing(server: Server, endpoint: str) -> None:
     table = "disconnect" if endpoint == "merge" else "events"
     payload = ipc_stream(kv_block(50_000, 40_000, 3), batch_rows=1000)
