@@ -412,6 +412,50 @@ def test_ingest_answers_after_the_durable_ack(tmp_path: Path) -> None:
     second.assert_clean_shutdown()
 
 
+def test_clean_shutdown_flushes_ingested_rows_and_a_restart_serves_them(tmp_path: Path) -> None:
+    """SIGTERM: uvicorn runs the lifespan's exit, which flushes and closes the
+    shard writers. The rows are then in a flushed generation (an LSM read
+    that opens no writer sees them), and a server started again on the same
+    root serves them."""
+    root = tmp_path / "tables"
+    root.mkdir()
+    make_table(root / "events.lance", kv_block(0, 10, 0), mem_wal=True)
+    first = launch(root, tmp_path / "first.log")
+    try:
+        with first.client() as client:
+            for lo in (100, 400):
+                rows = [{"id": i, "value": i * 3, "name": f"s{i}"} for i in range(lo, lo + 300)]
+                response = ingest(client, "events", ndjson(rows), NDJSON)
+                assert response.status_code == 200, response.text
+            response = ingest(client, "events", ipc_stream(kv_block(5000, 20_000, 6)))
+            assert response.status_code == 200, response.text
+    finally:
+        first.stop()  # SIGTERM: a clean shutdown, not a kill
+    first.assert_clean_shutdown()
+
+    async def flushed() -> tuple[int, int]:
+        dataset = await open_dataset(str(root / "events.lance"))
+        found = await dataset.lsm_point_lookup(699)
+        table = await dataset.lsm_scan(columns=["id"], filter="id >= 100").to_table()
+        return found.num_rows, table.num_rows
+
+    assert anyio.run(flushed) == (1, 20_600)
+
+    second = launch(root, tmp_path / "second.log")
+    try:
+        with second.client() as client:
+            found = client.get("/tables/events/lookup/699")
+            assert found.status_code == 200, found.text
+            assert found.json()["row"] == {"id": 699, "value": 2097, "name": "s699"}
+            assert client.get("/tables/events/lookup/24999").json()["row"]["value"] == 6
+            listed = client.get("/tables/events/rows", params={"filter": "id >= 100"})
+            assert listed.status_code == 200
+            assert len(listed.text.splitlines()) == 20_600
+    finally:
+        second.stop()
+    second.assert_clean_shutdown()
+
+
 # ---------------------------------------------------------------------------
 # limits
 # ---------------------------------------------------------------------------
