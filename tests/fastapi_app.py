@@ -1,6 +1,7 @@
 """The example app with test-only hooks, run by tests/test_fastapi.py in a subprocess.
 
     python -m tests.fastapi_app --root DIR [--strict] [--spool-dir DIR]
+                                [--threads ENGINE,STREAM,READER]
 
 It listens on an ephemeral port of 127.0.0.1 and prints ``PORT <n>`` once the
 socket is bound (``GET /health`` answers once startup is done).
@@ -49,6 +50,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from lance_async import ThreadLimits
 from lance_async.fastapi import BodyLimits
 from lance_async.serve import create_app
 
@@ -98,7 +100,9 @@ class PlainConsumeMiddleware:
         await self.app(scope, receive, send)
 
 
-def build_app(root: str, *, strict: bool, spool_dir: str | None) -> FastAPI:
+def build_app(
+    root: str, *, strict: bool, spool_dir: str | None, threads: ThreadLimits | None = None
+) -> FastAPI:
     app = create_app(
         root,
         limits=STRICT_LIMITS if strict else MAIN_LIMITS,
@@ -107,6 +111,7 @@ def build_app(root: str, *, strict: bool, spool_dir: str | None) -> FastAPI:
         spool_dir=spool_dir,
         conflict_retries=20,
         writer_options=WRITER_OPTIONS,
+        threads=threads,
     )
 
     @app.get("/sync-probe")
@@ -133,8 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", required=True)
     parser.add_argument("--strict", action="store_true")
     parser.add_argument("--spool-dir", default=None)
+    parser.add_argument("--threads", default=None, help="ENGINE,STREAM,READER thread limits")
     args = parser.parse_args(argv)
-    app = build_app(args.root, strict=args.strict, spool_dir=args.spool_dir)
+    threads = None
+    if args.threads:
+        engine, stream, reader = (int(n) for n in args.threads.split(","))
+        threads = ThreadLimits(engine=engine, stream=stream, reader=reader)
+    app = build_app(args.root, strict=args.strict, spool_dir=args.spool_dir, threads=threads)
     asgi: ASGIApp = app
     if args.strict:
         asgi = PlainConsumeMiddleware(app, b"x-test-consume-outside")

@@ -778,6 +778,59 @@ def test_client_leaving_a_scan_stops_it_and_closes_the_reader(server: Server) ->
     assert health["rows_streamed"] - streamed < 500_000, "the scan ran on after the client left"
 
 
+def test_more_concurrent_scans_than_reader_threads_all_complete(tmp_path: Path) -> None:
+    """Six scans at once on a server with ``ThreadLimits(stream=1, reader=2)``:
+    every response has started (six open scans) before any client reads a
+    byte, so four scans wait for a reader thread while two stream; the one
+    ``stream`` thread encodes batches of all of them. All complete, in full.
+    (Before open streams had their own ``reader`` limiter, 16 such scans on
+    the default limits deadlocked: open streams held every ``stream`` thread
+    that their own responses needed to encode a batch.)"""
+    root = tmp_path / "tables"
+    root.mkdir()
+    make_table(root / "scan.lance", kv_block(0, 100_000, 1))
+    make_table(root / "events.lance", kv_block(0, 30_000, 2), mem_wal=True)
+    srv = launch(root, tmp_path / "server.log", "--threads", "16,1,2")
+    clients = [("scan", 100_000)] * 4 + [("events", 30_000)] * 2
+    barrier = threading.Barrier(len(clients))
+    results: dict[int, Any] = {}
+
+    def scan(i: int, table: str) -> None:
+        try:
+            with (
+                srv.client(timeout=60) as client,
+                client.stream(
+                    "GET", f"/tables/{table}/rows", params={"batch_size": 1024, "columns": "id"}
+                ) as response,
+            ):
+                assert response.status_code == 200
+                barrier.wait(30)  # every scan is open before any is read
+                ids = [json.loads(line)["id"] for line in response.iter_lines() if line]
+            results[i] = (len(ids), len(set(ids)))
+        except BaseException as exc:  # reported below, with the thread's index
+            results[i] = exc
+            barrier.abort()
+
+    threads = [
+        threading.Thread(target=scan, args=(i, table)) for i, (table, _) in enumerate(clients)
+    ]
+    try:
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        took = time.monotonic() - started
+        expected = {i: (rows, rows) for i, (_, rows) in enumerate(clients)}
+        assert results == expected, results
+        health = srv.health()
+        assert (health["scans_open"], health["scans_done"]) == (0, len(clients))
+        print(f"\n{len(clients)} concurrent scans (stream=1, reader=2) took {took:.2f} s")
+    finally:
+        srv.stop()
+    srv.assert_clean_shutdown()
+
+
 def test_slow_uploads_do_not_starve_the_apps_sync_endpoints(server: Server) -> None:
     """The app's thread pool is 2 threads (tests/fastapi_app.py); 4 slow uploads
     in flight hold library threads only, so a sync endpoint still answers."""
