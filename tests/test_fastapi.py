@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import os
 import select
 import signal
 import socket
@@ -1024,47 +1026,85 @@ for _ in range(times):
 """
 
 
+def probe_health(
+    server: Server, count: int, counts: Callable[[dict[str, Any]], bool], until: Callable[[], bool]
+) -> list[float]:
+    """Seconds each of ``count`` ``GET /health`` took (one keep-alive
+    connection, 5 ms apart), keeping those whose answer ``counts``; stops
+    early when ``until()``."""
+    latencies: list[float] = []
+    with server.client(timeout=10) as client:
+        while len(latencies) < count and not until():
+            started = time.perf_counter()
+            response = client.get("/health")
+            took = time.perf_counter() - started
+            assert response.status_code == 200
+            if counts(response.json()):
+                latencies.append(took)
+            time.sleep(0.005)
+    return latencies
+
+
+def percentiles(latencies: list[float]) -> tuple[float, float, float]:
+    """(p50, p99, max) in milliseconds, nearest rank."""
+    ordered = sorted(latencies)
+    rank = max(math.ceil(0.99 * len(ordered)) - 1, 0)
+    return ordered[len(ordered) // 2] * 1e3, ordered[rank] * 1e3, ordered[-1] * 1e3
+
+
 @pytest.mark.slow
 def test_health_p99_under_50ms_during_a_large_merge(
     server: Server, tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
-    """200 probes of /health while 100 MiB bodies merge, sent by another process
-    (so the probing client's own GIL is not what gets measured)."""
+    """200 probes of /health while 100 MiB bodies merge.
+
+    The server, the uploader and the prober are three processes, so neither
+    the upload's client work nor the prober's shares a GIL or an event loop
+    with what is measured. The same 200 probes with no merge running come
+    first: they show what the machine itself costs (a 2-core machine busy
+    with other work stretches every wakeup), and the failure message gives
+    both, with the load average. Measured on an otherwise idle 2-core
+    machine: p99 5-7 ms without a merge, 10-13 ms during one; with two CPU
+    hogs running, 12 ms and 25 ms.
+    """
     messages, _ = big_upload(100_000, 100 * MiB)
     body = tmp_path / "body.arrows"
     body.write_bytes(b"".join(messages))
     del messages
+    quiet = probe_health(
+        server, 200, lambda health: health["uploads_in_flight"] == 0, lambda: False
+    )
     url = f"{server.url}/tables/lag/merge?on=id"
     uploader = subprocess.Popen(
         [sys.executable, "-c", UPLOADER, url, str(body), "2"], stdout=subprocess.PIPE, text=True
     )
     try:
         wait_for(lambda: server.health()["uploads_in_flight"] == 1, 20, "the upload to start")
-        latencies: list[float] = []
-        with server.client(timeout=10) as client:
-            while len(latencies) < 200 and uploader.poll() is None:
-                started = time.perf_counter()
-                response = client.get("/health")
-                took = time.perf_counter() - started
-                assert response.status_code == 200
-                if response.json()["uploads_in_flight"] == 1:
-                    latencies.append(took)
-                time.sleep(0.005)
+        latencies = probe_health(
+            server,
+            200,
+            lambda health: health["uploads_in_flight"] == 1,
+            lambda: uploader.poll() is not None,
+        )
         output, _ = uploader.communicate(timeout=120)
     finally:
         if uploader.poll() is None:
             uploader.kill()
             uploader.communicate()
+    load = os.getloadavg()[0]
     assert output.split() == ["200", "200"], output
     assert len(latencies) == 200, f"the merges ended after {len(latencies)} probes"
-    ordered = sorted(latencies)
-    p99 = ordered[int(0.99 * len(ordered)) - 1]
-    record_property("health_p99_ms", round(p99 * 1000, 2))
-    print(
-        f"\n/health during 100 MiB merges: p50 {ordered[100] * 1000:.1f} ms, "
-        f"p99 {p99 * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms"
+    p50, p99, top = percentiles(latencies)
+    quiet_p50, quiet_p99, quiet_top = percentiles(quiet)
+    record_property("health_p99_ms", round(p99, 2))
+    record_property("health_p99_no_merge_ms", round(quiet_p99, 2))
+    report = (
+        f"/health during 100 MiB merges: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {top:.1f} ms; "
+        f"with no merge: p50 {quiet_p50:.1f} ms, p99 {quiet_p99:.1f} ms, max {quiet_top:.1f} ms; "
+        f"load average {load:.2f} on {os.cpu_count()} CPUs"
     )
-    assert p99 < 0.050
+    print(f"\n{report}")
+    assert p99 < 50, report
 
 
 @pytest.mark.slow
