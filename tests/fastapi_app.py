@@ -12,7 +12,7 @@ Test-only hooks, on top of :func:`lance_async.serve.create_app`:
   in -- is shrunk to 2 threads, and ``GET /sync-probe`` is a sync endpoint
   that needs one of them. If lance_async ran uploads on that pool, slow
   uploads would starve it.
-* MemWAL tables get a shard writer whose engine keeps at most 24 MiB of
+* MemWAL tables get a shard writer whose engine keeps at most 16 MiB of
   rows not yet flushed (``WRITER_OPTIONS``; pylance's default is 1 GB), so
   that the server's memory during a large ingest measures what lance_async
   holds, not the engine's write buffer.
@@ -66,7 +66,7 @@ STRICT_LIMITS = BodyLimits(
 )
 MAIN_LIMITS = BodyLimits(max_body_bytes=256 << 20)
 STRICT_INGEST_ROWS = 500
-WRITER_OPTIONS = {"max_memtable_size": 8 << 20, "max_unflushed_memtable_bytes": 24 << 20}
+WRITER_OPTIONS = {"max_memtable_size": 4 << 20, "max_unflushed_memtable_bytes": 16 << 20}
 
 
 class ConsumeBodyMiddleware(BaseHTTPMiddleware):
