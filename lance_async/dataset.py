@@ -28,14 +28,21 @@ from lance.dataset import LanceDataset
 from ._schema import primary_key
 from ._threads import run_sync
 from .errors import DatasetNotFoundError, SchemaMismatchError, raise_mapped
+from .lsm import (
+    compact_mem_wal,
+    lsm_point_lookup,
+    lsm_scan,
+    lsm_vector_search,
+    shard_snapshots,
+)
+from .mem_wal import AsyncShardWriter
+from .merge import AsyncMergeInsertBuilder
+from .router import ShardRouter
 from .sources import resolve_source
 from .streams import AsyncBatchStream
 
 if TYPE_CHECKING:
     from .lsm import CompactionResult, ShardSnapshots
-    from .mem_wal import AsyncShardWriter
-    from .merge import AsyncMergeInsertBuilder
-    from .router import ShardRouter
 
 __all__ = ["AsyncDataset", "open_dataset", "write_dataset"]
 
@@ -321,7 +328,6 @@ class AsyncDataset:
         on : str or list of str, optional
             Join columns; default the schema's primary key.
         """
-        from .merge import AsyncMergeInsertBuilder
 
         return AsyncMergeInsertBuilder(self, on)
 
@@ -352,20 +358,17 @@ class AsyncDataset:
 
         See :class:`~lance_async.AsyncShardWriter` for the options.
         """
-        from .mem_wal import AsyncShardWriter
 
         return AsyncShardWriter(self, shard_id, **options)
 
     def shard_router(self, **options: Any) -> ShardRouter:
         """A router feeding one writer per shard of a sharded table (``async with``)."""
-        from .router import ShardRouter
 
         return ShardRouter(self, **options)
 
     # -- LSM reads (lsm.py) ------------------------------------------------
     async def shard_snapshots(self) -> ShardSnapshots:
         """Each MemWAL shard's flushed generations (see ``lsm.shard_snapshots``)."""
-        from .lsm import shard_snapshots
 
         return await shard_snapshots(self)
 
@@ -377,7 +380,6 @@ class AsyncDataset:
         limit: int | None = None,
     ) -> AsyncBatchStream:
         """Scan base table and flushed SSTables, newest row per primary key."""
-        from .lsm import lsm_scan
 
         return lsm_scan(self, snapshots=snapshots, columns=columns, filter=filter, limit=limit)
 
@@ -388,7 +390,6 @@ class AsyncDataset:
         snapshots: ShardSnapshots | None = None,
     ) -> pa.Table:
         """The newest row for one primary key (a table of 0 or 1 row)."""
-        from .lsm import lsm_point_lookup
 
         return await lsm_point_lookup(self, key, columns=columns, snapshots=snapshots)
 
@@ -404,7 +405,6 @@ class AsyncDataset:
         **options: Any,
     ) -> pa.Table:
         """k nearest rows across the LSM levels, with ``_distance``."""
-        from .lsm import lsm_vector_search
 
         return await lsm_vector_search(
             self,
@@ -432,7 +432,6 @@ class AsyncDataset:
         See :func:`lance_async.lsm.compact_mem_wal` for the parameters, the
         result and the errors.
         """
-        from .lsm import compact_mem_wal
 
         return await compact_mem_wal(
             self, shard_ids, chunk_rows=chunk_rows, optimize_indices=optimize_indices

@@ -51,6 +51,7 @@ from . import _manifest
 from ._schema import primary_key
 from ._threads import run_sync
 from .errors import InvalidInputError, SchemaMismatchError, raise_mapped
+from .sources import replayable
 from .streams import AsyncBatchStream
 
 if TYPE_CHECKING:
@@ -658,8 +659,6 @@ async def compact_mem_wal(
     ContentionError
         Concurrent writers won every attempt of a pass.
     """
-    from .sources import replayable
-
     keys = primary_key(dataset.schema)
     if not keys:
         raise InvalidInputError("compacting a MemWAL needs a primary key")

@@ -75,6 +75,7 @@ from .errors import (
     map_engine_error,
     raise_mapped,
 )
+from .lsm import _lance_snaps, exact_knn_scan, key_filter, scanner_stream, shard_snapshots
 from .sources import SourceMode, resolve_source
 
 if TYPE_CHECKING:
@@ -963,7 +964,6 @@ class AsyncShardWriter:
             raise ClosedError(f"{self!r} is not open")
         if self._loop is not None:
             self._loop.check(repr(self))
-        from .lsm import _lance_snaps, shard_snapshots
 
         engine = self._engine
         if snapshots is None:
@@ -1001,7 +1001,6 @@ class AsyncShardWriter:
         -------
         AsyncBatchStream
         """
-        from .lsm import scanner_stream
 
         return scanner_stream(
             lambda: self._scanner(snapshots), self._table_schema, columns, filter, limit
@@ -1015,7 +1014,6 @@ class AsyncShardWriter:
     ) -> pa.Table:
         """The newest row for ``key`` across all levels, this writer's memtable
         included (a table of 0 or 1 row). Composite keys as a dict or tuple."""
-        from .lsm import key_filter
 
         expr = key_filter(self._table_schema, self._keys, key)
         scanner = await self._scanner(snapshots)
@@ -1064,7 +1062,6 @@ class AsyncShardWriter:
         ClosedError
             The writer is not open.
         """
-        from .lsm import exact_knn_scan
 
         if k < 1:
             raise InvalidInputError("k must be >= 1")
