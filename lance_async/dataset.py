@@ -25,6 +25,7 @@ import lance
 import pyarrow as pa
 from lance.dataset import LanceDataset
 
+from . import _retired
 from ._schema import primary_key
 from ._threads import run_sync
 from .errors import DatasetNotFoundError, SchemaMismatchError, raise_mapped
@@ -336,6 +337,11 @@ class AsyncDataset:
         """Enable the MemWAL (``LanceDataset.initialize_mem_wal``, every pylance 14
         argument accepted); returns ``self`` at the new version.
 
+        Shard folders left by an earlier MemWAL of this table (pylance keeps
+        them when a table is overwritten) are retired in the same call: LSM
+        reads leave them out and writers refuse them (see
+        ``lance_async._retired``; one more commit when there are any).
+
         Raises
         ------
         InvalidInputError
@@ -344,7 +350,7 @@ class AsyncDataset:
         ValueError
             Conflicting sharding options (raised by pylance).
         """
-        await self._mutate(lambda d: d.initialize_mem_wal(**options))
+        await self._mutate(lambda d: _retired.initialize_mem_wal(d, options))
         return self
 
     async def mem_wal_index_details(self) -> dict[str, Any] | None:

@@ -48,6 +48,7 @@ from lance.mem_wal import (
 from lance.mem_wal import ShardSnapshot as LanceShardSnapshot
 
 from . import _manifest
+from ._retired import retired_shards
 from ._schema import primary_key
 from ._threads import run_sync
 from .errors import InvalidInputError, SchemaMismatchError, raise_mapped
@@ -119,12 +120,13 @@ def _discover(
     version: int,
     shard_ids: Iterable[str] | None = None,
     include_compacted: bool = False,
+    retired: frozenset[str] = frozenset(),
 ) -> list[ShardSnapshot]:
     compacted = {} if include_compacted else _manifest.compacted_generations(uri, version)
     wanted = set(shard_ids) if shard_ids is not None else None
     out: list[ShardSnapshot] = []
     for sid in _manifest.list_shards(uri):
-        if wanted is not None and sid not in wanted:
+        if sid in retired or (wanted is not None and sid not in wanted):
             continue
         manifest = _manifest.read_shard_manifest(uri, sid)
         if manifest is None:
@@ -156,7 +158,8 @@ async def shard_snapshots(
     Reads the shard manifests (the newest version of each) and the dataset's
     record of compacted generations, on a worker thread. Generations already
     compacted into the base table are left out, so reads never let an old
-    SSTable shadow newer base rows.
+    SSTable shadow newer base rows, and so are shards retired when the
+    MemWAL was initialized again (``lance_async._retired``).
 
     Parameters
     ----------
@@ -180,9 +183,11 @@ async def shard_snapshots(
         The on-disk layout is not the one pylance 14.0.2 writes.
     """
     await dataset.refresh()
-    uri, version = dataset.uri, dataset.version
+    uri, version, ds = dataset.uri, dataset.version, dataset.lance
     ids = list(shard_ids) if shard_ids is not None else None
-    return await run_sync(lambda: _discover(uri, version, ids, include_compacted))
+    return await run_sync(
+        lambda: _discover(uri, version, ids, include_compacted, retired_shards(ds))
+    )
 
 
 def _lance_snaps(snapshots: Iterable[Any]) -> list[LanceShardSnapshot]:

@@ -62,6 +62,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._loop import LoopHandle, aclose_shielded, unwrap_groups
+from ._retired import retired_shards
 from ._schema import TableFit, primary_key
 from ._threads import run_sync
 from .acks import Ack, PutSummary
@@ -353,6 +354,12 @@ class AsyncShardWriter:
         ds = self._dataset.lance
 
         def work() -> tuple[Any, int]:
+            if self.shard_id in retired_shards(ds):
+                raise InvalidInputError(
+                    f"shard {self.shard_id} belongs to a MemWAL that this table replaced "
+                    "(an overwrite, then initialize_mem_wal); opening it would replay the old "
+                    "table's rows. Use another shard id"
+                )
             engine = ds.mem_wal_writer(self.shard_id, **kwargs)
             limit = kwargs.get("max_memtable_rows")
             if limit is None:
@@ -362,6 +369,8 @@ class AsyncShardWriter:
 
         try:
             self._engine, memtable_rows = await run_sync(work)
+        except LanceAsyncError:
+            raise
         except (OSError, ValueError, RuntimeError) as exc:
             raise_mapped(exc)
             raise

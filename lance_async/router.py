@@ -12,14 +12,17 @@ Shard ids
 pylance 14 leaves the choice of a shard's UUID to the caller. The router
 derives it deterministically from the sharding spec and the shard value,
 ``uuid5(SHARD_NAMESPACE, f"{spec_id}/{value}")``, so every process routes a
-value to the same shard (and reopening replays that shard's WAL). Pass
-``shard_id_for=`` to use your own mapping.
+value to the same shard (and reopening replays that shard's WAL). After the
+MemWAL was initialized again over an overwritten table's shards, the MemWAL
+epoch is mixed in (``f"{epoch}/{spec_id}/{value}"``) so the new MemWAL gets
+fresh shards. Pass ``shard_id_for=`` to use your own mapping.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -29,6 +32,7 @@ from anyio.abc import TaskGroup
 from lance.mem_wal import evaluate_sharding_spec
 
 from ._loop import aclose_shielded, unwrap_groups
+from ._retired import mem_wal_epoch
 from ._schema import TableFit, primary_key
 from ._threads import run_sync, stream_limiter
 from .acks import Ack, PutSummary
@@ -47,9 +51,15 @@ ROUTE_INLINE_ROWS = 1_024
 millisecond); larger ones on a worker thread."""
 
 
-def default_shard_id(spec_id: int, value: Any) -> str:
-    """The shard UUID the router uses for a shard value (deterministic)."""
-    return str(uuid.uuid5(SHARD_NAMESPACE, f"{spec_id}/{value}"))
+def default_shard_id(spec_id: int, value: Any, epoch: str | None = None) -> str:
+    """The shard UUID the router uses for a shard value (deterministic).
+
+    ``epoch`` is the table's MemWAL epoch (set when the MemWAL was
+    initialized again over retired shards; see ``lance_async._retired``):
+    it gives the new MemWAL fresh shard ids. None for a first MemWAL.
+    """
+    name = f"{spec_id}/{value}" if epoch is None else f"{epoch}/{spec_id}/{value}"
+    return str(uuid.uuid5(SHARD_NAMESPACE, name))
 
 
 class ShardRouter:
@@ -64,7 +74,7 @@ class ShardRouter:
         A table initialized with bucket or identity sharding.
     shard_id_for : callable, optional
         ``(spec_id, value) -> shard UUID string``; default
-        :func:`default_shard_id`.
+        :func:`default_shard_id` with the table's MemWAL epoch.
     **writer_options
         Passed to every :class:`AsyncShardWriter` (queue limits, ``linger``,
         ``durable_write``, ...).
@@ -83,7 +93,7 @@ class ShardRouter:
         **writer_options: Any,
     ) -> None:
         self._dataset = dataset
-        self._shard_id_for = shard_id_for or default_shard_id
+        self._shard_id_for = shard_id_for
         self._options = writer_options
         self._writers: dict[Any, AsyncShardWriter] = {}
         self._spec: dict[str, Any] | None = None
@@ -107,6 +117,9 @@ class ShardRouter:
                 "num_buckets=...) or (identity_column=...), or use mem_wal_writer(shard_id)"
             )
         self._spec = max(specs, key=lambda s: int(s["spec_id"]))
+        if self._shard_id_for is None:
+            epoch = await run_sync(partial(mem_wal_epoch, self._dataset.lance))
+            self._shard_id_for = partial(default_shard_id, epoch=epoch)
         self._open_lock = anyio.Lock()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -154,6 +167,7 @@ class ShardRouter:
         if writer is not None:
             return writer
         assert self._open_lock is not None and self._spec is not None
+        assert self._shard_id_for is not None
         async with self._open_lock:
             writer = self._writers.get(value)
             if writer is None:

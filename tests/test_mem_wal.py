@@ -383,6 +383,50 @@ async def test_shard_router_splits_rows_by_bucket(table_uri: str) -> None:
     assert la.router.default_shard_id(1, 3) == la.router.default_shard_id(1, 3)
 
 
+async def test_an_overwrite_then_initialize_retires_the_old_shards(table_uri: str) -> None:
+    """pylance keeps the old table's shard folders through an overwrite; the
+    new MemWAL must neither read them nor let a writer replay them."""
+    ds = await mem_wal_table(table_uri)
+    old_shard = sid()
+    async with ds.mem_wal_writer(old_shard) as writer:
+        await writer.put(kv_table(range(100, 110), value=1))  # flushed at close
+
+    ds = await la.write_dataset(kv_table(range(1)), table_uri, mode="overwrite")
+    await ds.initialize_mem_wal()
+    async with ds.mem_wal_writer(sid()) as writer:
+        await writer.put(kv_table(range(200, 205), value=2))
+        seen = await writer.lsm_scan(columns=["id"]).to_table()
+        assert sorted(seen.column("id").to_pylist()) == [0, *range(200, 205)]
+
+    ds = await la.open_dataset(table_uri)
+    assert old_shard not in {s.shard_id for s in await ds.shard_snapshots()}
+    table = await ds.lsm_scan(columns=["id"]).to_table()
+    assert sorted(table.column("id").to_pylist()) == [0, *range(200, 205)]
+    assert (await ds.lsm_point_lookup(100)).num_rows == 0
+    with pytest.raises(la.InvalidInputError, match="replaced"):
+        async with ds.mem_wal_writer(old_shard):
+            pass
+    # compaction takes only the new MemWAL's rows into the base table
+    await ds.compact_mem_wal()
+    base = await ds.to_table(columns=["id"])
+    assert sorted(base.column("id").to_pylist()) == [0, *range(200, 205)]
+
+
+async def test_shard_router_gets_fresh_shards_after_an_overwrite(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=2)
+    async with ds.shard_router() as router:
+        await router.put(kv_table(range(100, 140), value=1))
+        first = set(router.writers)
+    ds = await la.write_dataset(kv_table(range(1)), table_uri, mode="overwrite")
+    await ds.initialize_mem_wal(bucket_column="id", num_buckets=2)
+    async with ds.shard_router() as router:
+        await router.put(kv_table(range(500, 540), value=2))
+        second = set(router.writers)
+    assert len(first) == len(second) == 2 and not first & second
+    table = await ds.lsm_scan(columns=["id"]).to_table()
+    assert sorted(table.column("id").to_pylist()) == [0, *range(500, 540)]
+
+
 async def test_shard_router_queues_nothing_of_an_in_memory_send_with_a_bad_row(
     table_uri: str,
 ) -> None:
