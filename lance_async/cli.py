@@ -256,7 +256,7 @@ def _open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) ->
 
         stream = url.path.strip("/")
         if not stream:
-            raise typer.BadParameter("redis source: redis://host:port/STREAM[?group=G]")
+            raise typer.BadParameter("redis source: redis://host:port/STREAM[?group=G&field=F]")
         return RedisStreamFeed.connect(
             f"{url.scheme}://{url.netloc}",
             stream=stream,
@@ -307,7 +307,8 @@ def ingest_cmd(
     source: str = typer.Argument(
         ...,
         help="A file (.ndjson/.jsonl/.json, .csv, .arrow/.arrows/.ipc), '-' for stdin, "
-        "nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME] or redis://HOST:PORT/STREAM[?group=G].",
+        "nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME] or "
+        "redis://HOST:PORT/STREAM[?group=G&field=F].",
     ),
     table_uri: str = typer.Argument(
         ..., help="The Lance table; its MemWAL must be initialized (lance-async init-wal)."
@@ -387,7 +388,8 @@ def ingest_cmd(
 
     stats = _run(run, writes)
     out.print(
-        f"ingested {_count(stats.rows, 'row')} from {_count(stats.messages, 'message')} into "
+        f"ingested {_count(stats.rows, 'row')} from "
+        f"{_count(stats.messages, 'chunk' if is_file else 'message')} into "
         f"shard {shard_id} in {stats.seconds:.1f} s; "
         f"{_count(stats.dead_letters, 'dead letter')}"
     )

@@ -339,8 +339,10 @@ class AsyncShardWriter:
         ClosedError
             Already opened once.
         InvalidInputError
-            The engine refused: the MemWAL is not initialized, or an option
-            is out of range.
+            The table has no primary key; the shard was retired by a later
+            ``initialize_mem_wal`` (see ``lance_async._retired``); or the
+            engine refused: the MemWAL is not initialized, or an option is
+            out of range.
         OSError
             Storage errors, unchanged.
         """
@@ -352,6 +354,12 @@ class AsyncShardWriter:
         self._loop = LoopHandle()
         kwargs = self._writer_kwargs
         ds = self._dataset.lance
+
+        if not self._keys:
+            raise InvalidInputError(
+                f"{self!r}: the table has no primary key, so rows written to its MemWAL could "
+                "never be read back (LSM reads and compaction keep the newest row per key)"
+            )
 
         def work() -> tuple[Any, int]:
             if self.shard_id in retired_shards(ds):

@@ -142,6 +142,15 @@ def test_ingest_needs_a_mem_wal(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "MemWAL" in result.output
 
 
+def test_init_wal_needs_a_primary_key(tmp_path: Path) -> None:
+    uri = str(tmp_path / "nokey.lance")
+    lance.write_dataset(pa.table({"id": [1, 2], "value": [0.5, 1.5]}), uri)
+    result = runner.invoke(app, ["init-wal", uri])
+    assert result.exit_code == 1 and "primary key" in result.output
+    assert lance.dataset(uri).mem_wal_index_details() is None  # nothing committed
+    assert lance.dataset(uri).version == 1
+
+
 def test_merge_a_csv_file(tmp_path: Path, mem_wal_table: str) -> None:
     src = tmp_path / "rows.csv"
     src.write_text("id,name,value\n1,one,10\n7,seven,70\n")

@@ -412,6 +412,20 @@ async def test_an_overwrite_then_initialize_retires_the_old_shards(table_uri: st
     assert sorted(base.column("id").to_pylist()) == [0, *range(200, 205)]
 
 
+async def test_a_mem_wal_needs_a_primary_key(table_uri: str) -> None:
+    plain = pa.table({"id": pa.array([1, 2], pa.int64()), "value": [0.5, 1.5]})
+    ds = await la.write_dataset(plain, table_uri)
+    with pytest.raises(la.InvalidInputError, match="primary key"):
+        await ds.initialize_mem_wal()
+    assert ds.version == 1 and await ds.mem_wal_index_details() is None
+    # a MemWAL initialized through pylance directly: the writer refuses to open
+    await anyio.to_thread.run_sync(lambda: lance.dataset(table_uri).initialize_mem_wal())
+    ds = await la.open_dataset(table_uri)
+    with pytest.raises(la.InvalidInputError, match="primary key"):
+        async with ds.mem_wal_writer(sid()):
+            pass
+
+
 async def test_shard_router_gets_fresh_shards_after_an_overwrite(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=2)
     async with ds.shard_router() as router:
