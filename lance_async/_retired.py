@@ -7,36 +7,60 @@ table that was replaced. Read as part of the new table's LSM view they would
 bring its rows back, and a writer reopened on one of them replays its WAL
 into the new table.
 
-So when :meth:`~lance_async.AsyncDataset.initialize_mem_wal` starts a new
-MemWAL on a table that already has shard folders, it records them as
-*retired* in the table's config (key :data:`RETIRED_KEY`, comma-separated
-shard ids) together with the MemWAL epoch (:data:`EPOCH_KEY`, the table
-version the initialization committed). Then:
+lance_async keeps them out in two ways:
 
-* shard discovery (:func:`~lance_async.lsm.shard_snapshots`, every LSM read
-  and compaction) leaves retired shards out;
-* opening an :class:`~lance_async.AsyncShardWriter` on a retired shard is
-  refused with :class:`~lance_async.InvalidInputError`;
-* :class:`~lance_async.ShardRouter`'s default shard ids mix in the epoch, so
-  a sharded table initialized again gets fresh shards.
+* A version without a MemWAL index has no live shards: shard discovery
+  (:func:`~lance_async.lsm.shard_snapshots`, so every LSM read and
+  compaction) returns none there, whatever folders exist.
+* :meth:`~lance_async.AsyncDataset.initialize_mem_wal` on a table that
+  already has shard folders first records them as *retired* in the table's
+  config (key :data:`RETIRED_KEY`, comma-separated shard ids) with a new
+  MemWAL epoch (:data:`EPOCH_KEY`, a random token), and only then
+  initializes the MemWAL. Discovery leaves retired shards out; opening an
+  :class:`~lance_async.AsyncShardWriter` on one is refused; shard ids that
+  lance_async derives (:class:`~lance_async.ShardRouter`, the ``lance-async``
+  command, the example server) mix in the epoch, so a table initialized
+  again gets fresh shards.
+
+Order matters: the shards are listed, then the table is checked to have no
+MemWAL index, then the record is committed, then the MemWAL. A shard listed
+while no MemWAL existed cannot be live, and between the two commits there is
+no MemWAL for a writer or compaction to use. A crash between them leaves a
+record of retired shards and no MemWAL (initialize again).
 
 Later overwrites carry the table's config over, so the record accumulates.
-It is lance_async's own: a MemWAL re-initialized through pylance directly is
-not covered, and the two commits of a re-initialization are not atomic (a
-crash between them leaves the old shards visible, as before).
+It is lance_async's own: a MemWAL initialized through pylance directly does
+not retire anything. Writers still open on the replaced table when it is
+overwritten write into the old MemWAL; their rows are lost with it.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from ._manifest import list_shards
+from ._schema import primary_key
+from .errors import InvalidInputError
 
-__all__ = ["EPOCH_KEY", "RETIRED_KEY", "initialize_mem_wal", "mem_wal_epoch", "retired_shards"]
+__all__ = [
+    "EPOCH_KEY",
+    "NO_KEY",
+    "RETIRED_KEY",
+    "derived_shard_id",
+    "initialize_mem_wal",
+    "mem_wal_epoch",
+    "retired_shards",
+]
 
 RETIRED_KEY = "lance_async.mem_wal.retired_shards"
 EPOCH_KEY = "lance_async.mem_wal.epoch"
+NO_KEY = (
+    "a MemWAL needs a primary key: LSM reads and compaction keep the newest row per key. "
+    "Mark the key field(s) non-nullable with metadata "
+    "{'lance-schema:unenforced-primary-key': 'true'}"
+)
 
 
 def _config(ds: Any) -> Mapping[str, str]:
@@ -44,8 +68,7 @@ def _config(ds: Any) -> Mapping[str, str]:
 
 
 def retired_shards(ds: Any) -> frozenset[str]:
-    """Shard ids retired at or before ``ds``'s version (blocking: reads the
-    table's config).
+    """Shard ids retired at ``ds``'s version (blocking: reads its config).
 
     Parameters
     ----------
@@ -56,26 +79,49 @@ def retired_shards(ds: Any) -> frozenset[str]:
 
 
 def mem_wal_epoch(ds: Any) -> str | None:
-    """The version at which the current MemWAL was started over retired
-    shards, or None when it never was (blocking)."""
+    """The MemWAL epoch at ``ds``'s version: None until a MemWAL was
+    initialized over retired shards (blocking)."""
     return _config(ds).get(EPOCH_KEY)
 
 
-def initialize_mem_wal(ds: Any, options: Mapping[str, Any]) -> None:
-    """``ds.initialize_mem_wal(**options)``, then retire the shard folders
-    that existed before it (blocking; ``ds`` moves to the new version).
+def derived_shard_id(namespace: uuid.UUID, name: str, epoch: str | None) -> str:
+    """A deterministic shard UUID for ``name``, fresh for each MemWAL epoch.
 
-    Two commits when there are shards to retire: the engine's initialization,
-    then the config update.
+    ``uuid5(namespace, name)`` for a table's first MemWAL (the ids lance_async
+    has always derived), ``uuid5(namespace, f"{epoch}/{name}")`` after a
+    re-initialization.
+    """
+    return str(uuid.uuid5(namespace, name if epoch is None else f"{epoch}/{name}"))
+
+
+def initialize_mem_wal(ds: Any, options: Mapping[str, Any]) -> None:
+    """Retire the shard folders an earlier MemWAL left, then
+    ``ds.initialize_mem_wal(**options)`` (blocking; ``ds`` moves to the
+    versions committed: one, or two when there are shards to retire).
 
     Raises
     ------
+    InvalidInputError
+        The table (at its latest version) has no primary key, or already has
+        a MemWAL. Nothing is committed.
     OSError, ValueError
-        The engine's errors, unchanged (for example "MemWAL is already
-        initialized"); nothing is retired then.
+        The engine's errors, unchanged.
     """
-    before = list_shards(ds.uri)
-    ds.initialize_mem_wal(**options)
+    before = list_shards(ds.uri)  # first: see the module notes on order
+    latest = ds.checkout_version(ds.latest_version)  # as of after the listing
+    if not primary_key(latest.schema):
+        raise InvalidInputError(NO_KEY)
+    if latest.mem_wal_index_details() is not None:
+        raise InvalidInputError("the MemWAL is already initialized on this table")
     if before:
         retired = retired_shards(ds) | set(before)
-        ds.update_config({RETIRED_KEY: ",".join(sorted(retired)), EPOCH_KEY: str(ds.version)})
+        ds.update_config({RETIRED_KEY: ",".join(sorted(retired)), EPOCH_KEY: uuid.uuid4().hex[:16]})
+    try:
+        ds.initialize_mem_wal(**options)
+    except OSError as exc:
+        now = ds.checkout_version(ds.latest_version)
+        if "onflict" in str(exc) and now.mem_wal_index_details() is not None:
+            raise InvalidInputError(
+                "the MemWAL was initialized by a concurrent initialize_mem_wal"
+            ) from exc
+        raise

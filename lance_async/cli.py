@@ -72,6 +72,7 @@ except ImportError as exc:  # pragma: no cover - the demo extra provides them
     ) from exc
 
 from . import errors
+from ._retired import derived_shard_id, mem_wal_epoch
 from ._threads import run_sync, stream_limiter
 from .dataset import AsyncDataset, open_dataset
 from .feeds import Feed, IngestStats, IterableFeed, ingest
@@ -344,7 +345,7 @@ def ingest_cmd(
             uuid.UUID(shard)
         except ValueError:
             raise typer.BadParameter(f"--shard must be a UUID, got {shard!r}") from None
-    shard_id = shard or str(uuid.uuid5(uuid.NAMESPACE_URL, f"lance-async-ingest:{source}"))
+    shard_ids: list[str] = []  # the shard used, once known
     scheme = urlparse(source).scheme if "://" in source else ""
     if scheme and scheme not in ("nats", "redis", "rediss"):
         raise typer.BadParameter(
@@ -366,6 +367,11 @@ def ingest_cmd(
             raise errors.InvalidInputError(
                 f"{table_uri} has no MemWAL; initialize it first (AsyncDataset.initialize_mem_wal)"
             )
+        shard_id = shard
+        if shard_id is None:  # one shard per source, fresh for each MemWAL epoch
+            epoch = await run_sync(partial(mem_wal_epoch, ds.lance))
+            shard_id = derived_shard_id(uuid.NAMESPACE_URL, f"lance-async-ingest:{source}", epoch)
+        shard_ids.append(shard_id)
         if is_file and validate:
             await _validate_file(source, format, ds.schema)
         feed_or_cm = _open_feed(source, format, ds.schema, follow)
@@ -390,7 +396,7 @@ def ingest_cmd(
     out.print(
         f"ingested {_count(stats.rows, 'row')} from "
         f"{_count(stats.messages, 'chunk' if is_file else 'message')} into "
-        f"shard {shard_id} in {stats.seconds:.1f} s; "
+        f"shard {shard_ids[0]} in {stats.seconds:.1f} s; "
         f"{_count(stats.dead_letters, 'dead letter')}"
     )
 

@@ -28,7 +28,7 @@ from lance.dataset import LanceDataset
 from . import _retired
 from ._schema import primary_key
 from ._threads import run_sync
-from .errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError, raise_mapped
+from .errors import DatasetNotFoundError, SchemaMismatchError, raise_mapped
 from .lsm import (
     compact_mem_wal,
     lsm_point_lookup,
@@ -46,12 +46,6 @@ if TYPE_CHECKING:
     from .lsm import CompactionResult, ShardSnapshots
 
 __all__ = ["AsyncDataset", "open_dataset", "write_dataset"]
-
-_NO_KEY = (
-    "a MemWAL needs a primary key: LSM reads and compaction keep the newest row per key. "
-    "Mark the key field(s) non-nullable with metadata "
-    "{'lance-schema:unenforced-primary-key': 'true'}"
-)
 
 T = TypeVar("T")
 
@@ -344,22 +338,21 @@ class AsyncDataset:
         argument accepted); returns ``self`` at the new version.
 
         Shard folders left by an earlier MemWAL of this table (pylance keeps
-        them when a table is overwritten) are retired in the same call: LSM
-        reads leave them out and writers refuse them (see
-        ``lance_async._retired``; one more commit when there are any).
+        them when a table is overwritten) are retired first, in a commit of
+        their own: LSM reads leave them out, writers refuse them, derived
+        shard ids change (see ``lance_async._retired``).
 
         Raises
         ------
         InvalidInputError
-            The table has no primary key (pylance 14 would accept the MemWAL,
-            but LSM reads and compaction need the key, so its rows could never
-            be read back); MemWAL already initialized; an unknown maintained
+            The table (at its latest version) has no primary key (pylance 14
+            would accept the MemWAL, but LSM reads and compaction need the
+            key, so its rows could never be read back); the MemWAL is already
+            initialized, or was by a concurrent call; an unknown maintained
             index (the engine's "Invalid user input"). Nothing is committed.
         ValueError
             Conflicting sharding options (raised by pylance).
         """
-        if not self.primary_key:
-            raise InvalidInputError(_NO_KEY)
         await self._mutate(lambda d: _retired.initialize_mem_wal(d, options))
         return self
 

@@ -48,7 +48,7 @@ from lance.mem_wal import (
 from lance.mem_wal import ShardSnapshot as LanceShardSnapshot
 
 from . import _manifest
-from ._retired import retired_shards
+from ._retired import NO_KEY, retired_shards
 from ._schema import primary_key
 from ._threads import run_sync
 from .errors import InvalidInputError, SchemaMismatchError, raise_mapped
@@ -159,7 +159,8 @@ async def shard_snapshots(
     record of compacted generations, on a worker thread. Generations already
     compacted into the base table are left out, so reads never let an old
     SSTable shadow newer base rows, and so are shards retired when the
-    MemWAL was initialized again (``lance_async._retired``).
+    MemWAL was initialized again (``lance_async._retired``). A version
+    without a MemWAL (after an overwrite) has no shards.
 
     Parameters
     ----------
@@ -185,9 +186,13 @@ async def shard_snapshots(
     await dataset.refresh()
     uri, version, ds = dataset.uri, dataset.version, dataset.lance
     ids = list(shard_ids) if shard_ids is not None else None
-    return await run_sync(
-        lambda: _discover(uri, version, ids, include_compacted, retired_shards(ds))
-    )
+
+    def work() -> list[ShardSnapshot]:
+        if ds.mem_wal_index_details() is None:
+            return []  # no MemWAL at this version: folders are an earlier MemWAL's
+        return _discover(uri, version, ids, include_compacted, retired_shards(ds))
+
+    return await run_sync(work)
 
 
 def _lance_snaps(snapshots: Iterable[Any]) -> list[LanceShardSnapshot]:
@@ -210,6 +215,8 @@ async def _with_snapshots(
     meanwhile (compaction and clean-up racing the read), discovery and the
     read are retried a few times.
     """
+    if not primary_key(dataset.schema):
+        raise InvalidInputError(NO_KEY)
     attempts = 3 if snapshots is None else 1
     for attempt in range(1, attempts + 1):
         snaps = list(snapshots) if snapshots is not None else await shard_snapshots(dataset)

@@ -184,7 +184,9 @@ class AsyncShardWriter:
     dataset : AsyncDataset
         A dataset on which ``initialize_mem_wal`` ran.
     shard_id : str
-        The shard's UUID string. Reopening the same shard replays its WAL.
+        The shard's UUID, in any spelling ``uuid.UUID`` takes; kept (and
+        shown as :attr:`shard_id`) in its canonical lower-case form.
+        Reopening the same shard replays its WAL.
     max_queue_rows : int, optional
         Rows queued or in flight before senders wait (default
         ``2 * max_put_rows``).
@@ -236,7 +238,7 @@ class AsyncShardWriter:
         import uuid
 
         try:
-            uuid.UUID(str(shard_id))
+            canonical = str(uuid.UUID(str(shard_id)))  # the engine's folder name
         except ValueError:
             raise ValueError(f"shard_id must be a UUID string, got {shard_id!r}") from None
         for name, value in (
@@ -250,7 +252,7 @@ class AsyncShardWriter:
         if linger < 0:
             raise ValueError("linger must be >= 0")
         self._dataset = dataset
-        self.shard_id = str(shard_id)
+        self.shard_id = canonical
         self._requested_queue_rows = max_queue_rows
         self._requested_put_rows = max_put_rows
         self.max_queue_bytes = max_queue_bytes
@@ -362,7 +364,7 @@ class AsyncShardWriter:
             )
 
         def work() -> tuple[Any, int]:
-            if self.shard_id in retired_shards(ds):
+            if self.shard_id in retired_shards(ds.checkout_version(ds.latest_version)):
                 raise InvalidInputError(
                     f"shard {self.shard_id} belongs to a MemWAL that this table replaced "
                     "(an overwrite, then initialize_mem_wal); opening it would replay the old "

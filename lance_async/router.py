@@ -32,7 +32,7 @@ from anyio.abc import TaskGroup
 from lance.mem_wal import evaluate_sharding_spec
 
 from ._loop import aclose_shielded, unwrap_groups
-from ._retired import mem_wal_epoch
+from ._retired import derived_shard_id, mem_wal_epoch
 from ._schema import TableFit, primary_key
 from ._threads import run_sync, stream_limiter
 from .acks import Ack, PutSummary
@@ -58,8 +58,7 @@ def default_shard_id(spec_id: int, value: Any, epoch: str | None = None) -> str:
     initialized again over retired shards; see ``lance_async._retired``):
     it gives the new MemWAL fresh shard ids. None for a first MemWAL.
     """
-    name = f"{spec_id}/{value}" if epoch is None else f"{epoch}/{spec_id}/{value}"
-    return str(uuid.uuid5(SHARD_NAMESPACE, name))
+    return derived_shard_id(SHARD_NAMESPACE, f"{spec_id}/{value}", epoch)
 
 
 class ShardRouter:

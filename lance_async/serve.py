@@ -65,6 +65,7 @@ from typing import Annotated, Any
 import pyarrow as pa
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
+from ._retired import derived_shard_id, mem_wal_epoch
 from ._threads import ThreadLimits, run_sync, stream_limiter
 from .dataset import open_dataset
 from .errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
@@ -101,10 +102,12 @@ DEFAULT_SCAN_BATCH = 8192
 _TABLE_DIR = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})\.lance")
 
 
-def shard_id_for(name: str) -> str:
+def shard_id_for(name: str, epoch: str | None = None) -> str:
     """The MemWAL shard id the example app uses for table ``name`` (a UUID5
-    of the name: stable across restarts, so the shard's WAL is replayed)."""
-    return str(uuid.uuid5(_SHARD_NAMESPACE, name))
+    of the name and the table's MemWAL epoch: stable across restarts, so the
+    shard's WAL is replayed, and fresh after the MemWAL is initialized again;
+    see ``lance_async._retired``)."""
+    return derived_shard_id(_SHARD_NAMESPACE, name, epoch)
 
 
 def _list_table_dirs(root: str) -> list[tuple[str, str]]:
@@ -148,11 +151,12 @@ async def discover_tables(
         except DatasetNotFoundError:
             log.warning("lance_async.serve: %s holds no Lance dataset; skipped", path)
             continue
-        has_wal = await dataset.mem_wal_index_details() is not None
-        specs[name] = (
-            TableSpec(path, shard_id=shard_id_for(name), writer_options=dict(writer_options or {}))
-            if has_wal
-            else TableSpec(path)
+        if await dataset.mem_wal_index_details() is None:
+            specs[name] = TableSpec(path)
+            continue
+        epoch = await run_sync(partial(mem_wal_epoch, dataset.lance))
+        specs[name] = TableSpec(
+            path, shard_id=shard_id_for(name, epoch), writer_options=dict(writer_options or {})
         )
     return specs
 

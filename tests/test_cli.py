@@ -151,6 +151,20 @@ def test_init_wal_needs_a_primary_key(tmp_path: Path) -> None:
     assert lance.dataset(uri).version == 1
 
 
+def test_ingest_the_same_file_again_after_an_overwrite(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t.lance")
+    src = ndjson(
+        tmp_path / "rows.ndjson",
+        [json.dumps({"id": i, "value": 1, "name": "x"}) for i in range(10, 15)],
+    )
+    for _ in range(2):  # the derived shard changes with the MemWAL epoch
+        lance.write_dataset(kv_table(range(3)), uri, mode="overwrite")
+        assert runner.invoke(app, ["init-wal", uri]).exit_code == 0
+        result = runner.invoke(app, ["ingest", str(src), uri])
+        assert result.exit_code == 0, result.output
+        assert lsm_ids(uri) == [0, 1, 2, *range(10, 15)]
+
+
 def test_merge_a_csv_file(tmp_path: Path, mem_wal_table: str) -> None:
     src = tmp_path / "rows.csv"
     src.write_text("id,name,value\n1,one,10\n7,seven,70\n")
