@@ -214,10 +214,10 @@ class AsyncShardWriter:
     next ``max_wal_flush_interval_ms`` tick (default 100 ms). Puts that follow
     each other closely each wait for a tick, so with the defaults a row that
     arrives while a put is in flight is durable after up to two ticks (ack
-    p99 188 ms over 120,000 10-row messages in ``bench/``).
+    p99 178 ms over 120,000 10-row messages in ``bench/``).
     ``max_wal_buffer_size=1`` makes every put flush when it is made; with
-    ``linger=0.02`` to keep puts large the same bench measured ack p99 28 ms
-    at 0.89x the default's rows/s and a lower peak RSS, in exchange for more,
+    ``linger=0.02`` to keep puts large the same bench measured ack p99 30 ms
+    at 0.83x the default's rows/s and a lower peak RSS, in exchange for more,
     smaller WAL writes (``python -m bench``, configuration
     ``lance_async_low_latency``; bench/results/REPORT.md).
     """
