@@ -50,6 +50,18 @@ class Stream:
     async def consumer(self, durable: str) -> Any:
         return await self.js.consumer_info(self.name, durable)
 
+    async def settled(self, durable: str, acked_through: int) -> Any:
+        """The consumer's info once the server has applied the acks up to
+        stream sequence ``acked_through`` (up to about 2 s). ``ack()``
+        publishes without waiting for the server, and this query comes on
+        another connection, so it can overtake the last acks."""
+        for _ in range(100):
+            info = await self.consumer(durable)
+            if info.ack_floor.stream_seq >= acked_through:
+                return info
+            await anyio.sleep(0.02)
+        return info
+
 
 @pytest.fixture
 async def stream() -> AsyncIterator[Stream]:
@@ -83,7 +95,7 @@ async def test_ingest_acks_each_message_after_its_rows_are_written(
         assert (stats.messages, stats.rows) == (29, 30)
         assert (feed.fetched, feed.acked) == (29, 29)
         assert await lsm_rows(writer) == expected_rows(range(30))
-    info = await stream.consumer("ingest")
+    info = await stream.settled("ingest", seqs[-1])
     assert (info.num_ack_pending, info.num_pending) == (0, 0)
     assert info.ack_floor.stream_seq == seqs[-1]
     assert info.config.ack_policy == "explicit"
@@ -106,7 +118,7 @@ async def test_fetch_times_out_empty_and_an_unacked_message_comes_back(stream: S
                 again = await feed.fetch(10, 0.2)
         assert [m.offset for m in again] == [seqs[1]]  # only the unacknowledged one
         await again[0].ack()
-    info = await stream.consumer("d")
+    info = await stream.settled("d", seqs[-1])
     assert info.num_ack_pending == 0
     assert info.config.ack_wait == 1.0
 
@@ -127,7 +139,7 @@ async def test_a_crash_between_write_and_ack_redelivers_without_duplicates(
         assert crashing.crashed_at == seqs[10]
         # the message that "crashed" had its rows durable before its ack
         assert (await writer.lsm_point_lookup(10)).num_rows == 1
-    info = await stream.consumer("crashy")
+    info = await stream.settled("crashy", seqs[9])
     assert info.ack_floor.stream_seq == seqs[9]  # the server saw exactly the ten acks
 
     # restart: a new connection on the same durable, the same shard (its WAL replays)
@@ -142,7 +154,7 @@ async def test_a_crash_between_write_and_ack_redelivers_without_duplicates(
         rows = await lsm_rows(writer)
         assert rows == expected_rows(range(30))
         assert len({r["id"] for r in rows}) == len(rows)
-    info = await stream.consumer("crashy")
+    info = await stream.settled("crashy", seqs[-1])
     assert (info.num_ack_pending, info.num_pending) == (0, 0)
 
 
@@ -165,7 +177,7 @@ async def test_a_dead_letter_is_acked_with_its_sequence(stream: Stream, tmp_path
         )
         assert letters == [(seqs[1], la.DecodeError)]
         assert (stats.messages, stats.dead_letters, stats.rows) == (3, 1, 2)
-    info = await stream.consumer("dl")
+    info = await stream.settled("dl", seqs[-1])
     assert (info.num_ack_pending, info.ack_floor.stream_seq) == (0, seqs[-1])
 
 
