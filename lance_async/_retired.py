@@ -38,16 +38,21 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._manifest import list_shards
 from ._schema import primary_key
+from ._threads import run_sync
 from .errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from .dataset import AsyncDataset
 
 __all__ = [
     "EPOCH_KEY",
     "NO_KEY",
     "RETIRED_KEY",
+    "current_epoch",
     "derived_shard_id",
     "initialize_mem_wal",
     "mem_wal_epoch",
@@ -82,6 +87,13 @@ def mem_wal_epoch(ds: Any) -> str | None:
     """The MemWAL epoch at ``ds``'s version: None until a MemWAL was
     initialized over retired shards (blocking)."""
     return _config(ds).get(EPOCH_KEY)
+
+
+async def current_epoch(dataset: AsyncDataset) -> str | None:
+    """:func:`mem_wal_epoch` of ``dataset``'s current version, read on a
+    worker thread (for the callers that derive shard ids)."""
+    ds = dataset.lance
+    return await run_sync(lambda: mem_wal_epoch(ds))
 
 
 def derived_shard_id(namespace: uuid.UUID, name: str, epoch: str | None) -> str:

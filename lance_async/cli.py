@@ -72,7 +72,7 @@ except ImportError as exc:  # pragma: no cover - the demo extra provides them
     ) from exc
 
 from . import errors
-from ._retired import derived_shard_id, mem_wal_epoch
+from ._retired import current_epoch, derived_shard_id
 from ._threads import run_sync, stream_limiter
 from .dataset import AsyncDataset, open_dataset
 from .feeds import Feed, IngestStats, IterableFeed, ingest
@@ -345,7 +345,6 @@ def ingest_cmd(
             uuid.UUID(shard)
         except ValueError:
             raise typer.BadParameter(f"--shard must be a UUID, got {shard!r}") from None
-    shard_ids: list[str] = []  # the shard used, once known
     scheme = urlparse(source).scheme if "://" in source else ""
     if scheme and scheme not in ("nats", "redis", "rediss"):
         raise typer.BadParameter(
@@ -361,7 +360,7 @@ def ingest_cmd(
 
     writes = _Writes()
 
-    async def run() -> IngestStats:
+    async def run() -> tuple[str, IngestStats]:
         ds = await open_dataset(table_uri)
         if await ds.mem_wal_index_details() is None:
             raise errors.InvalidInputError(
@@ -369,9 +368,8 @@ def ingest_cmd(
             )
         shard_id = shard
         if shard_id is None:  # one shard per source, fresh for each MemWAL epoch
-            epoch = await run_sync(partial(mem_wal_epoch, ds.lance))
+            epoch = await current_epoch(ds)
             shard_id = derived_shard_id(uuid.NAMESPACE_URL, f"lance-async-ingest:{source}", epoch)
-        shard_ids.append(shard_id)
         if is_file and validate:
             await _validate_file(source, format, ds.schema)
         feed_or_cm = _open_feed(source, format, ds.schema, follow)
@@ -387,16 +385,17 @@ def ingest_cmd(
                 feed: Feed = feed_or_cm
                 writes.started = True
                 try:
-                    return await ingest(feed, writer, idle_timeout=idle_timeout, on_progress=tick)
+                    stats = await ingest(feed, writer, idle_timeout=idle_timeout, on_progress=tick)
+                    return shard_id, stats
                 finally:
                     with anyio.CancelScope(shield=True):
                         await feed.aclose()
 
-    stats = _run(run, writes)
+    shard_id, stats = _run(run, writes)
     out.print(
         f"ingested {_count(stats.rows, 'row')} from "
         f"{_count(stats.messages, 'chunk' if is_file else 'message')} into "
-        f"shard {shard_ids[0]} in {stats.seconds:.1f} s; "
+        f"shard {shard_id} in {stats.seconds:.1f} s; "
         f"{_count(stats.dead_letters, 'dead letter')}"
     )
 

@@ -62,7 +62,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._loop import LoopHandle, aclose_shielded, unwrap_groups
-from ._retired import retired_shards
+from ._retired import NO_KEY, retired_shards
 from ._schema import TableFit, primary_key
 from ._threads import run_sync
 from .acks import Ack, PutSummary
@@ -358,10 +358,7 @@ class AsyncShardWriter:
         ds = self._dataset.lance
 
         if not self._keys:
-            raise InvalidInputError(
-                f"{self!r}: the table has no primary key, so rows written to its MemWAL could "
-                "never be read back (LSM reads and compaction keep the newest row per key)"
-            )
+            raise InvalidInputError(f"{self!r}: {NO_KEY}")
 
         def work() -> tuple[Any, int]:
             if self.shard_id in retired_shards(ds.checkout_version(ds.latest_version)):
@@ -379,8 +376,6 @@ class AsyncShardWriter:
 
         try:
             self._engine, memtable_rows = await run_sync(work)
-        except LanceAsyncError:
-            raise
         except (OSError, ValueError, RuntimeError) as exc:
             raise_mapped(exc)
             raise

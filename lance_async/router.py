@@ -32,7 +32,7 @@ from anyio.abc import TaskGroup
 from lance.mem_wal import evaluate_sharding_spec
 
 from ._loop import aclose_shielded, unwrap_groups
-from ._retired import derived_shard_id, mem_wal_epoch
+from ._retired import current_epoch, derived_shard_id
 from ._schema import TableFit, primary_key
 from ._threads import run_sync, stream_limiter
 from .acks import Ack, PutSummary
@@ -117,7 +117,7 @@ class ShardRouter:
             )
         self._spec = max(specs, key=lambda s: int(s["spec_id"]))
         if self._shard_id_for is None:
-            epoch = await run_sync(partial(mem_wal_epoch, self._dataset.lance))
+            epoch = await current_epoch(self._dataset)
             self._shard_id_for = partial(default_shard_id, epoch=epoch)
         self._open_lock = anyio.Lock()
         self._tg = anyio.create_task_group()

@@ -65,7 +65,7 @@ from typing import Annotated, Any
 import pyarrow as pa
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
-from ._retired import derived_shard_id, mem_wal_epoch
+from ._retired import current_epoch, derived_shard_id
 from ._threads import ThreadLimits, run_sync, stream_limiter
 from .dataset import open_dataset
 from .errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
@@ -154,9 +154,10 @@ async def discover_tables(
         if await dataset.mem_wal_index_details() is None:
             specs[name] = TableSpec(path)
             continue
-        epoch = await run_sync(partial(mem_wal_epoch, dataset.lance))
         specs[name] = TableSpec(
-            path, shard_id=shard_id_for(name, epoch), writer_options=dict(writer_options or {})
+            path,
+            shard_id=shard_id_for(name, await current_epoch(dataset)),
+            writer_options=dict(writer_options or {}),
         )
     return specs
 
