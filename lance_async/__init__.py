@@ -36,22 +36,32 @@ if TYPE_CHECKING:
         WrongEventLoopError,
     )
     from .feeds import Feed, FileFeed, IngestStats, IterableFeed, Message, ingest
-    from .files import FileSource, file_source
     from .lsm import CompactionResult, ShardSnapshot
     from .mem_wal import AsyncShardWriter, WriterState, WriterStats
     from .merge import AsyncMergeInsertBuilder, MergeResult
     from .router import ShardRouter
-    from .sources import SourceMode, WriteSource, coerce_source, replayable, resolve_source
-    from .streams import AsyncBatchStream, StreamState, bridge_reader, iterate_reader
+    from .sources import (
+        AsyncBatchStream,
+        FileSource,
+        SourceMode,
+        StreamState,
+        WriteSource,
+        bridge_reader,
+        coerce_source,
+        file_source,
+        iterate_reader,
+        replayable,
+        resolve_source,
+    )
 
 _LOCATIONS: dict[str, str] = {
     "Ack": ".acks",
-    "AsyncBatchStream": ".streams",
+    "AsyncBatchStream": ".sources",
     "AsyncDataset": ".dataset",
     "AsyncMergeInsertBuilder": ".merge",
     "AsyncShardWriter": ".mem_wal",
     "BackpressureTimeoutError": ".errors",
-    "bridge_reader": ".streams",
+    "bridge_reader": ".sources",
     "ClosedError": ".errors",
     "coerce_source": ".sources",
     "CompactionResult": ".lsm",
@@ -61,14 +71,14 @@ _LOCATIONS: dict[str, str] = {
     "DatasetNotFoundError": ".errors",
     "DecodeError": ".errors",
     "Feed": ".feeds",
-    "file_source": ".files",
+    "file_source": ".sources",
     "FileFeed": ".feeds",
-    "FileSource": ".files",
+    "FileSource": ".sources",
     "ingest": ".feeds",
     "IngestStats": ".feeds",
     "InvalidInputError": ".errors",
     "IterableFeed": ".feeds",
-    "iterate_reader": ".streams",
+    "iterate_reader": ".sources",
     "LanceAsyncError": ".errors",
     "MergeResult": ".merge",
     "Message": ".feeds",
@@ -83,7 +93,7 @@ _LOCATIONS: dict[str, str] = {
     "SourceConsumedError": ".errors",
     "SourceError": ".errors",
     "SourceMode": ".sources",
-    "StreamState": ".streams",
+    "StreamState": ".sources",
     "ThreadLimits": "._threads",
     "UnsupportedSourceError": ".errors",
     "write_dataset": ".dataset",

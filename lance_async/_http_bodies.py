@@ -60,7 +60,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import struct
 import tempfile
 from collections import deque
 from collections.abc import AsyncIterable, Callable, Iterator, Sequence
@@ -85,8 +84,9 @@ from .errors import (
     SourceError,
     UnsupportedMediaTypeError,
 )
-from .formats import CsvDecoder, Decoder, NdjsonDecoder
 from .sources import WriteSource, replayable
+from .sources.decoders import CsvDecoder, Decoder, NdjsonDecoder
+from .sources.ipc import IpcFramer
 
 if TYPE_CHECKING:
     pass
@@ -307,201 +307,6 @@ def _body_schema(
 
 
 # ---------------------------------------------------------------------------
-# Arrow IPC framing
-# ---------------------------------------------------------------------------
-
-_CONTINUATION = 0xFFFFFFFF
-_FILE_MAGIC = b"ARROW1"
-_HEADER_RECORD_BATCH = 3
-
-
-def _u16(buf: bytes | bytearray, off: int) -> int:
-    return int(struct.unpack_from("<H", buf, off)[0])
-
-
-def _i32(buf: bytes | bytearray, off: int) -> int:
-    return int(struct.unpack_from("<i", buf, off)[0])
-
-
-def _u32(buf: bytes | bytearray, off: int) -> int:
-    return int(struct.unpack_from("<I", buf, off)[0])
-
-
-def _i64(buf: bytes | bytearray, off: int) -> int:
-    return int(struct.unpack_from("<q", buf, off)[0])
-
-
-def _table_field(buf: bytes | bytearray, table: int, index: int) -> int:
-    """Offset (from ``table``) of a flatbuffer table's field, or 0 when absent."""
-    vtable = table - _i32(buf, table)
-    vt_size = _u16(buf, vtable)
-    slot = 4 + 2 * index
-    return _u16(buf, vtable + slot) if slot + 2 <= vt_size else 0
-
-
-def _message_header(meta: bytes) -> tuple[int, int, int | None]:
-    """(header type, body length in bytes, rows or None) of an IPC ``Message``.
-
-    Reads the flatbuffer fields of Arrow's ``Message`` table (``header_type``
-    = 1, ``header`` = 2, ``bodyLength`` = 3) and, for a record batch, its
-    ``length`` (field 0). Raises ``struct.error`` or ``IndexError`` on
-    malformed input.
-    """
-    root = _u32(meta, 0)
-    off = _table_field(meta, root, 1)
-    header_type = meta[root + off] if off else 0
-    off = _table_field(meta, root, 3)
-    body_length = _i64(meta, root + off) if off else 0
-    rows: int | None = None
-    if header_type == _HEADER_RECORD_BATCH:
-        off = _table_field(meta, root, 2)
-        if off:
-            header = root + off + _u32(meta, root + off)
-            off0 = _table_field(meta, header, 0)
-            rows = _i64(meta, header + off0) if off0 else 0
-    return header_type, body_length, rows
-
-
-class _IpcFramer:
-    """Cuts an Arrow IPC stream into messages, each copied once into an Arrow buffer.
-
-    Only message headers are parsed (a few bytes each). When a header is in,
-    the message's total size is known: a message that passes a limit is
-    refused before its body is buffered; any other gets an Arrow buffer of
-    exactly its size (pyarrow's memory pool), filled as bytes arrive. Cheap
-    enough for the event loop: per chunk, a few slices and one memcpy.
-    """
-
-    def __init__(self, limits: BodyLimits) -> None:
-        self._limits = limits
-        self._head = bytearray()  # the current message's prefix and metadata
-        self._want = 8  # bytes of head needed before the next decision
-        self._started = False
-        self._buffer: pa.Buffer | None = None
-        self._view: memoryview | None = None
-        self._filled = 0
-        self._ready: list[pa.Buffer] = []
-        self.ended = False
-        self.messages = 0
-        self.ready_bytes = 0
-
-    def _too_large(self, what: str, limit: str, maximum: int, actual: int) -> PayloadTooLargeError:
-        return PayloadTooLargeError(
-            f"IPC message {self.messages} {what} ({actual:,}); the limit {limit} is {maximum:,}",
-            limit=limit,
-            maximum=maximum,
-            actual=actual,
-        )
-
-    def _decide(self) -> None:
-        """Act on a complete ``_want``-byte head: wait for more, end, or allocate."""
-        head = self._head
-        if not self._started:
-            self._started = True
-            if bytes(head[:6]) == _FILE_MAGIC:
-                head.clear()  # the IPC file format: magic and padding, then a stream
-                return
-        if _u32(head, 0) == _CONTINUATION:
-            if len(head) < 8:
-                self._want = 8
-                return
-            meta_len, prefix = _i32(head, 4), 8
-        else:  # the pre-1.0 format: no continuation marker
-            meta_len, prefix = _i32(head, 0), 4
-        if meta_len == 0:
-            self.ended = True
-            return
-        limits = self._limits
-        if meta_len < 0:
-            raise DecodeError(f"IPC message {self.messages} has a negative metadata length")
-        if prefix + meta_len > limits.max_batch_bytes:
-            raise self._too_large(
-                "has more metadata than allowed",
-                "max_batch_bytes",
-                limits.max_batch_bytes,
-                prefix + meta_len,
-            )
-        if len(head) < prefix + meta_len:
-            self._want = prefix + meta_len
-            return
-        try:
-            _kind, body_length, rows = _message_header(bytes(head[prefix:]))
-        except (struct.error, IndexError):
-            raise DecodeError(f"IPC message {self.messages} has a malformed header") from None
-        if body_length < 0:
-            raise DecodeError(f"IPC message {self.messages} has a negative body length")
-        total = prefix + meta_len + body_length
-        if total > limits.max_batch_bytes:
-            raise self._too_large(
-                "is larger than allowed", "max_batch_bytes", limits.max_batch_bytes, total
-            )
-        if rows is not None and rows > limits.max_batch_rows:
-            raise self._too_large(
-                "holds more rows than allowed", "max_batch_rows", limits.max_batch_rows, rows
-            )
-        self._buffer = pa.allocate_buffer(total)
-        self._view = memoryview(self._buffer).cast("B")
-        self._view[: len(head)] = head
-        self._filled = len(head)
-        head.clear()
-        self._complete_if_full()
-
-    def _complete_if_full(self) -> None:
-        if self._buffer is not None and self._filled == self._buffer.size:
-            self._ready.append(self._buffer)
-            self.ready_bytes += self._buffer.size
-            self.messages += 1
-            if self._view is not None:
-                self._view.release()
-            self._buffer = self._view = None
-            self._want = 4
-
-    def feed(self, chunk: bytes) -> None:
-        """Take more bytes (the messages they complete are kept for :meth:`take`).
-
-        Raises
-        ------
-        PayloadTooLargeError
-            A message passes ``max_batch_bytes`` or ``max_batch_rows``.
-        DecodeError
-            A malformed message header.
-        """
-        data = memoryview(chunk)
-        pos = 0
-        while pos < len(data) and not self.ended:
-            if self._view is not None:
-                n = min(len(self._view) - self._filled, len(data) - pos)
-                self._view[self._filled : self._filled + n] = data[pos : pos + n]
-                self._filled += n
-                pos += n
-                self._complete_if_full()
-                continue
-            n = min(self._want - len(self._head), len(data) - pos)
-            self._head += data[pos : pos + n]
-            pos += n
-            if len(self._head) >= self._want:
-                self._decide()
-        # after the end-of-stream marker: the IPC file format's footer; ignored
-
-    def take(self) -> list[pa.Buffer]:
-        """The complete messages since the last call, in order."""
-        ready, self._ready = self._ready, []
-        self.ready_bytes = 0
-        return ready
-
-    def finish(self) -> None:
-        """End of input.
-
-        Raises
-        ------
-        DecodeError
-            The stream ended in the middle of a message.
-        """
-        if not self.ended and (self._head or self._buffer is not None):
-            raise DecodeError("the IPC stream ended in the middle of a message")
-
-
-# ---------------------------------------------------------------------------
 # the replay spool
 # ---------------------------------------------------------------------------
 
@@ -699,7 +504,14 @@ class BodyBatches:
         self._content_length = content_length
         self._spool = _Spool(spool_dir, self._slice_rows) if spool else None
         self._schema: pa.Schema | None = None
-        self._framer = _IpcFramer(self._limits) if format == "ipc" else None
+        self._framer = (
+            IpcFramer(
+                max_message_bytes=self._limits.max_batch_bytes,
+                max_message_rows=self._limits.max_batch_rows,
+            )
+            if format == "ipc"
+            else None
+        )
         self._stream_schema: pa.Schema | None = None
         self._decoder: Decoder | None = None
         self._head: bytearray | None = bytearray() if format != "ipc" else None
@@ -957,7 +769,7 @@ class BodyBatches:
         if final:
             self._complete = True
 
-    async def _pump_ipc(self, framer: _IpcFramer) -> None:
+    async def _pump_ipc(self, framer: IpcFramer) -> None:
         if not self._input_done:
             chunk = await self._next_chunk()
             if chunk is None:

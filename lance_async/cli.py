@@ -76,8 +76,8 @@ from ._retired import current_epoch, derived_shard_id
 from ._threads import run_sync, stream_limiter
 from .dataset import AsyncDataset, open_dataset
 from .feeds import Feed, IngestStats, IterableFeed, ingest
-from .files import file_source, guess_format
-from .formats import make_decoder
+from .sources.decoders import make_decoder
+from .sources.files import file_source, guess_format
 
 __all__ = ["app", "main"]
 

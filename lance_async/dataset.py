@@ -40,7 +40,7 @@ from .mem_wal import AsyncShardWriter
 from .merge import AsyncMergeInsertBuilder
 from .router import ShardRouter
 from .sources import resolve_source
-from .streams import AsyncBatchStream
+from .sources.streams import AsyncBatchStream
 
 if TYPE_CHECKING:
     from .lsm import CompactionResult, ShardSnapshots

@@ -141,7 +141,7 @@ from .mem_wal import AsyncShardWriter
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-    from .streams import AsyncBatchStream
+    from .sources.streams import AsyncBatchStream
 
 __all__ = [
     "CSV",

@@ -53,7 +53,7 @@ from ._schema import primary_key
 from ._threads import run_sync
 from .errors import InvalidInputError, SchemaMismatchError, raise_mapped
 from .sources import replayable
-from .streams import AsyncBatchStream
+from .sources.streams import AsyncBatchStream
 
 if TYPE_CHECKING:
     from .dataset import AsyncDataset

@@ -82,7 +82,7 @@ from .sources import SourceMode, resolve_source
 if TYPE_CHECKING:
     from .dataset import AsyncDataset
     from .lsm import ShardSnapshots
-    from .streams import AsyncBatchStream
+    from .sources.streams import AsyncBatchStream
 
 __all__ = ["AsyncShardWriter", "WriterState", "WriterStats"]
 

@@ -32,7 +32,7 @@ from .._loop import unwrap_groups
 from .._threads import run_sync, stream_limiter
 from ..acks import Ack
 from ..errors import DecodeError, LanceAsyncError
-from ..formats import decode_json_rows
+from ..sources.jsonrows import decode_json_rows
 
 __all__ = [
     "DeadLetter",

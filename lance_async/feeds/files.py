@@ -63,8 +63,9 @@ import pyarrow as pa
 
 from .._threads import run_sync, stream_limiter
 from ..errors import DecodeError, SourceChangedError, SourceError
-from ..files import DEFAULT_CHUNK, guess_format, open_async_file
-from ..formats import ipc_message_cut, make_decoder
+from ..sources.decoders import make_decoder
+from ..sources.files import DEFAULT_CHUNK, guess_format, open_async_file
+from ..sources.ipc import ipc_message_cut
 from ._common import FeedState, call_maybe_async, check_open
 from .base import Message
 

@@ -20,7 +20,7 @@ import pytest
 import lance_async as la
 from lance_async.sources import WriteSource, resolve_source
 
-from .helpers import KV_SCHEMA, LAG_LIMIT, Ticker, kv_table
+from ..helpers import KV_SCHEMA, LAG_LIMIT, Ticker, kv_table
 
 pytestmark = pytest.mark.anyio
 

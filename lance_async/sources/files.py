@@ -27,11 +27,12 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import sniffio
 
-from ._loop import aclose_shielded
-from ._threads import run_sync, stream_limiter
-from .errors import DecodeError, SourceChangedError, SourceError
-from .formats import _LEADING_NULL, FORMATS, Decoder, make_decoder
-from .sources import SourceMode, WriteSource, _achecked, _checked
+from .._loop import aclose_shielded
+from .._threads import run_sync, stream_limiter
+from ..errors import DecodeError, SourceChangedError, SourceError
+from .base import SourceMode, WriteSource, achecked, checked
+from .decoders import FORMATS, Decoder, make_decoder
+from .jsonrows import LEADING_NULL
 
 __all__ = ["FileSource", "file_source", "guess_format", "open_async_file"]
 
@@ -160,7 +161,7 @@ class FileSource(WriteSource):
         sample = head[: cut + 1] if cut >= 0 else head
         if not sample.strip():
             raise SourceError(f"{self.path!r} is empty; pass schema=")
-        if self.format != "csv" and _LEADING_NULL.match(sample):  # pyarrow would crash
+        if self.format != "csv" and LEADING_NULL.match(sample):  # pyarrow would crash
             raise DecodeError(f"line 1 of {self.path!r}: expected a JSON object, got null")
         try:
             if self.format == "csv":
@@ -189,7 +190,7 @@ class FileSource(WriteSource):
             self._schema = self._infer_schema()
         return pa.RecordBatchReader.from_batches(
             self.schema,
-            _checked(self._blocking_batches(), self.schema, pass_no, self._sink(pass_no)),
+            checked(self._blocking_batches(), self.schema, pass_no, self._sink(pass_no)),
         )
 
     def _open(self, pass_no: int) -> AsyncIterator[pa.RecordBatch]:
@@ -197,7 +198,7 @@ class FileSource(WriteSource):
 
     async def _open_resolved(self, pass_no: int) -> AsyncIterator[pa.RecordBatch]:
         schema = await self.resolve_schema()  # read from the file when not given
-        inner = _achecked(self._async_batches(), schema, pass_no)
+        inner = achecked(self._async_batches(), schema, pass_no)
         try:
             async for batch in inner:
                 yield batch

@@ -8,9 +8,11 @@ import pyarrow as pa
 import pytest
 
 from lance_async import DecodeError
-from lance_async.formats import csv_record_cut, decode_json_rows, ipc_message_cut, make_decoder
+from lance_async.sources.decoders import csv_record_cut, make_decoder
+from lance_async.sources.ipc import ipc_message_cut
+from lance_async.sources.jsonrows import decode_json_rows
 
-from .helpers import KV_SCHEMA, kv_table
+from ..helpers import KV_SCHEMA, kv_table
 
 TABLE = kv_table(range(50))
 
@@ -197,7 +199,7 @@ def reference_record_ends(data: bytes, delimiter: int = ord(",")) -> list[int]:
 def test_csv_record_ends_match_a_byte_by_byte_reading_in_any_chunking(delimiter: str) -> None:
     import random
 
-    from lance_async.formats import _csv_scan
+    from lance_async.sources.decoders import _csv_scan
 
     rng = random.Random(7)
     alphabet = f'a{delimiter}"\n\r""'.encode()
@@ -220,7 +222,7 @@ def test_csv_record_ends_match_a_byte_by_byte_reading_in_any_chunking(delimiter:
 
 
 def test_a_csv_record_arriving_in_many_chunks_is_decoded_whole() -> None:
-    from lance_async.formats import CsvDecoder
+    from lance_async.sources.decoders import CsvDecoder
 
     field = ('x\n""' * 50_000).encode()  # one quoted field: newlines and escaped quotes
     data = b'id,value,name\n1,2,"' + field + b'"\n3,4,"y"\n'

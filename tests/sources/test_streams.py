@@ -13,7 +13,7 @@ import pytest
 import lance_async as la
 from lance_async._threads import stream_limiter
 
-from .helpers import LAG_LIMIT, Ticker
+from ..helpers import LAG_LIMIT, Ticker
 
 pytestmark = pytest.mark.anyio
 

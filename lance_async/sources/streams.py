@@ -28,10 +28,10 @@ from typing import Any, TypeAlias
 import anyio
 import pyarrow as pa
 
-from ._loop import LoopHandle, aclose_shielded, unwrap_groups
-from ._schema import conform_batch
-from ._threads import reader_limiter
-from .errors import ClosedError, LanceAsyncError, SourceError
+from .._loop import LoopHandle, aclose_shielded, unwrap_groups
+from .._schema import conform_batch
+from .._threads import reader_limiter
+from ..errors import ClosedError, LanceAsyncError, SourceError
 
 __all__ = [
     "AsyncBatchStream",
