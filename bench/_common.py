@@ -329,9 +329,7 @@ LANCE_ASYNC_MODULES = [
     "lance_async.dataset",
     "lance_async.merge",
     "lance_async.sources",
-    "lance_async.mem_wal",
-    "lance_async.streams",
-    "lance_async.lsm",
+    "lance_async.memwal",
 ]
 
 #: Modules each zygote imports before forking children ("lancedb" adds LanceDB).

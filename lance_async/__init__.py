@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._threads import ThreadLimits, configure_threads
-    from .acks import Ack, PutSummary
     from .dataset import AsyncDataset, open_dataset, write_dataset
     from .errors import (
         BackpressureTimeoutError,
@@ -36,10 +35,17 @@ if TYPE_CHECKING:
         WrongEventLoopError,
     )
     from .feeds import Feed, FileFeed, IngestStats, IterableFeed, Message, ingest
-    from .lsm import CompactionResult, ShardSnapshot
-    from .mem_wal import AsyncShardWriter, WriterState, WriterStats
+    from .memwal import (
+        Ack,
+        AsyncShardWriter,
+        CompactionResult,
+        PutSummary,
+        ShardRouter,
+        ShardSnapshot,
+        WriterState,
+        WriterStats,
+    )
     from .merge import AsyncMergeInsertBuilder, MergeResult
-    from .router import ShardRouter
     from .sources import (
         AsyncBatchStream,
         FileSource,
@@ -55,16 +61,16 @@ if TYPE_CHECKING:
     )
 
 _LOCATIONS: dict[str, str] = {
-    "Ack": ".acks",
+    "Ack": ".memwal",
     "AsyncBatchStream": ".sources",
     "AsyncDataset": ".dataset",
     "AsyncMergeInsertBuilder": ".merge",
-    "AsyncShardWriter": ".mem_wal",
+    "AsyncShardWriter": ".memwal",
     "BackpressureTimeoutError": ".errors",
     "bridge_reader": ".sources",
     "ClosedError": ".errors",
     "coerce_source": ".sources",
-    "CompactionResult": ".lsm",
+    "CompactionResult": ".memwal",
     "configure_threads": "._threads",
     "ConflictError": ".errors",
     "ContentionError": ".errors",
@@ -83,12 +89,12 @@ _LOCATIONS: dict[str, str] = {
     "MergeResult": ".merge",
     "Message": ".feeds",
     "open_dataset": ".dataset",
-    "PutSummary": ".acks",
+    "PutSummary": ".memwal",
     "replayable": ".sources",
     "resolve_source": ".sources",
     "SchemaMismatchError": ".errors",
-    "ShardRouter": ".router",
-    "ShardSnapshot": ".lsm",
+    "ShardRouter": ".memwal",
+    "ShardSnapshot": ".memwal",
     "SourceChangedError": ".errors",
     "SourceConsumedError": ".errors",
     "SourceError": ".errors",
@@ -98,8 +104,8 @@ _LOCATIONS: dict[str, str] = {
     "UnsupportedSourceError": ".errors",
     "write_dataset": ".dataset",
     "WriterFailedError": ".errors",
-    "WriterState": ".mem_wal",
-    "WriterStats": ".mem_wal",
+    "WriterState": ".memwal",
+    "WriterStats": ".memwal",
     "WriteSource": ".sources",
     "WrongEventLoopError": ".errors",
 }

@@ -31,9 +31,9 @@ from .sources import replayable
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .acks import PutSummary
     from .dataset import AsyncDataset
-    from .mem_wal import AsyncShardWriter
+    from .memwal.acks import PutSummary
+    from .memwal.writer import AsyncShardWriter
     from .merge import AsyncMergeInsertBuilder, MergeResult
 
 __all__ = ["ingest_body", "merge_body"]

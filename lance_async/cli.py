@@ -72,10 +72,10 @@ except ImportError as exc:  # pragma: no cover - the demo extra provides them
     ) from exc
 
 from . import errors
-from ._retired import current_epoch, derived_shard_id
 from ._threads import run_sync, stream_limiter
 from .dataset import AsyncDataset, open_dataset
 from .feeds import Feed, IngestStats, IterableFeed, ingest
+from .memwal.retired import current_epoch, derived_shard_id
 from .sources.decoders import make_decoder
 from .sources.files import file_source, guess_format
 

@@ -9,8 +9,9 @@ version they committed, so concurrent reads never see a dataset object change
 under them (pylance mutates its ``LanceDataset`` in place).
 
 MemWAL and LSM features hang off the same object: :meth:`~AsyncDataset.merge_insert`
-(``merge.py``), :meth:`~AsyncDataset.mem_wal_writer` (``mem_wal.py``) and the
-LSM reads and compaction (``lsm.py``).
+(``merge.py``), :meth:`~AsyncDataset.mem_wal_writer` and the LSM reads and
+compaction (the ``memwal`` package). Those take the dataset as an argument
+and never import this module at run time: imports run from here down.
 """
 
 from __future__ import annotations
@@ -25,25 +26,23 @@ import lance
 import pyarrow as pa
 from lance.dataset import LanceDataset
 
-from . import _retired
 from ._schema import primary_key
 from ._threads import run_sync
 from .errors import DatasetNotFoundError, SchemaMismatchError, raise_mapped
-from .lsm import (
-    compact_mem_wal,
-    lsm_point_lookup,
-    lsm_scan,
-    lsm_vector_search,
-    shard_snapshots,
-)
-from .mem_wal import AsyncShardWriter
+from .memwal import retired
+from .memwal.compaction import compact_mem_wal
+from .memwal.reads import lsm_point_lookup, lsm_scan
+from .memwal.router import ShardRouter
+from .memwal.snapshots import shard_snapshots
+from .memwal.vector import lsm_vector_search
+from .memwal.writer import AsyncShardWriter
 from .merge import AsyncMergeInsertBuilder
-from .router import ShardRouter
 from .sources import resolve_source
 from .sources.streams import AsyncBatchStream
 
 if TYPE_CHECKING:
-    from .lsm import CompactionResult, ShardSnapshots
+    from .memwal.compaction import CompactionResult
+    from .memwal.snapshots import ShardSnapshots
 
 __all__ = ["AsyncDataset", "open_dataset", "write_dataset"]
 
@@ -340,7 +339,7 @@ class AsyncDataset:
         Shard folders left by an earlier MemWAL of this table (pylance keeps
         them when a table is overwritten) are retired first, in a commit of
         their own: LSM reads leave them out, writers refuse them, derived
-        shard ids change (see ``lance_async._retired``).
+        shard ids change (see ``lance_async.memwal.retired``).
 
         Raises
         ------
@@ -353,7 +352,7 @@ class AsyncDataset:
         ValueError
             Conflicting sharding options (raised by pylance).
         """
-        await self._mutate(lambda d: _retired.initialize_mem_wal(d, options))
+        await self._mutate(lambda d: retired.initialize_mem_wal(d, options))
         return self
 
     async def mem_wal_index_details(self) -> dict[str, Any] | None:
@@ -375,9 +374,9 @@ class AsyncDataset:
 
         return ShardRouter(self, **options)
 
-    # -- LSM reads (lsm.py) ------------------------------------------------
+    # -- LSM reads (memwal) ------------------------------------------------
     async def shard_snapshots(self) -> ShardSnapshots:
-        """Each MemWAL shard's flushed generations (see ``lsm.shard_snapshots``)."""
+        """Each MemWAL shard's flushed generations (see ``memwal.shard_snapshots``)."""
 
         return await shard_snapshots(self)
 
@@ -438,7 +437,7 @@ class AsyncDataset:
         Every flushed, not yet compacted generation of each shard (all shards,
         or ``shard_ids``), oldest first, is merged with merge_insert and marked
         compacted in the same commit; conflicts replay the immutable SSTable.
-        See :func:`lance_async.lsm.compact_mem_wal` for the parameters, the
+        See :func:`lance_async.memwal.compact_mem_wal` for the parameters, the
         result and the errors.
         """
 

@@ -53,7 +53,8 @@ import pyarrow.csv as pcsv
 from ._threads import run_sync, stream_limiter
 from .dataset import AsyncDataset, open_dataset, write_dataset
 from .feeds import IngestStats, IterableFeed, ingest
-from .mem_wal import AsyncShardWriter, percentiles
+from .memwal.stats import percentiles
+from .memwal.writer import AsyncShardWriter
 from .merge import MergeResult
 from .sources import replayable
 

@@ -136,7 +136,7 @@ from .errors import (
     UnknownTableError,
     WriterFailedError,
 )
-from .mem_wal import AsyncShardWriter
+from .memwal.writer import AsyncShardWriter
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette

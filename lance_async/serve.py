@@ -65,7 +65,6 @@ from typing import Annotated, Any
 import pyarrow as pa
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
-from ._retired import current_epoch, derived_shard_id
 from ._threads import ThreadLimits, run_sync, stream_limiter
 from .dataset import open_dataset
 from .errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
@@ -89,6 +88,7 @@ from .fastapi import (
     request_batches,
     scan_response,
 )
+from .memwal.retired import current_epoch, derived_shard_id
 
 __all__ = ["create_app", "discover_tables", "main", "shard_id_for"]
 
@@ -106,7 +106,7 @@ def shard_id_for(name: str, epoch: str | None = None) -> str:
     """The MemWAL shard id the example app uses for table ``name`` (a UUID5
     of the name and the table's MemWAL epoch: stable across restarts, so the
     shard's WAL is replayed, and fresh after the MemWAL is initialized again;
-    see ``lance_async._retired``)."""
+    see ``lance_async.memwal.retired``)."""
     return derived_shard_id(_SHARD_NAMESPACE, name, epoch)
 
 

@@ -21,7 +21,7 @@ def test_all_is_importable_and_complete() -> None:
     assert len(la.__all__) == len(set(la.__all__))
     # every public name of the modules behind them that is in their __all__
     # and documented as public API is reachable from the top level
-    for module in ("acks", "dataset", "merge", "mem_wal", "router", "sources", "streams"):
+    for module in ("dataset", "merge", "memwal", "sources"):
         mod = __import__(f"lance_async.{module}", fromlist=["__all__"])
         for name in mod.__all__:
             if inspect.isclass(getattr(mod, name)) or name in ("open_dataset", "replayable"):

@@ -74,8 +74,8 @@ def obstore_s3(url: str, storage_options: dict[str, str]) -> Any:
     """
     from obstore.store import S3Store
 
-    config = {k: v for k, v in storage_options.items() if k.startswith("aws_")}
-    client = {"allow_http": storage_options.get("allow_http", "false") == "true"}
+    config: Any = {k: v for k, v in storage_options.items() if k.startswith("aws_")}
+    client: Any = {"allow_http": storage_options.get("allow_http", "false") == "true"}
     return S3Store.from_url(url, config=config, client_options=client)
 
 

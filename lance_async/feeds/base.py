@@ -30,8 +30,8 @@ import pyarrow as pa
 
 from .._loop import unwrap_groups
 from .._threads import run_sync, stream_limiter
-from ..acks import Ack
 from ..errors import DecodeError, LanceAsyncError
+from ..memwal.acks import Ack
 from ..sources.jsonrows import decode_json_rows
 
 __all__ = [

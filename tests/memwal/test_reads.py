@@ -10,7 +10,6 @@ after flushes, after the writers close and after compaction.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,100 +22,20 @@ import pytest
 
 import lance_async as la
 
-from .helpers import LAG_LIMIT, PK, CommitHook, Ticker, rows_by_key, upsert_sync
-
-pytestmark = pytest.mark.anyio
-
-DIM = 8
-SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.int64(), nullable=False, metadata=PK),
-        pa.field("value", pa.int64()),
-        pa.field("vec", pa.list_(pa.float32(), DIM)),
-    ]
+from ..helpers import LAG_LIMIT, PK, Ticker
+from .support import (
+    DIM,
+    SCHEMA,
+    Model,
+    check_dataset_reads,
+    model_plain,
+    plain,
+    rows,
+    setup,
+    vec_for,
 )
 
-
-def vec_for(i: int, value: int) -> list[float]:
-    return [float(i) + value / 10.0] * DIM
-
-
-def rows(ids: Iterable[int], value: int) -> pa.Table:
-    ids = list(ids)
-    flat = np.array([vec_for(i, value) for i in ids], dtype=np.float32).reshape(-1)
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "value": pa.array([value] * len(ids), pa.int64()),
-            "vec": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), DIM),
-        },
-        schema=SCHEMA,
-    )
-
-
-class Model:
-    """Newest state of each key."""
-
-    def __init__(self) -> None:
-        self.rows: dict[int, dict[str, Any]] = {}
-
-    def put(self, table: pa.Table) -> None:
-        for r in table.to_pylist():
-            self.rows[r["id"]] = r
-
-    def delete(self, ids: Iterable[int]) -> None:
-        for i in ids:
-            self.rows.pop(i, None)
-
-    def knn(self, query: list[float], k: int, keep: Any = None) -> list[int]:
-        """Ids of the ``k`` nearest rows (only ids ``keep(id)`` accepts, if given)."""
-        q = np.array(query, dtype=np.float32)
-        dist = sorted(
-            (float(((np.array(r["vec"], dtype=np.float32) - q) ** 2).sum()), i)
-            for i, r in self.rows.items()
-            if keep is None or keep(i)
-        )
-        return [i for _, i in dist[:k]]
-
-    def subset(self, keep: Iterable[int]) -> dict[int, dict[str, Any]]:
-        wanted = set(keep)
-        return {i: r for i, r in self.rows.items() if i in wanted}
-
-
-def plain(table: pa.Table) -> dict[Any, dict[str, Any]]:
-    out = rows_by_key(table)
-    for r in out.values():
-        if r.get("vec") is not None:
-            r["vec"] = [float(x) for x in r["vec"]]
-    return out
-
-
-def model_plain(model_rows: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    return {
-        i: {**r, "vec": [float(np.float32(x)) for x in r["vec"]]} for i, r in model_rows.items()
-    }
-
-
-async def setup(uri: str) -> tuple[la.AsyncDataset, Model]:
-    base = rows(range(200), 0)
-    ds = await la.write_dataset(base, uri)
-    await ds.create_index("vec", "IVF_FLAT", num_partitions=2)
-    await ds.initialize_mem_wal()
-    model = Model()
-    model.put(base)
-    return ds, model
-
-
-async def check_dataset_reads(ds: la.AsyncDataset, expected: dict[int, dict[str, Any]]) -> None:
-    """Base + flushed SSTables through the dataset-level reads."""
-    scanned = plain(await ds.lsm_scan().to_table())
-    assert scanned == model_plain(expected)
-    for key in (0, 1, 2, 51, 150, 201, 203, 999):
-        got = await ds.lsm_point_lookup(key)
-        if key in expected:
-            assert plain(got) == model_plain({key: expected[key]}), key
-        else:
-            assert got.num_rows == 0, key
+pytestmark = pytest.mark.anyio
 
 
 async def test_reads_through_every_stage_of_the_lsm(table_uri: str) -> None:
@@ -286,46 +205,6 @@ async def test_shard_snapshots_of_a_table_without_mem_wal(table_uri: str) -> Non
     assert await ds.shard_snapshots() == []
     assert (await ds.lsm_scan().to_table()).num_rows == 3
     assert (await ds.lsm_point_lookup(1)).num_rows == 1
-
-
-async def test_compaction_of_chosen_shards_leaves_the_others(table_uri: str) -> None:
-    ds, model = await setup(table_uri)
-    shard_a, shard_b = str(uuid.uuid4()), str(uuid.uuid4())
-    opts: dict[str, Any] = {"max_memtable_rows": 10, "max_put_rows": 10, "durable_write": False}
-    async with ds.mem_wal_writer(shard_a, **opts) as a, ds.mem_wal_writer(shard_b, **opts) as b:
-        for v in (1, 2):
-            upd_a, upd_b = rows(range(0, 40, 2), v), rows(range(1, 40, 2), v)
-            await a.put(upd_a)
-            await b.put(upd_b)
-            model.put(upd_a)
-            model.put(upd_b)
-    result = await ds.compact_mem_wal([shard_a])
-    assert set(result.generations) == {shard_a}
-    snaps = {s.shard_id: s for s in await ds.shard_snapshots()}
-    assert snaps[shard_a].sstables == () and snaps[shard_b].sstables
-    await check_dataset_reads(ds, model.rows)  # base + shard b's generations
-    rest = await ds.compact_mem_wal()
-    assert set(rest.generations) == {shard_b}
-    await check_dataset_reads(ds, model.rows)
-    assert plain(await ds.to_table()) == model_plain(model.rows)
-
-
-async def test_compaction_that_loses_a_commit_race_replays_the_sstable(table_uri: str) -> None:
-    ds, model = await setup(table_uri)
-    async with ds.mem_wal_writer(str(uuid.uuid4()), max_memtable_rows=20, max_put_rows=20) as w:
-        upd = rows(range(0, 60), 4)
-        await w.put(upd)
-        model.put(upd)
-    # a base write to rows the generations update commits first: the
-    # compaction's commit conflicts, and its retry re-reads the SSTable
-    competing = rows(range(0, 10), 8)
-    hook = CommitHook(lambda: upsert_sync(table_uri, competing), times=1)
-    contended = await la.open_dataset(table_uri, commit_lock=hook)
-    result = await contended.compact_mem_wal(optimize_indices=False)
-    assert result.num_attempts > result.commits  # the lost commit was retried by replay
-    # the generations are newer than the base: their rows win over the competitor's
-    assert plain(await contended.to_table()) == model_plain(model.rows)
-    assert all(s.sstables == () for s in await contended.shard_snapshots())
 
 
 async def test_snapshots_convert_to_engine_snapshots(table_uri: str) -> None:

@@ -17,8 +17,8 @@ from typing import Any
 
 import anyio
 
-from ._loop import LoopHandle
-from .errors import LanceAsyncError
+from .._loop import LoopHandle
+from ..errors import LanceAsyncError
 
 __all__ = ["Ack", "PutSummary"]
 

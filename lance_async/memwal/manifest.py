@@ -37,7 +37,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from .errors import LanceAsyncError
+from ..errors import LanceAsyncError
 
 __all__ = [
     "ManifestFormatError",

@@ -12,17 +12,17 @@ import pytest
 
 import lance_async as la
 import lance_async.feeds as feeds
-from lance_async.acks import Ack
+from lance_async import Ack
 from lance_async.feeds import IterableFeed, Message, ingest
 
-from .feed_support import (
+from ..helpers import LAG_LIMIT, Ticker
+from .support import (
     expected_rows,
     lsm_rows,
     mem_wal_table,
     new_shard,
     row_json,
 )
-from .helpers import LAG_LIMIT, Ticker
 
 pytestmark = pytest.mark.anyio
 

@@ -4,30 +4,20 @@ from __future__ import annotations
 
 import sys
 import textwrap
-import uuid
 from pathlib import Path
 from typing import Any
 
 import anyio
-import lance
 import numpy as np
 import pyarrow as pa
 import pytest
 
 import lance_async as la
 
-from .helpers import KV_SCHEMA, kv_table, rows_by_key
+from ..helpers import KV_SCHEMA, kv_table, rows_by_key
+from .support import mem_wal_table, sid
 
 pytestmark = pytest.mark.anyio
-
-
-async def mem_wal_table(uri: str, rows: int = 1, **init: Any) -> la.AsyncDataset:
-    ds = await la.write_dataset(kv_table(range(rows)), uri)
-    return await ds.initialize_mem_wal(**init)
-
-
-def sid() -> str:
-    return str(uuid.uuid4())
 
 
 def ten_rows(i: int) -> pa.RecordBatch:
@@ -35,6 +25,46 @@ def ten_rows(i: int) -> pa.RecordBatch:
     return pa.record_batch(
         {"id": ids, "value": np.full(10, i), "name": [f"r{j}" for j in ids]}, schema=KV_SCHEMA
     )
+
+
+class RejectingEngineForFaultInjection:
+    """Fault injection only: wraps a real ShardWriter and rejects puts that
+    carry id == -1, the way the engine rejects input it cannot take
+    (``OSError("Invalid user input: ...")``). The real engine cannot be made
+    to reject a batch that passed lance_async's validation."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.rejected = 0
+
+    def put(self, table: pa.Table) -> None:
+        if -1 in table.column("id").to_pylist():
+            self.rejected += 1
+            raise OSError("Invalid user input: injected rejection")
+        self.real.put(table)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+class BrokenEngineForFaultInjection(RejectingEngineForFaultInjection):
+    """Fault injection only: a WAL flush that fails with an I/O error."""
+
+    def put(self, table: pa.Table) -> None:
+        raise OSError("LanceError(IO): failed to flush WAL: injected disk failure")
+
+
+def _on_another_loop(fn: Any) -> BaseException | None:
+    errors: list[BaseException] = []
+
+    async def use() -> None:
+        try:
+            await fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    anyio.run(use)
+    return errors[0] if errors else None
 
 
 async def test_10000_sends_of_10_rows_coalesce(table_uri: str) -> None:
@@ -71,7 +101,7 @@ async def test_fast_producer_is_held_within_the_queue_limits(table_uri: str) -> 
 async def test_backpressure_timeout_is_typed_and_queues_nothing(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid(), max_queue_rows=10, max_put_rows=10) as writer:
-        gate = writer._gate
+        gate = writer._committer.gate
         assert gate is not None
         async with gate:  # hold the engine: nothing drains
             first = await writer.send(ten_rows(0))
@@ -145,38 +175,11 @@ async def test_columns_in_another_order_are_accepted(table_uri: str) -> None:
     assert row.to_pylist() == [{"id": 77, "value": 7, "name": "z"}]
 
 
-class RejectingEngineForFaultInjection:
-    """Fault injection only: wraps a real ShardWriter and rejects puts that
-    carry id == -1, the way the engine rejects input it cannot take
-    (``OSError("Invalid user input: ...")``). The real engine cannot be made
-    to reject a batch that passed lance_async's validation."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.rejected = 0
-
-    def put(self, table: pa.Table) -> None:
-        if -1 in table.column("id").to_pylist():
-            self.rejected += 1
-            raise OSError("Invalid user input: injected rejection")
-        self.real.put(table)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-
-class BrokenEngineForFaultInjection(RejectingEngineForFaultInjection):
-    """Fault injection only: a WAL flush that fails with an I/O error."""
-
-    def put(self, table: pa.Table) -> None:
-        raise OSError("LanceError(IO): failed to flush WAL: injected disk failure")
-
-
 async def test_engine_rejection_fails_exactly_the_acks_of_bad_data(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid(), linger=0.05) as writer:
-        fake = RejectingEngineForFaultInjection(writer._engine)
-        writer._engine = fake
+        fake = RejectingEngineForFaultInjection(writer._committer.engine)
+        writer._committer.engine = fake
         acks = [await writer.send(ten_rows(i)) for i in range(5)]
         bad = await writer.send(kv_table([-1]))
         acks += [await writer.send(ten_rows(i)) for i in range(5, 10)]
@@ -194,7 +197,7 @@ async def test_fatal_engine_error_fails_everything_promptly(table_uri: str) -> N
     ds = await mem_wal_table(table_uri)
     writer = ds.mem_wal_writer(sid())
     async with writer:
-        writer._engine = BrokenEngineForFaultInjection(writer._engine)
+        writer._committer.engine = BrokenEngineForFaultInjection(writer._committer.engine)
         acks = [await writer.send(ten_rows(0))]
         with pytest.raises(la.WriterFailedError):  # later sends see the failure at once
             for i in range(1, 1_000):
@@ -337,7 +340,7 @@ async def test_acked_rows_survive_a_hard_kill(table_uri: str, tmp_path: Path) ->
             f"""
             import os, sys, anyio, pyarrow as pa
             import lance_async as la
-            sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+            sys.path.insert(0, {str(Path(__file__).parents[2])!r})
             from tests.helpers import kv_table
 
             async def main():
@@ -365,219 +368,10 @@ async def test_acked_rows_survive_a_hard_kill(table_uri: str, tmp_path: Path) ->
     assert sorted(ids) == list(range(100, 5_100))
 
 
-async def test_shard_router_splits_rows_by_bucket(table_uri: str) -> None:
-    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
-    async with ds.shard_router() as router:
-        summary = await router.put(kv_table(range(100, 1_100), value=3))
-        assert summary.rows == 1_000
-        writers = router.writers
-        assert len(writers) == 4
-        assert summary.engine_puts == sum(w.stats().engine_puts for w in writers.values())
-        per_shard = {s: w.stats().rows for s, w in writers.items()}
-        assert sum(per_shard.values()) == 1_000 and min(per_shard.values()) > 100
-    snaps = await ds.shard_snapshots()
-    assert {s.shard_id for s in snaps} == set(writers)
-    table = await ds.lsm_scan(filter="id >= 100").to_table()
-    assert sorted(table.column("id").to_pylist()) == list(range(100, 1_100))
-    # the same value always routes to the same shard id
-    assert la.router.default_shard_id(1, 3) == la.router.default_shard_id(1, 3)
-
-
-async def test_an_overwrite_then_initialize_retires_the_old_shards(table_uri: str) -> None:
-    """pylance keeps the old table's shard folders through an overwrite; the
-    new MemWAL must neither read them nor let a writer replay them."""
-    ds = await mem_wal_table(table_uri)
-    old_shard = sid()
-    async with ds.mem_wal_writer(old_shard) as writer:
-        await writer.put(kv_table(range(100, 110), value=1))  # flushed at close
-
-    ds = await la.write_dataset(kv_table(range(1)), table_uri, mode="overwrite")
-    await ds.initialize_mem_wal()
-    async with ds.mem_wal_writer(sid()) as writer:
-        await writer.put(kv_table(range(200, 205), value=2))
-        seen = await writer.lsm_scan(columns=["id"]).to_table()
-        assert sorted(seen.column("id").to_pylist()) == [0, *range(200, 205)]
-
-    ds = await la.open_dataset(table_uri)
-    assert old_shard not in {s.shard_id for s in await ds.shard_snapshots()}
-    table = await ds.lsm_scan(columns=["id"]).to_table()
-    assert sorted(table.column("id").to_pylist()) == [0, *range(200, 205)]
-    assert (await ds.lsm_point_lookup(100)).num_rows == 0
-    with pytest.raises(la.InvalidInputError, match="replaced"):
-        async with ds.mem_wal_writer(old_shard):
-            pass
-    # compaction takes only the new MemWAL's rows into the base table
-    await ds.compact_mem_wal()
-    base = await ds.to_table(columns=["id"])
-    assert sorted(base.column("id").to_pylist()) == [0, *range(200, 205)]
-
-
-async def test_a_mem_wal_needs_a_primary_key(table_uri: str) -> None:
-    plain = pa.table({"id": pa.array([1, 2], pa.int64()), "value": [0.5, 1.5]})
-    ds = await la.write_dataset(plain, table_uri)
-    with pytest.raises(la.InvalidInputError, match="primary key"):
-        await ds.initialize_mem_wal()
-    assert ds.version == 1 and await ds.mem_wal_index_details() is None
-    # a MemWAL initialized through pylance directly: the writer refuses to open
-    await anyio.to_thread.run_sync(lambda: lance.dataset(table_uri).initialize_mem_wal())
-    ds = await la.open_dataset(table_uri)
-    with pytest.raises(la.InvalidInputError, match="primary key"):
-        async with ds.mem_wal_writer(sid()):
-            pass
-
-
-async def test_old_shards_stay_hidden_at_every_step_of_an_overwrite(table_uri: str) -> None:
-    """Between the overwrite and initialize_mem_wal, and between its two
-    commits, no reader sees the old rows and no writer can reach them."""
-    ds = await mem_wal_table(table_uri)
-    old_shard = sid()
-    async with ds.mem_wal_writer(old_shard) as writer:
-        await writer.put(kv_table(range(100, 110), value=1))
-    stale = await la.open_dataset(table_uri)  # a handle from before the overwrite
-
-    ds = await la.write_dataset(kv_table(range(1)), table_uri, mode="overwrite")
-    # no MemWAL at this version: the old shard folders are not shards of it
-    assert await ds.shard_snapshots() == []
-    assert (await ds.lsm_scan(columns=["id"]).to_table()).column("id").to_pylist() == [0]
-    assert (await ds.lsm_point_lookup(100)).num_rows == 0
-
-    await ds.initialize_mem_wal()
-    # the record of retired shards was committed first, then the MemWAL
-    between = await anyio.to_thread.run_sync(
-        lambda: lance.dataset(table_uri, version=ds.version - 1)
-    )
-    assert "lance_async.mem_wal.retired_shards" in between.config()
-    assert between.mem_wal_index_details() is None
-    # a handle from before, or another spelling of the id, cannot reopen the old shard
-    for handle, spelling in ((stale, old_shard), (ds, old_shard.upper())):
-        with pytest.raises(la.InvalidInputError, match="replaced"):
-            async with handle.mem_wal_writer(spelling):
-                pass
-    table = await ds.lsm_scan(columns=["id"]).to_table()
-    assert table.column("id").to_pylist() == [0]
-
-
-async def test_initialize_mem_wal_reads_the_latest_schema_and_state(table_uri: str) -> None:
-    keyed = await la.write_dataset(kv_table(range(2)), table_uri)
-    plain = pa.table({"id": pa.array([1], pa.int64()), "value": [0.5]})
-    await anyio.to_thread.run_sync(lambda: lance.write_dataset(plain, table_uri, mode="overwrite"))
-    with pytest.raises(la.InvalidInputError, match="primary key"):
-        await keyed.initialize_mem_wal()  # the handle is stale; the table has no key now
-    assert lance.dataset(table_uri).mem_wal_index_details() is None
-
-    uri = table_uri + "2"
-    first = await la.write_dataset(kv_table(range(2)), uri)
-    second = await la.open_dataset(uri)
-    outcomes: list[BaseException | None] = []
-
-    async def init(handle: la.AsyncDataset) -> None:
-        try:
-            await handle.initialize_mem_wal()
-            outcomes.append(None)
-        except Exception as exc:  # the test checks its type below
-            outcomes.append(exc)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(init, first)
-        tg.start_soon(init, second)
-    assert outcomes.count(None) == 1, outcomes
-    (lost,) = [o for o in outcomes if o is not None]
-    assert isinstance(lost, la.InvalidInputError), repr(lost)
-
-
-async def test_the_example_server_derives_a_fresh_shard_after_an_overwrite(
-    tmp_path: Path,
-) -> None:
-    from lance_async.serve import discover_tables
-
-    uri = str(tmp_path / "events.lance")
-    ds = await mem_wal_table(uri)
-    first = (await discover_tables(tmp_path))["events"].shard_id
-    assert first is not None
-    async with ds.mem_wal_writer(first) as writer:
-        await writer.put(kv_table(range(100, 105)))
-    ds = await la.write_dataset(kv_table(range(1)), uri, mode="overwrite")
-    await ds.initialize_mem_wal()
-    second = (await discover_tables(tmp_path))["events"].shard_id
-    assert second is not None and second != first
-    async with ds.mem_wal_writer(second) as writer:  # opens: not a retired shard
-        await writer.put(kv_table(range(200, 202)))
-    table = await ds.lsm_scan(columns=["id"]).to_table()
-    assert sorted(table.column("id").to_pylist()) == [0, 200, 201]
-
-
-async def test_shard_router_gets_fresh_shards_after_an_overwrite(table_uri: str) -> None:
-    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=2)
-    async with ds.shard_router() as router:
-        await router.put(kv_table(range(100, 140), value=1))
-        first = set(router.writers)
-    ds = await la.write_dataset(kv_table(range(1)), table_uri, mode="overwrite")
-    await ds.initialize_mem_wal(bucket_column="id", num_buckets=2)
-    async with ds.shard_router() as router:
-        await router.put(kv_table(range(500, 540), value=2))
-        second = set(router.writers)
-    assert len(first) == len(second) == 2 and not first & second
-    table = await ds.lsm_scan(columns=["id"]).to_table()
-    assert sorted(table.column("id").to_pylist()) == [0, *range(500, 540)]
-
-
-async def test_shard_router_queues_nothing_of_an_in_memory_send_with_a_bad_row(
-    table_uri: str,
-) -> None:
-    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
-    good = kv_table(range(100, 10_100)).to_batches()[0]  # routed on a worker thread
-    bad = kv_table(range(20_000, 20_040)).to_batches()[0]
-    ids = bad.column(0).to_pylist()
-    ids[21] = None
-    bad = pa.record_batch(
-        [pa.array(ids, pa.int64()), bad.column(1), bad.column(2)], schema=KV_SCHEMA
-    )
-    async with ds.shard_router() as router:
-        with pytest.raises(la.SchemaMismatchError, match="batch 1"):
-            await router.send([good, bad])
-        assert all(w.stats().rows == 0 for w in router.writers.values())
-        summary = await router.put(good)  # the router stays usable
-        assert summary.rows == 10_000
-    table = await ds.lsm_scan(columns=["id"], filter="id >= 100").to_table()
-    assert sorted(table.column("id").to_pylist()) == list(range(100, 10_100))
-
-
-async def test_shard_router_needs_a_sharded_table(table_uri: str) -> None:
-    ds = await mem_wal_table(table_uri)
-    with pytest.raises(la.InvalidInputError, match="sharding"):
-        async with ds.shard_router():
-            pass
-
-
-async def test_mem_wal_index_details_and_initialize_arguments(table_uri: str) -> None:
-    ds = await la.write_dataset(kv_table(range(3)), table_uri)
-    assert await ds.mem_wal_index_details() is None
-    await ds.initialize_mem_wal(durable_write=False, max_memtable_rows=5_000)
-    details = await ds.mem_wal_index_details()
-    assert details is not None
-    assert details["writer_config_defaults"]["max_memtable_rows"] == "5000"
-    async with ds.mem_wal_writer(sid()) as writer:
-        assert writer.max_put_rows <= 5_000
-    assert lance.dataset(table_uri).mem_wal_index_details() is not None
-
-
-def _on_another_loop(fn: Any) -> BaseException | None:
-    errors: list[BaseException] = []
-
-    async def use() -> None:
-        try:
-            await fn()
-        except BaseException as exc:
-            errors.append(exc)
-
-    anyio.run(use)
-    return errors[0] if errors else None
-
-
 async def test_regression_aclose_and_acks_from_another_loop_are_refused(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid()) as writer:
-        gate = writer._gate
+        gate = writer._committer.gate
         assert gate is not None
         async with gate:  # keep the ack pending
             ack = await writer.send(ten_rows(1))
@@ -596,7 +390,7 @@ async def test_regression_a_cancelled_send_of_a_big_batch_queues_all_or_nothing(
 ) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid(), max_put_rows=10, max_queue_rows=20) as writer:
-        gate = writer._gate
+        gate = writer._committer.gate
         assert gate is not None
         async with gate:
             first = await writer.send(kv_table(range(1000, 1015)))  # the queue is now busy
@@ -617,7 +411,7 @@ async def test_regression_a_cancelled_send_of_a_big_batch_queues_all_or_nothing(
 async def test_send_nowait_queues_or_refuses_at_once(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid(), max_queue_rows=20, max_put_rows=10) as writer:
-        gate = writer._gate
+        gate = writer._committer.gate
         assert gate is not None
         async with gate:  # nothing drains meanwhile
             first = writer.send_nowait(ten_rows(0))
@@ -639,7 +433,7 @@ async def test_send_nowait_queues_or_refuses_at_once(table_uri: str) -> None:
 async def test_combined_acks_count_a_shared_put_once(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid()) as writer:
-        gate = writer._gate
+        gate = writer._committer.gate
         assert gate is not None
         async with gate:  # everything below coalesces into one put
             acks = [await writer.send(ten_rows(i)) for i in range(50)]

@@ -13,7 +13,8 @@ import pytest
 import lance_async as la
 from lance_async.feeds import Feed, FeedState, FileFeed, Message, ingest
 
-from .feed_support import (
+from ..helpers import KV_SCHEMA, LAG_LIMIT, Ticker
+from .support import (
     CrashBeforeAck,
     batch_of,
     expected_rows,
@@ -22,7 +23,6 @@ from .feed_support import (
     new_shard,
     row_json,
 )
-from .helpers import KV_SCHEMA, LAG_LIMIT, Ticker
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,7 @@ into the new table.
 lance_async keeps them out in two ways:
 
 * A version without a MemWAL index has no live shards: shard discovery
-  (:func:`~lance_async.lsm.shard_snapshots`, so every LSM read and
+  (:func:`~lance_async.memwal.snapshots.shard_snapshots`, so every LSM read and
   compaction) returns none there, whatever folders exist.
 * :meth:`~lance_async.AsyncDataset.initialize_mem_wal` on a table that
   already has shard folders first records them as *retired* in the table's
@@ -40,13 +40,13 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._manifest import list_shards
-from ._schema import primary_key
-from ._threads import run_sync
-from .errors import InvalidInputError
+from .._schema import primary_key
+from .._threads import run_sync
+from ..errors import InvalidInputError
+from .manifest import list_shards
 
 if TYPE_CHECKING:
-    from .dataset import AsyncDataset
+    from ..dataset import AsyncDataset
 
 __all__ = [
     "EPOCH_KEY",

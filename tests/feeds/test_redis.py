@@ -17,8 +17,8 @@ import trio
 import lance_async as la
 from lance_async.feeds import Feed, FeedState, Message, RedisStreamFeed, ingest
 
-from .conftest import broker_or_skip
-from .feed_support import (
+from ..conftest import broker_or_skip
+from .support import (
     CrashBeforeAck,
     Recording,
     expected_rows,

@@ -13,7 +13,7 @@ import pyarrow as pa
 import lance_async as la
 from lance_async.feeds import Message
 
-from .helpers import KV_SCHEMA
+from ..helpers import KV_SCHEMA
 
 
 async def mem_wal_table(tmp_path: Path) -> la.AsyncDataset:

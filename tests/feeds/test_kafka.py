@@ -26,7 +26,7 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 import lance_async as la
 from lance_async.feeds import Feed, FeedState, KafkaFeed, KafkaOffset, ingest
 
-from .feed_support import (
+from .support import (
     CrashBeforeAck,
     Recording,
     expected_rows,

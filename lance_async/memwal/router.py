@@ -31,17 +31,17 @@ import pyarrow.compute as pc
 from anyio.abc import TaskGroup
 from lance.mem_wal import evaluate_sharding_spec
 
-from ._loop import aclose_shielded, unwrap_groups
-from ._retired import current_epoch, derived_shard_id
-from ._schema import TableFit, primary_key
-from ._threads import run_sync, stream_limiter
+from .._loop import aclose_shielded, unwrap_groups
+from .._schema import TableFit, primary_key
+from .._threads import run_sync, stream_limiter
+from ..errors import ClosedError, InvalidInputError
+from ..sources import SourceMode, resolve_source
 from .acks import Ack, PutSummary
-from .errors import ClosedError, InvalidInputError
-from .mem_wal import AsyncShardWriter
-from .sources import SourceMode, resolve_source
+from .retired import current_epoch, derived_shard_id
+from .writer import AsyncShardWriter
 
 if TYPE_CHECKING:
-    from .dataset import AsyncDataset
+    from ..dataset import AsyncDataset
 
 __all__ = ["ROUTE_INLINE_ROWS", "SHARD_NAMESPACE", "ShardRouter", "default_shard_id"]
 
@@ -55,7 +55,7 @@ def default_shard_id(spec_id: int, value: Any, epoch: str | None = None) -> str:
     """The shard UUID the router uses for a shard value (deterministic).
 
     ``epoch`` is the table's MemWAL epoch (set when the MemWAL was
-    initialized again over retired shards; see ``lance_async._retired``):
+    initialized again over retired shards; see ``lance_async.memwal.retired``):
     it gives the new MemWAL fresh shard ids. None for a first MemWAL.
     """
     return derived_shard_id(SHARD_NAMESPACE, f"{spec_id}/{value}", epoch)

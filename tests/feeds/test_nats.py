@@ -17,8 +17,8 @@ from nats.js.client import JetStreamContext
 import lance_async as la
 from lance_async.feeds import Feed, FeedState, JetStreamFeed, Message, ingest
 
-from .conftest import broker_or_skip
-from .feed_support import (
+from ..conftest import broker_or_skip
+from .support import (
     CrashBeforeAck,
     Recording,
     expected_rows,

@@ -1,0 +1,287 @@
+"""The writer task: engine puts and deletes, acks settled, fatal failures.
+
+The last of a shard writer's three parts (aiokafka's ``Sender``): one task
+per writer takes runs from the :class:`~lance_async.memwal.accumulator.Accumulator`,
+makes one engine call per run on a worker thread, and settles the run's acks.
+
+* A run the engine rejects as bad input is retried item by item, so exactly
+  the bad items fail and the writer stays usable.
+* Any other engine error is fatal: the writer fails, and every pending and
+  later ack fails with one :class:`~lance_async.WriterFailedError`.
+* Engine calls hold the writer's *gate* (an ``anyio.Lock``), so the LSM
+  reads can plan while no put can seal another memtable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pyarrow as pa
+
+from .._schema import TableFit
+from .._threads import run_sync
+from ..errors import ClosedError, InvalidInputError, WriterFailedError, map_engine_error
+from .accumulator import Accumulator, Item, Kind
+from .retired import retired_shards
+
+__all__ = ["DEFAULT_MAX_MEMTABLE_ROWS", "LATENCY_SAMPLES", "Committer", "open_engine"]
+
+log = logging.getLogger("lance_async")
+
+LATENCY_SAMPLES = 20_000
+"""Ack latencies kept for the percentiles of :class:`~lance_async.WriterStats`."""
+DEFAULT_MAX_MEMTABLE_ROWS = 100_000
+"""pylance 14's default ``max_memtable_rows``."""
+
+
+def open_engine(ds: Any, shard_id: str, options: dict[str, Any]) -> tuple[Any, int]:
+    """Open the engine's ``ShardWriter`` for ``shard_id`` (blocking).
+
+    Returns the writer and the memtable's row limit (the writer's own option,
+    else the MemWAL's recorded default, else pylance's).
+
+    Raises
+    ------
+    InvalidInputError
+        The shard was retired by a later ``initialize_mem_wal`` (see ``retired.py``).
+    OSError, ValueError, RuntimeError
+        The engine's errors, unchanged (the caller maps them).
+    """
+    if shard_id in retired_shards(ds.checkout_version(ds.latest_version)):
+        raise InvalidInputError(
+            f"shard {shard_id} belongs to a MemWAL that this table replaced "
+            "(an overwrite, then initialize_mem_wal); opening it would replay the old "
+            "table's rows. Use another shard id"
+        )
+    engine = ds.mem_wal_writer(shard_id, **options)
+    limit = options.get("max_memtable_rows")
+    if limit is None:
+        details = ds.mem_wal_index_details() or {}
+        limit = (details.get("writer_config_defaults") or {}).get("max_memtable_rows")
+    return engine, int(limit or DEFAULT_MAX_MEMTABLE_ROWS)
+
+
+class Committer:
+    """Runs one shard writer's engine calls and settles their acks.
+
+    Parameters
+    ----------
+    engine : lance.mem_wal.ShardWriter
+        The engine writer (open).
+    accumulator : Accumulator
+        Where the runs come from and where room is given back.
+    shard_id : str
+        For the ack's put ids (unique across writers).
+    fit, key_fit : TableFit
+        Relabel checked batches to the table's schema before the engine sees them.
+    on_failure : callable
+        Called once when the writer fails (the writer marks itself FAILED).
+    describe : callable
+        The writer's repr, for messages.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        accumulator: Accumulator,
+        *,
+        shard_id: str,
+        fit: TableFit,
+        key_fit: TableFit,
+        on_failure: Callable[[], None],
+        describe: Callable[[], str],
+    ) -> None:
+        self.engine = engine
+        self.gate = anyio.Lock()
+        self._acc = accumulator
+        self._shard_id = shard_id
+        self._fit = fit
+        self._key_fit = key_fit
+        self._on_failure = on_failure
+        self._describe = describe
+        self.scope = anyio.CancelScope()
+        self.done = anyio.Event()
+        self.failure: WriterFailedError | None = None
+        self.engine_puts = 0
+        self.engine_deletes = 0
+        self.rows = 0
+        self.failed_puts = 0
+        self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
+        self.engine_stats: dict[str, Any] = {}
+        self.memtable_stats: dict[str, Any] = {}
+        self._put_seq = 0
+
+    # -- the task -------------------------------------------------------------
+    async def run(self) -> None:
+        """The writer task: runs until the accumulator is closed and drained
+        (or :attr:`scope` is cancelled); then fails whatever is left."""
+        try:
+            with self.scope:
+                await self._run()
+        finally:
+            self._acc.close_receiver()
+            self.done.set()
+
+    async def _run(self) -> None:
+        pending: deque[Item] = deque()
+        try:
+            while True:
+                run = await self._acc.next_run(pending)
+                if run is None:
+                    return
+                await self._execute(run)
+        finally:
+            self._acc.drain_nowait(pending)
+            error = self.failure or ClosedError(
+                f"{self._describe()} closed before these rows were written"
+            )
+            for item in pending:
+                self.fail_item(item, error)
+            pending.clear()
+
+    async def shutdown(self, timeout: float, failed: bool) -> None:
+        """Drain the queue, stop the task, close the engine writer.
+
+        Shielded from cancellation; the drain is bounded by ``timeout``
+        seconds, after which the task is cancelled and what is left fails.
+
+        Raises
+        ------
+        LanceAsyncError
+            Closing the engine failed (mapped; the writer is failed).
+        """
+        engine = self.engine
+
+        def close_engine() -> None:
+            try:
+                engine.close()
+            except (OSError, ValueError, RuntimeError) as exc:
+                if failed or "already closed" in str(exc):
+                    log.debug("lance_async: closing a failed writer: %s", exc)
+                    return
+                raise
+
+        with anyio.CancelScope(shield=True):
+            self._acc.close()  # the task drains the queue, then ends
+            with anyio.move_on_after(timeout):
+                await self.done.wait()
+            if not self.done.is_set():
+                log.warning("lance_async: %s did not drain within close_timeout", self._describe())
+                self.scope.cancel()
+                await self.done.wait()
+            try:
+                await run_sync(close_engine)
+            except (OSError, ValueError, RuntimeError) as exc:
+                mapped = map_engine_error(exc)
+                raise (mapped or self.fail_writer(exc)) from exc
+
+    # -- settling ---------------------------------------------------------------
+    def fail_item(self, item: Item, error: BaseException) -> None:
+        """Free an item's room and fail its ack part."""
+        if item.kind is not Kind.FLUSH:
+            self._acc.release(item.rows, item.nbytes)
+        item.ack._part_failed(error)
+
+    def _settle(self, run: list[Item], put_id: int) -> None:
+        """The run's rows are written: free their room once, resolve their acks."""
+        now = time.monotonic()
+        rows = nbytes = 0
+        for item in run:
+            if item.kind is Kind.FLUSH:
+                item.ack._part_done()
+                continue
+            rows += item.rows
+            nbytes += item.nbytes
+            self.latencies.append(now - item.queued_at)
+            put = (self._shard_id, put_id)  # unique across writers, for Ack.combine
+            if item.kind is Kind.PUT:
+                item.ack._part_done(rows=item.rows, batches=1, put_id=put)
+            else:
+                item.ack._part_done(deletes=item.rows, put_id=put)
+        if rows or nbytes:
+            self._acc.release(rows, nbytes)
+
+    def fail_writer(self, exc: BaseException) -> WriterFailedError:
+        """Mark the writer failed (once); returns the error every ack gets."""
+        if self.failure is None:
+            failure = WriterFailedError(
+                f"{self._describe()} failed and cannot write any more: {exc}. Close it and "
+                "open a new writer on the same shard; acknowledged rows are replayed from the WAL"
+            )
+            failure.__cause__ = exc
+            self.failure = failure
+            self._on_failure()
+            self._acc.wake_senders()
+        return self.failure
+
+    # -- engine calls ---------------------------------------------------------------
+    async def _engine_call(self, kind: Kind, batches: list[pa.RecordBatch]) -> None:
+        engine = self.engine
+        fit = self._fit if kind is Kind.PUT else self._key_fit
+
+        def work() -> tuple[dict[str, Any], dict[str, Any]]:
+            if kind is Kind.PUT:
+                engine.put(fit.relabel(batches))
+            else:
+                engine.delete(fit.relabel(batches).combine_chunks())
+            return engine.stats(), engine.memtable_stats()
+
+        async with self.gate:
+            self.engine_stats, self.memtable_stats = await run_sync(work)
+
+    async def _execute(self, run: list[Item]) -> None:
+        kind = run[0].kind
+        if kind is Kind.FLUSH:
+            self._settle(run, 0)
+            return
+        if self.failure is not None:
+            for item in run:
+                self.fail_item(item, self.failure)
+            return
+        outcome = await self._try_engine(kind, run)
+        if outcome is None:
+            return
+        # The engine rejected the input. Retry one by one so only bad items fail.
+        if len(run) == 1:
+            self.fail_item(run[0], outcome)
+            return
+        for item in run:
+            single = await self._try_engine(kind, [item])
+            if single is not None:
+                self.fail_item(item, single)
+
+    async def _try_engine(self, kind: Kind, run: list[Item]) -> BaseException | None:
+        """One engine call; resolve acks on success. Returns an input error to
+        retry item by item, or None when the run is settled."""
+        batches = [i.batch for i in run if i.batch is not None]
+        try:
+            await self._engine_call(kind, batches)
+        except anyio.get_cancelled_exc_class():
+            # run_sync let the engine call finish; its outcome is unknown to us
+            # only if the thread raised. Treat the rows as not written.
+            for item in run:
+                self.fail_item(item, ClosedError("the writer task was cancelled"))
+            raise
+        except BaseException as exc:
+            mapped = map_engine_error(exc)
+            if isinstance(mapped, InvalidInputError):
+                self.failed_puts += 1
+                mapped.__cause__ = exc
+                return mapped
+            failure = self.fail_writer(exc)
+            for item in run:
+                self.fail_item(item, failure)
+            return None
+        self._put_seq += 1
+        if kind is Kind.PUT:
+            self.engine_puts += 1
+            self.rows += sum(i.rows for i in run)
+        else:
+            self.engine_deletes += 1
+        self._settle(run, self._put_seq)
+        return None

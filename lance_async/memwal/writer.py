@@ -1,0 +1,477 @@
+"""``AsyncShardWriter``: a MemWAL shard writer with a bounded queue and group commit.
+
+A durable ``ShardWriter.put`` waits for a WAL flush (about 55 ms on pylance
+14 whatever the batch size) and puts on one writer serialize, so throughput
+comes only from putting many rows per put. The writer coalesces: while one
+engine put is in flight, everything that arrives queues up; the next put
+takes all of it (up to ``max_put_rows`` / ``max_put_bytes``, concatenated
+into one batch), like aiokafka's accumulator batches records while a request
+is in flight.
+
+The writer is three objects, as aiokafka's producer is: this module's
+:class:`AsyncShardWriter` (the API and the life cycle), the
+:class:`~lance_async.memwal.accumulator.Accumulator` (room, validation,
+coalescing, linger) and the :class:`~lance_async.memwal.committer.Committer`
+(the writer task: engine calls, acks, failures). Its LSM reads live in
+``reads.py`` (:class:`~lance_async.memwal.reads.WriterReads`).
+
+Guarantees
+----------
+* Backpressure: :meth:`AsyncShardWriter.send` waits while the queue holds
+  ``max_queue_rows`` rows or ``max_queue_bytes`` bytes (queued or in flight).
+  Nothing is dropped; ``timeout=`` turns a long wait into
+  :class:`~lance_async.BackpressureTimeoutError`.
+* Validation before queueing: each batch is checked against the table
+  (names, types, nulls in key and non-nullable columns) before it enters the
+  queue, so a bad batch fails only its sender.
+* Acks: an :class:`~lance_async.Ack` resolves when the engine put that
+  carried its rows returned -- after the WAL flush when ``durable_write`` is
+  on (the engine's default). If the engine still rejects a coalesced put, its
+  items are retried one by one so exactly the bad ones fail; the writer stays
+  usable.
+* Fatal errors: an engine error that is not about the input (an I/O error, a
+  failed WAL flush) fails every pending and later ack, promptly, with one
+  :class:`~lance_async.WriterFailedError`.
+* Order: puts and deletes on one writer reach the engine in the order they
+  were queued.
+* Read-your-writes: the writer's LSM reads wait out a sealed ("frozen")
+  memtable before planning, so every acked row is visible (pylance 14's own
+  scanner hides a frozen memtable's rows until its SSTable is written).
+
+Cancellation rule
+-----------------
+A send of in-memory rows (a batch, a table, a frame...) is queued whole or
+not at all; a streamed send (an iterator, a reader) is queued whole or not
+at all per batch. Cancelling a task blocked in ``send``/``put`` before its
+rows were queued queues nothing; cancelling it afterwards (while it awaits
+the ack) leaves the rows queued: they are written exactly once and the
+:class:`~lance_async.Ack` (kept by ``send`` callers) still resolves. Closing
+the writer flushes everything queued (shielded from cancellation, bounded
+by ``close_timeout``).
+
+Ack latency
+-----------
+pylance 14 flushes a durable put's WAL when the buffered WAL bytes reach
+``max_wal_buffer_size`` (default 10 MB), otherwise at the next
+``max_wal_flush_interval_ms`` tick (default 100 ms). Puts that follow each
+other closely each wait for a tick, so with the defaults a row that arrives
+while a put is in flight is durable after up to two ticks (ack p99 178 ms over
+120,000 10-row messages in ``bench/``). ``max_wal_buffer_size=1`` makes every
+put flush when it is made; with ``linger=0.02`` to keep puts large the same
+bench measured ack p99 30 ms at 0.83x the default's rows/s and a lower peak
+RSS, in exchange for more, smaller WAL writes (``python -m bench``,
+configuration ``lance_async_low_latency``; bench/results/REPORT.md).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+import warnings
+from collections.abc import AsyncIterable, Iterable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pyarrow as pa
+from anyio.abc import TaskGroup
+
+from .._loop import LoopHandle, unwrap_groups
+from .._schema import TableFit, primary_key
+from .._threads import run_sync
+from ..errors import ClosedError, InvalidInputError, raise_mapped
+from .accumulator import Accumulator, Kind
+from .acks import Ack, PutSummary
+from .committer import Committer, open_engine
+from .reads import WriterReads
+from .retired import NO_KEY
+from .stats import WriterState, WriterStats, collect_stats
+
+if TYPE_CHECKING:
+    from ..dataset import AsyncDataset
+
+__all__ = ["AsyncShardWriter"]
+
+
+class AsyncShardWriter(WriterReads):
+    """Write one MemWAL shard from async code, with group commit.
+
+    Obtain it from :meth:`AsyncDataset.mem_wal_writer` and use it as
+    ``async with``; it owns one ``lance.mem_wal.ShardWriter`` and one writer
+    task (in a task group owned by the ``async with`` block, so the task's
+    errors reach you). See the module notes for what it guarantees.
+
+    Parameters
+    ----------
+    dataset : AsyncDataset
+        A dataset on which ``initialize_mem_wal`` ran.
+    shard_id : str
+        The shard's UUID, in any spelling ``uuid.UUID`` takes; kept (and
+        shown as :attr:`shard_id`) in its canonical lower-case form.
+        Reopening the same shard replays its WAL.
+    max_queue_rows : int, optional
+        Rows queued or in flight before senders wait (default ``2 * max_put_rows``).
+    max_queue_bytes : int
+        Bytes queued or in flight before senders wait (default 256 MiB).
+    max_put_rows : int, optional
+        Rows per engine put (default half the engine's ``max_memtable_rows``;
+        never above it, since one put never spans memtables).
+    max_put_bytes : int
+        Bytes per engine put (default 64 MiB).
+    linger : float
+        Seconds to wait for more rows when the queue holds less than
+        ``max_put_rows`` (default 0: coalescing then comes only from what
+        arrives while a put is in flight).
+    close_timeout : float
+        Seconds that closing may spend flushing (default 60).
+    **lance_writer_kwargs
+        Passed to ``LanceDataset.mem_wal_writer`` (``durable_write``,
+        ``max_memtable_rows``, ``max_wal_flush_interval_ms``, ...).
+    """
+
+    def __init__(
+        self,
+        dataset: AsyncDataset,
+        shard_id: str,
+        *,
+        max_queue_rows: int | None = None,
+        max_queue_bytes: int = 256 * 1024 * 1024,
+        max_put_rows: int | None = None,
+        max_put_bytes: int = 64 * 1024 * 1024,
+        linger: float = 0.0,
+        close_timeout: float = 60.0,
+        **lance_writer_kwargs: Any,
+    ) -> None:
+        try:
+            canonical = str(uuid.UUID(str(shard_id)))  # the engine's folder name
+        except ValueError:
+            raise ValueError(f"shard_id must be a UUID string, got {shard_id!r}") from None
+        for name, value in (
+            ("max_queue_rows", max_queue_rows),
+            ("max_put_rows", max_put_rows),
+            ("max_queue_bytes", max_queue_bytes),
+            ("max_put_bytes", max_put_bytes),
+        ):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if linger < 0:
+            raise ValueError("linger must be >= 0")
+        self._dataset = dataset
+        self.shard_id = canonical
+        self._requested = (max_queue_rows, max_put_rows)
+        self.max_queue_bytes = max_queue_bytes
+        self.max_put_bytes = max_put_bytes
+        self.max_queue_rows = 0
+        self.max_put_rows = 0
+        self.linger = linger
+        self.close_timeout = close_timeout
+        self._writer_kwargs = dict(lance_writer_kwargs)
+        self.durable_write = bool(self._writer_kwargs.get("durable_write", True))
+        self._table_schema = dataset.schema
+        self._keys = primary_key(self._table_schema)
+        self._fit = TableFit(self._table_schema, self._keys)
+        self._key_fit = TableFit(
+            pa.schema([self._table_schema.field(k) for k in self._keys]), self._keys
+        )
+        self._state = WriterState.NEW
+        self._loop: LoopHandle | None = None
+        self._tg: TaskGroup | None = None
+        self._acc: Accumulator | None = None
+        self._committer: Committer | None = None
+
+    def __repr__(self) -> str:
+        return f"<AsyncShardWriter shard={self.shard_id} state={self._state.value}>"
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", None) in (WriterState.OPEN, WriterState.FAILED):
+            warnings.warn(
+                f"{self!r} was never closed; use `async with` or await aclose()",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+    # -- life cycle ---------------------------------------------------------
+    @property
+    def state(self) -> WriterState:
+        """Where the writer is in its life cycle."""
+        return self._state
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table schema that every batch must match."""
+        return self._table_schema
+
+    async def __aenter__(self) -> AsyncShardWriter:
+        await self._open(None)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def open(self, task_group: TaskGroup) -> AsyncShardWriter:
+        """Open the engine writer and start the writer task in ``task_group``.
+
+        ``async with dataset.mem_wal_writer(...)`` is the usual way: it owns the
+        writer task. Use ``open`` when the writer must outlive one block: the
+        task runs in the task group you pass (trio's rule: no task outlives its
+        caller unless a task group is passed explicitly), and you must
+        ``await writer.aclose()`` before that task group ends.
+
+        Raises
+        ------
+        ClosedError
+            Already opened once.
+        InvalidInputError
+            The table has no primary key; the shard was retired by a later
+            ``initialize_mem_wal`` (see ``lance_async.memwal.retired``); or the
+            engine refused: the MemWAL is not initialized, or an option is
+            out of range.
+        OSError
+            Storage errors, unchanged.
+        """
+        return await self._open(task_group)
+
+    async def _open(self, task_group: TaskGroup | None) -> AsyncShardWriter:
+        if self._state is not WriterState.NEW:
+            raise ClosedError(f"{self!r} was already opened; open a new writer")
+        self._loop = LoopHandle()
+        kwargs = self._writer_kwargs
+        ds = self._dataset.lance
+        if not self._keys:
+            raise InvalidInputError(f"{self!r}: {NO_KEY}")
+
+        try:
+            engine, memtable_rows = await run_sync(partial(open_engine, ds, self.shard_id, kwargs))
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise_mapped(exc)
+            raise
+        queue_rows, put_rows = self._requested
+        self.max_put_rows = min(put_rows or max(1, memtable_rows // 2), memtable_rows)
+        self.max_queue_rows = queue_rows or 2 * self.max_put_rows
+        self._acc = Accumulator(
+            fit=self._fit,
+            key_fit=self._key_fit,
+            keys=self._keys,
+            max_queue_rows=self.max_queue_rows,
+            max_queue_bytes=self.max_queue_bytes,
+            max_put_rows=self.max_put_rows,
+            max_put_bytes=self.max_put_bytes,
+            linger=self.linger,
+            check=self._check_state,
+            describe=self.__repr__,
+        )
+        self._committer = Committer(
+            engine,
+            self._acc,
+            shard_id=self.shard_id,
+            fit=self._fit,
+            key_fit=self._key_fit,
+            on_failure=self._mark_failed,
+            describe=self.__repr__,
+        )
+        if task_group is None:
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
+            task_group = self._tg
+        task_group.start_soon(self._committer.run, name=f"lance_async writer {self.shard_id}")
+        self._state = WriterState.OPEN
+        return self
+
+    def _mark_failed(self) -> None:
+        if self._state is WriterState.OPEN:
+            self._state = WriterState.FAILED
+
+    def _check_usable(self) -> None:
+        if self._loop is not None and not self._loop.is_current():
+            self._loop.check(repr(self))
+        self._check_state()
+
+    def _check_state(self) -> None:
+        if self._state is WriterState.FAILED:
+            assert self._committer is not None and self._committer.failure is not None
+            raise self._committer.failure
+        if self._state is not WriterState.OPEN:
+            raise ClosedError(f"{self!r} is not open; use `async with dataset.mem_wal_writer(...)`")
+
+    def _parts(self) -> tuple[Accumulator, Committer]:
+        assert self._acc is not None and self._committer is not None
+        return self._acc, self._committer
+
+    async def flush(self) -> PutSummary:
+        """Wait until everything queued before this call is written.
+
+        With ``durable_write`` on (the default) written means durable in the
+        WAL; with it off, accepted by the engine (durable after close).
+
+        Raises
+        ------
+        WriterFailedError
+            The writer broke before the queue drained.
+        """
+        self._check_usable()
+        ack = Ack(self._loop)
+        self._parts()[0].submit_flush(ack)
+        return await ack
+
+    async def aclose(self) -> None:
+        """Flush what is queued, close the engine writer, stop the writer task.
+
+        Safe to call twice. The flush is shielded from cancellation and
+        bounded by ``close_timeout``; acks still pending after it fail with
+        :class:`ClosedError`. Errors of the writer task are raised here.
+        """
+        if self._state in (WriterState.NEW, WriterState.CLOSED, WriterState.CLOSING):
+            if self._state is WriterState.NEW:
+                self._state = WriterState.CLOSED
+            return
+        if self._loop is not None and not self._loop.is_current():
+            self._loop.check(repr(self))  # close it from the loop that opened it
+        failed = self._state is WriterState.FAILED
+        self._state = WriterState.CLOSING
+        acc, committer = self._parts()
+        try:
+            await committer.shutdown(self.close_timeout, failed)
+        finally:
+            self._state = WriterState.CLOSED
+            acc.wake_senders()
+            if self._tg is not None:
+                tg, self._tg = self._tg, None
+                with unwrap_groups():
+                    await tg.__aexit__(None, None, None)
+
+    # -- sending -------------------------------------------------------------
+    async def _submit(
+        self, kind: Kind, data: Any, timeout: float | None, schema: pa.Schema | None
+    ) -> Ack:
+        self._check_usable()
+        if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
+        await anyio.lowlevel.checkpoint()  # every send is a checkpoint (trio's rule)
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        ack = Ack(self._loop)
+        await self._parts()[0].submit(kind, data, ack, deadline, schema)
+        return ack
+
+    async def send(
+        self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
+    ) -> Ack:
+        """Queue rows for writing; wait only for room in the queue.
+
+        Parameters
+        ----------
+        data : anything :func:`~lance_async.coerce_source` accepts
+            Rows with exactly the table's column names (any order) and types.
+            A stream (iterator, async iterator, reader) is queued batch by
+            batch under backpressure; this returns after its last batch.
+        timeout : float, optional
+            Seconds to wait for room; then :class:`BackpressureTimeoutError`
+            (batches queued before the timeout stay queued).
+        schema : pa.Schema, optional
+            The data's schema, for generators (saves peeking).
+
+        Returns
+        -------
+        Ack
+            Resolves when every row is written (see the module notes).
+
+        Raises
+        ------
+        SchemaMismatchError
+            A batch does not fit the table (nothing of that batch is queued).
+        BackpressureTimeoutError
+            No room before ``timeout``.
+        ClosedError, WriterFailedError
+            The writer is closed or broken.
+        """
+        return await self._submit(Kind.PUT, data, timeout, schema)
+
+    def send_nowait(self, data: pa.RecordBatch | pa.Table) -> Ack:
+        """Queue in-memory rows at once, or fail at once when there is no room.
+
+        The ``send`` / ``send_nowait`` pair of anyio's memory streams: no
+        waiting, no checkpoint, the cheapest way to hand a writer many small
+        batches (check the returned ack later, or call :meth:`flush`).
+
+        Raises
+        ------
+        anyio.WouldBlock
+            The queue has no room for these rows now (nothing was queued).
+        SchemaMismatchError
+            The rows do not fit the table (nothing was queued).
+        TypeError
+            ``data`` is not a RecordBatch or Table; use :meth:`send`.
+        ClosedError, WriterFailedError, WrongEventLoopError
+            As :meth:`send`.
+        """
+        self._check_usable()
+        acc = self._parts()[0]
+        batches = acc.in_memory(data, self._fit.check)
+        if batches is None:
+            raise TypeError(
+                f"send_nowait takes a pyarrow RecordBatch or Table, not {type(data).__name__}; "
+                "use `await writer.send(...)` for other sources"
+            )
+        ack = Ack(self._loop)
+        acc.submit_nowait(batches, ack)
+        return ack
+
+    async def put(
+        self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
+    ) -> PutSummary:
+        """Write rows and wait until they are written (``await (await send(data))``).
+
+        Raises
+        ------
+        SchemaMismatchError, BackpressureTimeoutError, ClosedError, WriterFailedError
+            As :meth:`send`.
+        InvalidInputError
+            The engine rejected these rows (the writer stays usable).
+        """
+        ack = await self.send(data, timeout=timeout, schema=schema)
+        return await ack
+
+    async def put_stream(
+        self, stream: AsyncIterable[Any] | Iterable[Any], *, timeout: float | None = None
+    ) -> PutSummary:
+        """Drain a feed of batches through the queue and wait for all of it.
+
+        Memory stays bounded by the queue limits, whatever the feed's length:
+        each batch waits for room before it is queued.
+        """
+        return await self.put(stream, timeout=timeout)
+
+    async def delete(self, keys: Any, *, timeout: float | None = None) -> PutSummary:
+        """Delete rows by primary key, in order with the puts queued before it.
+
+        ``keys``: rows holding the primary-key column(s), other columns
+        ignored (a dict of columns works: ``{"id": [1, 2]}``). Returns a
+        :class:`PutSummary` with ``deletes`` = number of keys.
+        """
+        ack = await self._submit(Kind.DELETE, keys, timeout, None)
+        return await ack
+
+    # -- statistics ---------------------------------------------------------
+    def stats(self) -> WriterStats:
+        """Queue depth, engine puts, rows per put, ack latency (does not block).
+
+        The engine's own ``stats()`` / ``memtable_stats()`` are those read
+        after the last put; :meth:`engine_stats` reads them fresh.
+        """
+        return collect_stats(self._state, self._acc, self._committer)
+
+    async def engine_stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The engine's ``stats()`` and ``memtable_stats()``, read on a worker thread."""
+        if self._committer is None:
+            raise ClosedError(f"{self!r} is not open")
+        engine = self._committer.engine
+        return await run_sync(lambda: (engine.stats(), engine.memtable_stats()))
+
+    # -- read-your-writes: the reads are WriterReads's (reads.py) ------------------
+    def _engine_and_gate(self) -> tuple[Any, anyio.Lock]:
+        """The engine writer and its gate, for the LSM reads (open writers only)."""
+        if self._state not in (WriterState.OPEN, WriterState.FAILED):
+            raise ClosedError(f"{self!r} is not open")
+        if self._loop is not None:
+            self._loop.check(repr(self))
+        committer = self._parts()[1]
+        return committer.engine, committer.gate

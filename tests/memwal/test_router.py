@@ -1,0 +1,59 @@
+"""ShardRouter: rows split by shard, one writer per shard."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+import lance_async as la
+
+from ..helpers import KV_SCHEMA, kv_table
+from .support import mem_wal_table
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_shard_router_splits_rows_by_bucket(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
+    async with ds.shard_router() as router:
+        summary = await router.put(kv_table(range(100, 1_100), value=3))
+        assert summary.rows == 1_000
+        writers = router.writers
+        assert len(writers) == 4
+        assert summary.engine_puts == sum(w.stats().engine_puts for w in writers.values())
+        per_shard = {s: w.stats().rows for s, w in writers.items()}
+        assert sum(per_shard.values()) == 1_000 and min(per_shard.values()) > 100
+    snaps = await ds.shard_snapshots()
+    assert {s.shard_id for s in snaps} == set(writers)
+    table = await ds.lsm_scan(filter="id >= 100").to_table()
+    assert sorted(table.column("id").to_pylist()) == list(range(100, 1_100))
+    # the same value always routes to the same shard id
+    assert la.memwal.router.default_shard_id(1, 3) == la.memwal.router.default_shard_id(1, 3)
+
+
+async def test_shard_router_queues_nothing_of_an_in_memory_send_with_a_bad_row(
+    table_uri: str,
+) -> None:
+    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
+    good = kv_table(range(100, 10_100)).to_batches()[0]  # routed on a worker thread
+    bad = kv_table(range(20_000, 20_040)).to_batches()[0]
+    ids = bad.column(0).to_pylist()
+    ids[21] = None
+    bad = pa.record_batch(
+        [pa.array(ids, pa.int64()), bad.column(1), bad.column(2)], schema=KV_SCHEMA
+    )
+    async with ds.shard_router() as router:
+        with pytest.raises(la.SchemaMismatchError, match="batch 1"):
+            await router.send([good, bad])
+        assert all(w.stats().rows == 0 for w in router.writers.values())
+        summary = await router.put(good)  # the router stays usable
+        assert summary.rows == 10_000
+    table = await ds.lsm_scan(columns=["id"], filter="id >= 100").to_table()
+    assert sorted(table.column("id").to_pylist()) == list(range(100, 10_100))
+
+
+async def test_shard_router_needs_a_sharded_table(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    with pytest.raises(la.InvalidInputError, match="sharding"):
+        async with ds.shard_router():
+            pass
