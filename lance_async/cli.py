@@ -710,7 +710,7 @@ def serve(
 ) -> None:
     """Serve a directory of Lance tables over HTTP (the 'fastapi' extra)."""
     try:
-        from .serve import main as serve_main
+        from .web.server import main as serve_main
     except ImportError as exc:
         err.print(f"[red]error:[/red] {exc}; pip install 'lance-async[fastapi]'")
         raise typer.Exit(2) from None

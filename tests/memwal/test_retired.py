@@ -122,7 +122,7 @@ async def test_initialize_mem_wal_reads_the_latest_schema_and_state(table_uri: s
 async def test_the_example_server_derives_a_fresh_shard_after_an_overwrite(
     tmp_path: Path,
 ) -> None:
-    from lance_async.serve import discover_tables
+    from lance_async.web.server import discover_tables
 
     uri = str(tmp_path / "events.lance")
     ds = await mem_wal_table(uri)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING
@@ -21,26 +21,26 @@ from typing import TYPE_CHECKING
 import anyio
 import pyarrow as pa
 
-from ._http_bodies import FEED_BYTES, SLICE_ROWS, BodyBatches, _Spool
-from ._schema import TableFit, primary_key
-from ._threads import run_sync, stream_limiter
-from .errors import ConflictError, EmptyBodyError, PayloadTooLargeError
-from .merge import backoff_delay
-from .sources import replayable
+from .._schema import TableFit, primary_key
+from .._threads import run_sync, stream_limiter
+from ..errors import (
+    ConflictError,
+    EmptyBodyError,
+    PayloadTooLargeError,
+)
+from ..merge import backoff_delay
+from ..sources import replayable
+from .bodies import BodyBatches
+from .limits import FEED_BYTES, SLICE_ROWS
+from .spool import Spool
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from .dataset import AsyncDataset
-    from .memwal.acks import PutSummary
-    from .memwal.writer import AsyncShardWriter
-    from .merge import AsyncMergeInsertBuilder, MergeResult
+    from ..dataset import AsyncDataset
+    from ..memwal.acks import PutSummary
+    from ..memwal.writer import AsyncShardWriter
+    from ..merge import AsyncMergeInsertBuilder, MergeResult
 
 __all__ = ["ingest_body", "merge_body"]
-
-# ---------------------------------------------------------------------------
-# writes
-# ---------------------------------------------------------------------------
 
 
 async def merge_body(
@@ -220,7 +220,7 @@ async def ingest_body(
     if row_cap < 1 or byte_cap < 1:
         raise ValueError("max_rows and max_bytes must be >= 1")
     fit = TableFit(writer.schema, primary_key(writer.schema))
-    own = None if body.spooled else _Spool(spool_dir, SLICE_ROWS)
+    own = None if body.spooled else Spool(spool_dir, SLICE_ROWS)
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
     rows = 0

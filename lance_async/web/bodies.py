@@ -1,434 +1,58 @@
-"""HTTP bodies as Arrow record batches, with no web framework involved.
+"""Request bodies as Arrow record batches, with no web framework involved.
 
-Request bodies
---------------
 :class:`BodyBatches` turns the chunks of a request body (any async iterable of
 ``bytes``) into record batches checked against a table, incrementally: the
 body is never read whole, and nothing runs on anyio's default thread pool.
 
-* Arrow IPC: the loop cuts the stream into messages by their headers and
-  copies each message once, into an Arrow buffer of exactly its size (from
-  pyarrow's memory pool); worker threads turn whole messages into batches
-  (zero-copy). Messages are framed here rather than by
-  :class:`lance_async.formats.IpcStreamDecoder` so that a message passing a
-  limit is refused from its header, before its body is buffered, and so
-  that each message is copied once (the decoder's buffer copies it again).
+* Arrow IPC: the loop cuts the stream into messages with the one framer of
+  :mod:`lance_async.sources.ipc`, which copies each message once, into an
+  Arrow buffer of exactly its size, and refuses a message passing a limit
+  from its header, before its body is buffered; worker threads turn whole
+  messages into batches (zero-copy).
 * NDJSON and CSV: the loop collects chunks (about 1 MiB, cut after a newline)
-  and the incremental decoders of :mod:`lance_async.formats` parse them on
-  the library's ``stream`` worker threads.
+  and the incremental decoders of :mod:`lance_async.sources.decoders` parse
+  them on the library's ``stream`` worker threads.
 
-A body is a one-shot source (``SourceMode.STREAMING``).
-
-=====================================  ==========  =====================================
-media type                             format      body schema
-=====================================  ==========  =====================================
-application/vnd.apache.arrow.stream    ``ipc``     the stream's schema message
-application/vnd.apache.arrow.file      ``ipc``     (the file format is read as a stream)
-application/x-ndjson (jsonl, ndjson)   ``ndjson``  the keys of the first non-blank line
-text/csv                               ``csv``     the header line
-=====================================  ==========  =====================================
-
-The body schema is checked against the table before a single row moves:
-unknown, duplicated or (for IPC) retyped columns and missing required ones
-raise :class:`~lance_async.errors.SchemaMismatchError` naming the column.
-
-Limits (:class:`BodyLimits`): ``max_body_bytes`` (counted as bytes arrive,
-and checked against ``Content-Length`` first), ``max_batch_rows`` and
-``max_batch_bytes`` (an IPC message is refused as soon as its header
-arrives, before its body is buffered; a text record longer than the limit is
-refused too). Passing a limit raises :class:`PayloadTooLargeError`.
-
-Errors added here (all under :class:`~lance_async.errors.LanceAsyncError`)::
-
-    LanceAsyncError
-    ├── PayloadTooLargeError          a body limit was passed            (HTTP 413)
-    ├── UnsupportedMediaTypeError     no decoder for the Content-Type    (HTTP 415)
-    ├── NotAcceptableError            no encoder for the Accept header   (HTTP 406)
-    ├── SourceError
-    │   ├── SourceConsumedError
-    │   │   └── BodyConsumedError     someone read the body before us    (HTTP 400)
-    │   └── ClientDisconnectedError   the client left mid-body           (HTTP 499)
-    └── InvalidInputError
-        └── EmptyBodyError            no bytes or no rows                (HTTP 400)
-
-Writing bodies into Lance is in ``_http_writes.py``; response bodies are
-in ``_http_responses.py``.
+A body is a one-shot source (``SourceMode.STREAMING``); with ``spool=True``
+it is copied to a :class:`~lance_async.web.spool.Spool` as it is read, for
+replays. Media types, limits and the body-schema check are in ``limits.py``.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
-import tempfile
 from collections import deque
-from collections.abc import AsyncIterable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
 
 import anyio
 import pyarrow as pa
 
-from ._schema import conform_batch
-from ._threads import run_sync, stream_limiter
-from .errors import (
+from .._schema import conform_batch
+from .._threads import run_sync, stream_limiter
+from ..errors import (
     BodyConsumedError,
-    ClientDisconnectedError,
     DecodeError,
     EmptyBodyError,
-    NotAcceptableError,
     PayloadTooLargeError,
     SchemaMismatchError,
     SourceConsumedError,
     SourceError,
-    UnsupportedMediaTypeError,
 )
-from .sources import WriteSource, replayable
-from .sources.decoders import CsvDecoder, Decoder, NdjsonDecoder
-from .sources.ipc import IpcFramer
+from ..sources import WriteSource, replayable
+from ..sources.decoders import CsvDecoder, Decoder, NdjsonDecoder
+from ..sources.ipc import IpcFramer
+from .limits import (
+    FEED_BYTES,
+    SLICE_ROWS,
+    BodyLimits,
+    BodyStats,
+    body_schema,
+)
+from .spool import Spool
 
-if TYPE_CHECKING:
-    pass
-
-__all__ = [
-    "CSV",
-    "IPC_FILE",
-    "IPC_STREAM",
-    "NDJSON",
-    "BodyBatches",
-    "BodyConsumedError",
-    "BodyLimits",
-    "BodyStats",
-    "ClientDisconnectedError",
-    "EmptyBodyError",
-    "NotAcceptableError",
-    "PayloadTooLargeError",
-    "UnsupportedMediaTypeError",
-    "body_format",
-]
-
-IPC_STREAM = "application/vnd.apache.arrow.stream"
-IPC_FILE = "application/vnd.apache.arrow.file"
-NDJSON = "application/x-ndjson"
-CSV = "text/csv"
-
-#: Request media types and the decoder each one gets.
-MEDIA_TYPES: dict[str, str] = {
-    IPC_STREAM: "ipc",
-    IPC_FILE: "ipc",
-    NDJSON: "ndjson",
-    "application/ndjson": "ndjson",
-    "application/jsonl": "ndjson",
-    "application/x-jsonlines": "ndjson",
-    CSV: "csv",
-}
-#: Response media type of each encoder.
-RESPONSE_MEDIA_TYPES: dict[str, str] = {"ipc": IPC_STREAM, "ndjson": NDJSON}
-
-#: Bytes collected on the loop before they are handed to a decoder thread.
-FEED_BYTES = 1 << 20
-#: Rows per batch handed on by a body (larger batches are sliced, zero-copy):
-#: Lance's merge keeps a smaller working set with batches of this size.
-SLICE_ROWS = 8192
-#: A body spool keeps this many bytes of batches in memory before it moves to a file.
-SPOOL_MEMORY_BYTES = 4 << 20
-
-
-# ---------------------------------------------------------------------------
-# errors
-# ---------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------
-# limits, formats, statistics
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BodyLimits:
-    """Limits on request bodies.
-
-    Attributes
-    ----------
-    max_body_bytes : int
-        Bytes one body may hold (default 1 GiB). Checked against
-        ``Content-Length`` before reading and counted as bytes arrive.
-    max_batch_rows : int
-        Rows in one Arrow IPC record batch (default 262,144). Text bodies
-        (NDJSON, CSV) are never refused for it, since their client does not
-        choose batch sizes: every body is handed on in slices of at most
-        ``slice_rows`` rows (see :class:`BodyBatches`).
-    max_batch_bytes : int
-        Bytes of one Arrow IPC message, or of one text record (a line, or a
-        CSV row with quoted newlines), default 64 MiB. Also bounds what is
-        buffered while such a message or record is incomplete.
-    drain_bytes : int
-        After an early error response, how many more body bytes a server may
-        read and discard so the client sees the response (default 8 MiB; see
-        :class:`lance_async.fastapi.BodyDrainMiddleware`).
-    drain_timeout : float
-        Seconds that discarding may take (default 5).
-    body_start_timeout : float
-        Seconds the first body bytes may take to reach a handler that asks
-        for them (default 10; 0 waits forever). Past it the request fails
-        with :class:`BodyConsumedError` (HTTP 400): a middleware outside
-        :class:`lance_async.fastapi.BodyDrainMiddleware` may have read the
-        body (a server then never delivers it again), or the client stalled.
-        Only :func:`lance_async.fastapi.request_batches` applies it.
-
-    Raises
-    ------
-    ValueError
-        A limit below 1 (or a negative drain or start setting).
-    """
-
-    max_body_bytes: int = 1 << 30
-    max_batch_rows: int = 1 << 18
-    max_batch_bytes: int = 64 << 20
-    drain_bytes: int = 8 << 20
-    drain_timeout: float = 5.0
-    body_start_timeout: float = 10.0
-
-    def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_batch_rows", "max_batch_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.drain_bytes < 0 or self.drain_timeout < 0 or self.body_start_timeout < 0:
-            raise ValueError("drain_bytes, drain_timeout and body_start_timeout must be >= 0")
-
-
-@dataclass(frozen=True)
-class BodyStats:
-    """What a :class:`BodyBatches` has read so far.
-
-    Attributes
-    ----------
-    format : str
-        ``"ipc"``, ``"ndjson"`` or ``"csv"``.
-    bytes_received : int
-        Body bytes read from the client.
-    batches : int
-        Record batches decoded.
-    rows : int
-        Rows decoded.
-    complete : bool
-        True once the body ended and every row was decoded.
-    """
-
-    format: str
-    bytes_received: int
-    batches: int
-    rows: int
-    complete: bool
-
-
-def body_format(content_type: str | None) -> str:
-    """The decoder for a request's ``Content-Type`` header.
-
-    Parameters
-    ----------
-    content_type : str or None
-        The header value, parameters included (``text/csv; charset=utf-8``).
-
-    Returns
-    -------
-    str
-        ``"ipc"``, ``"ndjson"`` or ``"csv"``.
-
-    Raises
-    ------
-    UnsupportedMediaTypeError
-        A missing or unknown media type, or a text charset other than UTF-8.
-
-    Notes
-    -----
-    Does not block.
-    """
-    if not content_type:
-        raise UnsupportedMediaTypeError(
-            f"the request has no Content-Type; send one of {sorted(MEDIA_TYPES)}",
-            content_type=None,
-        )
-    media, _, params = content_type.partition(";")
-    media = media.strip().lower()
-    fmt = MEDIA_TYPES.get(media)
-    if fmt is None:
-        raise UnsupportedMediaTypeError(
-            f"cannot decode {media[:100]!r}; send one of {sorted(MEDIA_TYPES)}",
-            content_type=content_type,
-        )
-    for param in params.split(";"):
-        key, _, value = param.partition("=")
-        charset = value.strip().strip('"').lower()
-        if key.strip().lower() == "charset" and charset not in ("utf-8", "utf8", "us-ascii"):
-            raise UnsupportedMediaTypeError(
-                f"only UTF-8 text is accepted, got charset={charset[:40]!r}",
-                content_type=content_type,
-            )
-    return fmt
-
-
-def _body_schema(
-    table: pa.Schema,
-    names: Sequence[str],
-    types: pa.Schema | None,
-    required: Sequence[str],
-    all_columns: bool,
-) -> pa.Schema:
-    """The table's fields that the body holds, in table order (or raise)."""
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise SchemaMismatchError(
-                f"column {name[:64]!r} appears more than once in the body", field=name
-            )
-        seen.add(name)
-        if name not in table.names:
-            raise SchemaMismatchError(
-                f"the body has column {name[:64]!r}, which the table does not have "
-                f"(table columns: {table.names})",
-                field=name,
-            )
-        if types is not None:
-            body_type = types.field(name).type
-            table_type = table.field(name).type
-            if not body_type.equals(table_type):
-                raise SchemaMismatchError(
-                    f"column {name!r} is {body_type} in the body but {table_type} in the table",
-                    field=name,
-                )
-    wanted = list(table.names) if all_columns else list(required)
-    for name in wanted:
-        if name not in seen:
-            why = "every table column is needed here" if all_columns else "this write needs it"
-            raise SchemaMismatchError(f"the body lacks column {name!r} ({why})", field=name)
-    return pa.schema([f for f in table if f.name in seen], metadata=table.metadata)
-
-
-# ---------------------------------------------------------------------------
-# the replay spool
-# ---------------------------------------------------------------------------
-
-
-_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
-
-
-def _reshaped(
-    batches: Iterator[pa.RecordBatch], schema: pa.Schema, slice_rows: int
-) -> Iterator[pa.RecordBatch]:
-    """Batches in ``schema``'s column order and labels, sliced to ``slice_rows``."""
-    names = schema.names
-    for batch in batches:
-        shaped = batch if batch.schema.names == names else batch.select(names)
-        shaped = conform_batch(shaped, schema)
-        for start in range(0, shaped.num_rows, slice_rows):
-            yield shaped.slice(start, slice_rows)
-
-
-class _Spool:
-    """A copy of a body for replays: in memory, then in an Arrow IPC stream file.
-
-    An Arrow IPC body is spooled as the very messages that arrived (raw
-    bytes, written without re-encoding, which keeps the worker threads off the
-    GIL); a text body as its decoded batches. Blocking: every method runs on a
-    worker thread.
-    """
-
-    def __init__(
-        self, directory: str | None, slice_rows: int, memory_bytes: int = SPOOL_MEMORY_BYTES
-    ) -> None:
-        self._directory = directory
-        self._slice_rows = slice_rows
-        self._memory_bytes = memory_bytes
-        self._messages: list[pa.Buffer] = []
-        self._batches: list[pa.RecordBatch] = []
-        self._held = 0
-        self._path: str | None = None
-        self._raw: Any = None  # a binary file taking raw IPC messages
-        self._file: Any = None  # an Arrow file taking decoded batches
-        self._writer: Any = None
-        self.nbytes = 0
-
-    def _create(self) -> str:
-        fd, path = tempfile.mkstemp(
-            prefix="lance_async-body-", suffix=".arrows", dir=self._directory
-        )
-        os.close(fd)
-        self._path = path
-        return path
-
-    def add_messages(self, messages: Sequence[pa.Buffer]) -> None:
-        """Keep raw IPC messages (the schema message first)."""
-        self.nbytes += sum(m.size for m in messages)
-        if self._raw is None:
-            self._messages.extend(messages)
-            self._held += sum(m.size for m in messages)
-            if self._held <= self._memory_bytes:
-                return
-            self._raw = open(self._create(), "wb", buffering=0)  # noqa: SIM115 - kept open
-            messages, self._messages, self._held = self._messages, [], 0
-        for message in messages:
-            self._raw.write(memoryview(message))
-
-    def add_batches(self, schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> None:
-        """Keep decoded batches (text bodies)."""
-        self.nbytes += sum(b.nbytes for b in batches)
-        if self._writer is None:
-            self._batches.extend(batches)
-            self._held += sum(b.nbytes for b in batches)
-            if self._held <= self._memory_bytes:
-                return
-            self._file = pa.OSFile(self._create(), "wb")
-            self._writer = pa.ipc.new_stream(self._file, schema)
-            batches, self._batches, self._held = self._batches, [], 0
-        for batch in batches:
-            self._writer.write_batch(batch)
-
-    def seal(self) -> None:
-        if self._raw is not None:
-            self._raw.write(_EOS)
-            self._raw.close()
-            self._raw = None
-        if self._writer is not None:
-            self._writer.close()
-            self._file.close()
-            self._writer = None
-
-    def factory(self, schema: pa.Schema) -> Callable[[], Iterator[pa.RecordBatch]]:
-        """A replay: every batch again, shaped like the body's batches."""
-        path, rows = self._path, self._slice_rows
-        messages, batches = list(self._messages), list(self._batches)
-
-        def read() -> Iterator[pa.RecordBatch]:
-            if path is not None:
-                with pa.OSFile(path, "rb") as f:
-                    yield from _reshaped(iter(pa.ipc.open_stream(f)), schema, rows)
-            elif messages:
-                stream = pa.BufferReader(pa.py_buffer(b"".join(map(memoryview, messages))))
-                yield from _reshaped(iter(pa.ipc.open_stream(stream)), schema, rows)
-            else:
-                yield from batches
-
-        return read
-
-    def discard(self) -> None:
-        try:
-            self.seal()
-        finally:
-            self._messages = []
-            self._batches = []
-            if self._path is not None:
-                try:
-                    os.unlink(self._path)
-                except FileNotFoundError:
-                    pass
-                self._path = None
-
-
-# ---------------------------------------------------------------------------
-# BodyBatches
-# ---------------------------------------------------------------------------
+__all__ = ["BodyBatches"]
 
 
 class BodyBatches:
@@ -502,7 +126,7 @@ class BodyBatches:
         self._required = list(required_columns)
         self._all_columns = all_columns
         self._content_length = content_length
-        self._spool = _Spool(spool_dir, self._slice_rows) if spool else None
+        self._spool = Spool(spool_dir, self._slice_rows) if spool else None
         self._schema: pa.Schema | None = None
         self._framer = (
             IpcFramer(
@@ -820,7 +444,7 @@ class BodyBatches:
                 if self._stream_schema is not None:
                     raise DecodeError("the IPC stream holds a second schema message")
                 stream_schema = pa.ipc.read_schema(message)
-                self._schema = _body_schema(
+                self._schema = body_schema(
                     self._table,
                     stream_schema.names,
                     stream_schema,
@@ -898,7 +522,7 @@ class BodyBatches:
                 if len(self._head) > self._limits.max_batch_bytes:
                     raise self._record_too_large(len(self._head))
                 return []
-            self._schema = _body_schema(self._table, names, None, self._required, self._all_columns)
+            self._schema = body_schema(self._table, names, None, self._required, self._all_columns)
             if self._format == "csv":
                 self._decoder = CsvDecoder(self._schema)
             else:

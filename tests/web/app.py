@@ -1,12 +1,12 @@
 """The example app with test-only hooks, run by tests/test_fastapi.py in a subprocess.
 
-    python -m tests.fastapi_app --root DIR [--strict] [--spool-dir DIR]
+    python -m tests.web.app --root DIR [--strict] [--spool-dir DIR]
                                 [--threads ENGINE,STREAM,READER]
 
 It listens on an ephemeral port of 127.0.0.1 and prints ``PORT <n>`` once the
 socket is bound (``GET /health`` answers once startup is done).
 
-Test-only hooks, on top of :func:`lance_async.serve.create_app`:
+Test-only hooks, on top of :func:`lance_async.web.server.create_app`:
 
 * anyio's default thread limiter -- the pool Starlette runs sync endpoints
   in -- is shrunk to 2 threads, and ``GET /sync-probe`` is a sync endpoint
@@ -52,7 +52,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lance_async import ThreadLimits
 from lance_async.fastapi import BodyLimits
-from lance_async.serve import create_app
+from lance_async.web.server import create_app
 
 DEFAULT_POOL_THREADS = 2
 

@@ -1,7 +1,6 @@
 """The example app: Lance tables behind FastAPI, runnable with one command.
 
-Run it with ``python -m lance_async.serve --root DIR`` (or ``lance-async
-serve`` where the CLI wires it in). Needs the ``fastapi`` extra.
+Run it with ``lance-async serve --root DIR``. Needs the ``fastapi`` extra.
 
 Tables
 ------
@@ -65,10 +64,11 @@ from typing import Annotated, Any
 import pyarrow as pa
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
-from ._threads import ThreadLimits, run_sync, stream_limiter
-from .dataset import open_dataset
-from .errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
-from .fastapi import (
+from .._threads import ThreadLimits, run_sync, stream_limiter
+from ..dataset import open_dataset
+from ..errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
+from ..memwal.retired import current_epoch, derived_shard_id
+from . import (
     BatchStreamResponse,
     BodyBatches,
     BodyLimits,
@@ -88,7 +88,6 @@ from .fastapi import (
     request_batches,
     scan_response,
 )
-from .memwal.retired import current_epoch, derived_shard_id
 
 __all__ = ["create_app", "discover_tables", "main", "shard_id_for"]
 

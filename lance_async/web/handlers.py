@@ -1,0 +1,120 @@
+"""Errors as HTTP responses: statuses, JSON payloads and the exception handlers."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..errors import (
+    BackpressureTimeoutError,
+    BodyConsumedError,
+    ClientDisconnectedError,
+    ClosedError,
+    ConflictError,
+    DatasetNotFoundError,
+    EmptyBodyError,
+    FilterError,
+    InvalidInputError,
+    LanceAsyncError,
+    NoShardWriterError,
+    NotAcceptableError,
+    PayloadTooLargeError,
+    SourceError,
+    UnknownTableError,
+    UnsupportedMediaTypeError,
+    WriterFailedError,
+)
+from .responses import dumps_json
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+__all__ = ["error_payload", "http_status", "install_error_handlers", "lance_error_handler"]
+
+log = logging.getLogger("lance_async")
+
+_STATUS: tuple[tuple[type[BaseException], int], ...] = (
+    (PayloadTooLargeError, 413),
+    (UnsupportedMediaTypeError, 415),
+    (NotAcceptableError, 406),
+    (ClientDisconnectedError, 499),
+    (BodyConsumedError, 400),
+    (EmptyBodyError, 400),
+    (FilterError, 400),
+    (UnknownTableError, 404),
+    (DatasetNotFoundError, 404),
+    (NoShardWriterError, 409),
+    (ConflictError, 409),
+    (BackpressureTimeoutError, 503),
+    (WriterFailedError, 503),
+    (ClosedError, 503),
+    (InvalidInputError, 422),
+    (SourceError, 400),
+)
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status for a lance_async error (500 for anything unknown).
+
+    ======================================================  ======
+    error                                                   status
+    ======================================================  ======
+    PayloadTooLargeError                                    413
+    UnsupportedMediaTypeError                               415
+    NotAcceptableError                                      406
+    ClientDisconnectedError                                 499
+    BodyConsumedError, EmptyBodyError, FilterError          400
+    UnknownTableError, DatasetNotFoundError                 404
+    NoShardWriterError, ConflictError, ContentionError      409
+    BackpressureTimeoutError, WriterFailedError, Closed...  503
+    SchemaMismatchError, DecodeError, InvalidInputError     422
+    other SourceError                                       400
+    ======================================================  ======
+    """
+    for kind, status in _STATUS:
+        if isinstance(exc, kind):
+            return status
+    return 500
+
+
+def error_payload(exc: BaseException) -> dict[str, Any]:
+    """The JSON body for an error: ``detail``, ``error`` and, when set, ``field``,
+    ``limit``, ``maximum``, ``actual``, ``filter`` and ``retryable``."""
+    payload: dict[str, Any] = {"detail": str(exc), "error": type(exc).__name__}
+    for attr in ("field", "limit", "maximum", "actual", "filter"):
+        value = getattr(exc, attr, None)
+        if value is not None:
+            payload[attr] = value
+    if getattr(exc, "retryable", False):
+        payload["retryable"] = True
+    return payload
+
+
+async def lance_error_handler(request: Request, exc: Exception) -> Response:
+    """Exception handler: a lance_async error as a JSON response (see :func:`http_status`).
+
+    Retryable errors and 503s carry ``Retry-After: 1``.
+    """
+    status = http_status(exc)
+    if status == 499:
+        log.info("lance_async: %s %s: %s", request.method, request.url.path, exc)
+    elif status >= 500:
+        log.error("lance_async: %s %s failed: %r", request.method, request.url.path, exc)
+    headers = {}
+    if status == 503 or getattr(exc, "retryable", False):
+        headers["Retry-After"] = "1"
+    return Response(
+        dumps_json(error_payload(exc)),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def install_error_handlers(app: Starlette) -> None:
+    """Answer every :class:`~lance_async.LanceAsyncError` with
+    :func:`lance_error_handler` (a JSON body and the status of :func:`http_status`)."""
+    app.add_exception_handler(LanceAsyncError, lance_error_handler)
