@@ -1,0 +1,187 @@
+"""The table commands: ``merge``, ``init-wal``, ``compact``, ``info``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from ..dataset import AsyncDataset, open_dataset
+from ..sources.files import file_source
+from .common import (
+    Writes,
+    app,
+    check_columns,
+    count,
+    err,
+    format_of,
+    out,
+    progress_bar,
+    run_command,
+)
+
+
+@app.command()
+def merge(
+    source: str = typer.Argument(..., help="A file (ndjson, csv, ipc)."),
+    table_uri: str = typer.Argument(..., help="The Lance table."),
+    on: list[str] = typer.Option(None, "--on", help="Join column(s); default the primary key."),
+    format: str | None = typer.Option(None, "--format", "-f", help="ndjson, csv or ipc."),
+) -> None:
+    """Upsert SOURCE into TABLE_URI (conflicts are retried by re-reading the file)."""
+    if not os.path.exists(source):
+        err.print(f"[red]error:[/red] no such file: {source}")
+        raise typer.Exit(2)
+
+    async def run() -> Any:
+        ds = await open_dataset(table_uri)
+        keys = on or ds.primary_key
+        if not keys:
+            raise typer.BadParameter(
+                "the table has no primary key; name the join column(s)", param_hint="'--on'"
+            )
+        check_columns(ds, keys, "--on")
+        schema = ds.schema
+        fmt = format or format_of(source)
+        if fmt in ("ndjson", "csv"):
+            src = file_source(source, format=fmt, schema=schema)
+        else:
+            src = file_source(source, format=fmt)
+        with progress_bar() as progress:
+            progress.add_task(f"merge {Path(source).name}", total=None)
+            return await (
+                ds.merge_insert(keys)
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute(src)
+            )
+
+    result = run_command(run, Writes())  # a merge commits all or nothing
+    out.print(
+        f"inserted {result.num_inserted_rows:,}, updated {result.num_updated_rows:,}, "
+        f"deleted {result.num_deleted_rows:,} rows in {result.num_attempts} attempt(s); "
+        f"version {result.version}"
+    )
+
+
+@app.command(name="init-wal")
+def init_wal(
+    table_uri: str = typer.Argument(..., help="The Lance table."),
+    bucket_column: str | None = typer.Option(None, "--bucket-column", help="Hash-bucket shards."),
+    num_buckets: int | None = typer.Option(None, "--num-buckets", help="With --bucket-column."),
+    identity_column: str | None = typer.Option(
+        None, "--identity-column", help="A shard per value."
+    ),
+    no_durable: bool = typer.Option(False, "--no-durable", help="Writers ack before fsync."),
+) -> None:
+    """Initialize TABLE_URI's MemWAL (once), so rows can be ingested into it."""
+    if (bucket_column is None) != (num_buckets is None):
+        raise typer.BadParameter(
+            "--bucket-column and --num-buckets go together", param_hint="'--num-buckets'"
+        )
+    if num_buckets is not None and num_buckets < 1:
+        raise typer.BadParameter(f"must be >= 1, got {num_buckets}", param_hint="'--num-buckets'")
+
+    async def run() -> dict[str, Any] | None:
+        ds = await open_dataset(table_uri)
+        if bucket_column:
+            check_columns(ds, [bucket_column], "--bucket-column")
+        if identity_column:
+            check_columns(ds, [identity_column], "--identity-column")
+        options: dict[str, Any] = {}
+        if bucket_column or num_buckets:
+            options.update(bucket_column=bucket_column, num_buckets=num_buckets)
+        if identity_column:
+            options["identity_column"] = identity_column
+        if no_durable:
+            options["durable_write"] = False
+        await ds.initialize_mem_wal(**options)
+        return await ds.mem_wal_index_details()
+
+    details = run_command(run) or {}
+    specs = details.get("sharding_specs") or []
+    kind = specs[0]["fields"][0]["transform"] if specs else "manual shards (--shard per writer)"
+    out.print(f"MemWAL initialized on {table_uri}: {kind}")
+
+
+@app.command()
+def compact(
+    table_uri: str = typer.Argument(..., help="The Lance table."),
+) -> None:
+    """Merge the MemWAL's flushed generations into TABLE_URI's base table."""
+
+    async def run() -> Any:
+        ds = await open_dataset(table_uri)
+        with progress_bar() as progress:
+            progress.add_task("compact", total=None)
+            return await ds.compact_mem_wal()
+
+    result = run_command(run)
+    gens = sum(len(g) for g in result.generations.values())
+    out.print(
+        f"compacted {count(gens, 'generation')} from {count(len(result.generations), 'shard')}: "
+        f"{result.rows_upserted:,} rows upserted, {result.rows_deleted:,} deleted; "
+        f"version {result.version}"
+    )
+
+
+async def _info(ds: AsyncDataset) -> dict[str, Any]:
+    versions = await ds.versions()
+    details = await ds.mem_wal_index_details()
+    snaps = await ds.shard_snapshots()
+    return {
+        "uri": ds.uri,
+        "version": ds.version,
+        "versions": len(versions),
+        "rows": await ds.count_rows(),
+        "schema": [
+            f"{f.name}: {f.type}{' (key)' if f.name in ds.primary_key else ''}" for f in ds.schema
+        ],
+        "mem_wal": details is not None,
+        "shards": [
+            {
+                "shard_id": s.shard_id,
+                "current_generation": s.current_generation,
+                "flushed_generations": [g for g, _ in s.sstables],
+                "compacted_through": s.compacted_generation,
+            }
+            for s in snaps
+        ],
+    }
+
+
+@app.command()
+def info(
+    table_uri: str = typer.Argument(..., help="The Lance table."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Versions, rows, MemWAL shards and generations of TABLE_URI."""
+
+    async def run() -> dict[str, Any]:
+        return await _info(await open_dataset(table_uri))
+
+    data = run_command(run)
+    if as_json:
+        out.print_json(json.dumps(data))
+        return
+    out.print(f"[bold]{data['uri']}[/bold]  version {data['version']} of {data['versions']}")
+    out.print(f"rows: {data['rows']:,}")
+    out.print("schema: " + ", ".join(data["schema"]))
+    if not data["mem_wal"]:
+        out.print("MemWAL: not initialized")
+        return
+    table = Table("shard", "current generation", "flushed (not compacted)", "compacted through")
+    table.columns[0].no_wrap = True
+    table.columns[0].min_width = 36
+    for s in data["shards"]:
+        table.add_row(
+            s["shard_id"],
+            str(s["current_generation"]),
+            ", ".join(map(str, s["flushed_generations"])) or "-",
+            str(s["compacted_through"]),
+        )
+    out.print(table)

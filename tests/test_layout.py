@@ -1,0 +1,158 @@
+"""The package's layout: imports run one way, no import loops, modules of one job.
+
+Read from the source with ``ast``, so the test sees every import that runs:
+module-level and function-level, but not those under ``if TYPE_CHECKING:``
+(types only, never executed).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import lance_async
+
+ROOT = Path(lance_async.__file__).parent
+PACKAGE = "lance_async"
+
+#: Lower layers never import higher ones. A module's layer is the first entry
+#: whose name is a prefix of it (most specific first).
+LAYERS: list[tuple[str, int]] = [
+    ("lance_async.errors", 0),
+    ("lance_async._threads", 0),
+    ("lance_async._loop", 0),
+    ("lance_async._schema", 0),
+    ("lance_async.sources", 1),
+    ("lance_async.merge", 2),
+    ("lance_async.memwal", 2),
+    ("lance_async.dataset", 3),
+    ("lance_async.feeds", 4),
+    ("lance_async.web", 5),
+    ("lance_async.fastapi", 5),
+    ("lance_async.demo", 5),
+    ("lance_async.cli", 6),
+    ("lance_async.__main__", 6),
+    ("lance_async", 7),  # the public API re-exports everything (lazily)
+]
+
+MAX_MODULE_LINES = 700
+MAX_WRITER_CLASS_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def runtime_imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that ``name`` imports when it runs."""
+    is_package = path.name == "__init__.py"
+    base = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith(PACKAGE):
+                    found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                target = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith(PACKAGE):
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    found.add(sub if sub in known else target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    # a submodule's own packages are being imported already: not an edge
+    return {m for m in found if m in known and not name.startswith(m + ".") and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: runtime_imports(name, path, known) for name, path in mods.items()}
+
+
+def layer(name: str) -> int:
+    for prefix, level in LAYERS:
+        if name == prefix or name.startswith(prefix + "."):
+            return level
+    raise AssertionError(f"{name} has no layer in tests/test_layout.py")
+
+
+def test_no_import_loops_at_run_time() -> None:
+    edges = graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                loop = [*stack[stack.index(nxt) :], nxt]
+                raise AssertionError("import loop: " + " -> ".join(loop))
+            if nxt not in state:
+                dfs(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            dfs(node)
+
+
+def test_imports_run_downward() -> None:
+    wrong = [
+        f"{name} (layer {layer(name)}) imports {dep} (layer {layer(dep)})"
+        for name, deps in graph().items()
+        for dep in deps
+        if layer(dep) > layer(name)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_memwal_and_merge_take_the_dataset_as_an_argument() -> None:
+    for name, deps in graph().items():
+        if name.startswith(("lance_async.memwal", "lance_async.merge", "lance_async.sources")):
+            assert "lance_async.dataset" not in deps, name
+
+
+def test_modules_stay_small() -> None:
+    big = {
+        name: n
+        for name, path in modules().items()
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not big, big
+
+
+def test_the_writer_class_holds_only_its_api() -> None:
+    tree = ast.parse((ROOT / "memwal" / "writer.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "AsyncShardWriter")
+    assert cls.end_lineno is not None
+    assert cls.end_lineno - cls.lineno + 1 <= MAX_WRITER_CLASS_LINES
