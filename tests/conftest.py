@@ -11,6 +11,9 @@ import pytest
 
 from .helpers import KV_SCHEMA, kv_table  # noqa: F401  (re-exported for tests)
 
+#: The S3 (moto) and Kafka (Tansu) servers the tests start themselves.
+pytest_plugins = ["tests.services"]
+
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:

@@ -1,4 +1,3 @@
-# ruff: noqa: F811
 """Smoke tests of the services in ``tests/services.py``, with the real clients.
 
 * pylance 14 on moto, configured by ``storage_options`` alone: write,
@@ -24,15 +23,10 @@ import pyarrow.fs as pafs
 import pytest
 from lance.mem_wal import LsmScanner, ShardSnapshot
 
-# The fixtures are imported (hence F811 on the test parameters) until the
-# top-level conftest registers the module with pytest_plugins = ["tests.services"].
-from .services import (  # noqa: F401
+from .services import (
     FAST_GROUP,
     S3Bucket,
     create_topic,
-    kafka_bootstrap,
-    s3_bucket,
-    s3_endpoint,
     unique_name,
 )
 
