@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
 import lance
@@ -33,6 +33,7 @@ from .memwal import retired
 from .memwal.compaction import compact_mem_wal
 from .memwal.reads import lsm_point_lookup, lsm_scan
 from .memwal.router import ShardRouter
+from .memwal.sharding import Sharding, read_sharding, sharding_options
 from .memwal.snapshots import shard_snapshots
 from .memwal.vector import lsm_vector_search
 from .memwal.writer import AsyncShardWriter
@@ -332,9 +333,20 @@ class AsyncDataset:
         return AsyncMergeInsertBuilder(self, on)
 
     # -- MemWAL ---------------------------------------------------------------
-    async def initialize_mem_wal(self, **options: Any) -> AsyncDataset:
+    async def initialize_mem_wal(
+        self, *, manual_shards: bool = False, **options: Any
+    ) -> AsyncDataset:
         """Enable the MemWAL (``LanceDataset.initialize_mem_wal``, every pylance 14
         argument accepted); returns ``self`` at the new version.
+
+        Every key must have one shard (Lance's MemWAL spec), so the MemWAL
+        gets a sharding spec: with no sharding option, bucket sharding on the
+        (first) primary-key column into
+        :data:`~lance_async.memwal.sharding.DEFAULT_NUM_BUCKETS` buckets.
+        Pass ``bucket_column=`` and ``num_buckets=``, ``identity_column=`` or
+        ``unsharded=True`` to choose, or ``manual_shards=True`` for pylance's
+        manual mode (shard ids are then the callers' to choose, and keeping
+        every key in one shard is theirs too; see ``docs/sharding.md``).
 
         Shard folders left by an earlier MemWAL of this table (pylance keeps
         them when a table is overwritten) are retired first, in a commit of
@@ -352,8 +364,19 @@ class AsyncDataset:
         ValueError
             Conflicting sharding options (raised by pylance).
         """
-        await self._mutate(lambda d: retired.initialize_mem_wal(d, options))
+        chosen = sharding_options(self.schema, options, manual_shards)
+        await self._mutate(lambda d: retired.initialize_mem_wal(d, chosen))
         return self
+
+    async def sharding(self) -> Sharding:
+        """How the MemWAL maps rows to shards (:class:`~lance_async.memwal.sharding.Sharding`).
+
+        Raises
+        ------
+        InvalidInputError
+            No MemWAL is initialized.
+        """
+        return await read_sharding(self)
 
     async def mem_wal_index_details(self) -> dict[str, Any] | None:
         """The MemWAL index details (shards, specs, writer defaults) or None."""
@@ -361,16 +384,31 @@ class AsyncDataset:
         details = await _engine(self._ds.mem_wal_index_details)
         return dict(details) if details is not None else None
 
-    def mem_wal_writer(self, shard_id: str, **options: Any) -> AsyncShardWriter:
-        """A writer for one MemWAL shard; use it as ``async with``.
+    @overload
+    def mem_wal_writer(self, shard_id: None = None, **options: Any) -> ShardRouter: ...
 
-        See :class:`~lance_async.AsyncShardWriter` for the options.
+    @overload
+    def mem_wal_writer(self, shard_id: str, **options: Any) -> AsyncShardWriter: ...
+
+    def mem_wal_writer(
+        self, shard_id: str | None = None, **options: Any
+    ) -> AsyncShardWriter | ShardRouter:
+        """A MemWAL writer; use it as ``async with``.
+
+        With no ``shard_id``: a :class:`~lance_async.ShardRouter`, which puts
+        every row in its own shard (by the table's sharding spec) through one
+        writer per shard, opened lazily. This is the writer to use unless
+        shards are divided among processes. With a ``shard_id``: an
+        :class:`~lance_async.AsyncShardWriter` of that one shard, which refuses
+        rows of other shards (:class:`~lance_async.errors.WrongShardError`).
+        ``options`` are the writer's (see :class:`~lance_async.AsyncShardWriter`).
         """
-
+        if shard_id is None:
+            return ShardRouter(self, **options)
         return AsyncShardWriter(self, shard_id, **options)
 
     def shard_router(self, **options: Any) -> ShardRouter:
-        """A router feeding one writer per shard of a sharded table (``async with``)."""
+        """The routing writer, as ``mem_wal_writer()`` with no shard id (``async with``)."""
 
         return ShardRouter(self, **options)
 

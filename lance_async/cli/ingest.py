@@ -18,7 +18,6 @@ from .. import errors
 from .._threads import run_sync, stream_limiter
 from ..dataset import open_dataset
 from ..feeds import Feed, IngestStats, IterableFeed, ingest
-from ..memwal.retired import current_epoch, derived_shard_id
 from ..sources.decoders import make_decoder
 from ..sources.files import file_source
 from .common import (
@@ -125,8 +124,9 @@ def ingest_cmd(
     shard: str | None = typer.Option(
         None,
         "--shard",
-        help="Shard UUID. Default: derived from SOURCE, so ingesting the same source again "
-        "reuses its shard (and replays its WAL); two ingests at once need two shards.",
+        help="Write only this shard (UUID); rows of other shards are refused. Default: every "
+        "row goes to its own shard by the table's sharding spec (a table with manual shards: "
+        "to lance_async's one default shard).",
     ),
     follow: bool = typer.Option(False, "--follow", help="Keep following a growing file."),
     validate: bool = typer.Option(
@@ -166,19 +166,20 @@ def ingest_cmd(
         ds = await open_dataset(table_uri)
         if await ds.mem_wal_index_details() is None:
             raise errors.InvalidInputError(
-                f"{table_uri} has no MemWAL; initialize it first (AsyncDataset.initialize_mem_wal)"
+                f"{table_uri} has no MemWAL; initialize it first: lance-async init-wal {table_uri}"
             )
+        sharding = await ds.sharding()
         shard_id = shard
-        if shard_id is None:  # one shard per source, fresh for each MemWAL epoch
-            epoch = await current_epoch(ds)
-            shard_id = derived_shard_id(uuid.NAMESPACE_URL, f"lance-async-ingest:{source}", epoch)
+        if shard_id is None and not sharding.sharded:
+            shard_id = sharding.default_shard()
+        target = "every shard by key" if shard_id is None else f"shard {shard_id}"
         if is_file and validate:
             await _validate_file(source, format, ds.schema)
         feed_or_cm = _open_feed(source, format, ds.schema, follow)
         if hasattr(feed_or_cm, "__await__"):
             feed_or_cm = await feed_or_cm
         with progress_bar() as progress:
-            task = progress.add_task(f"ingest into shard {shard_id[:8]}", total=None)
+            task = progress.add_task("ingest", total=None)
 
             def tick(stats: IngestStats) -> None:
                 progress.update(task, completed=stats.rows)
@@ -188,15 +189,15 @@ def ingest_cmd(
                 writes.started = True
                 try:
                     stats = await ingest(feed, writer, idle_timeout=idle_timeout, on_progress=tick)
-                    return shard_id, stats
+                    return target, stats
                 finally:
                     with anyio.CancelScope(shield=True):
                         await feed.aclose()
 
-    shard_id, stats = run_command(run, writes)
+    target, stats = run_command(run, writes)
     out.print(
         f"ingested {count(stats.rows, 'row')} from "
         f"{count(stats.messages, 'chunk' if is_file else 'message')} into "
-        f"shard {shard_id} in {stats.seconds:.1f} s; "
+        f"{target} in {stats.seconds:.1f} s; "
         f"{count(stats.dead_letters, 'dead letter')}"
     )
