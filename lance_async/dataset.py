@@ -30,6 +30,7 @@ from ._schema import primary_key
 from ._threads import run_sync
 from .errors import DatasetNotFoundError, SchemaMismatchError, raise_mapped
 from .memwal import retired
+from .memwal.check import ShardCheck, check_shards
 from .memwal.compaction import compact_mem_wal
 from .memwal.reads import lsm_point_lookup, lsm_scan
 from .memwal.router import ShardRouter
@@ -88,10 +89,16 @@ class AsyncDataset:
     ----------
     dataset : lance.LanceDataset
         The pylance dataset to wrap (not copied).
+    storage_options : dict, optional
+        The object-store options it was opened with; every file lance_async
+        reads itself (MemWAL manifests, generations) is read with them.
     """
 
-    def __init__(self, dataset: LanceDataset) -> None:
+    def __init__(
+        self, dataset: LanceDataset, *, storage_options: Mapping[str, str] | None = None
+    ) -> None:
         self._ds = dataset
+        self._storage_options = dict(storage_options) if storage_options else None
 
     def __repr__(self) -> str:
         return f"<AsyncDataset {self.uri!r} version={self.version}>"
@@ -106,6 +113,11 @@ class AsyncDataset:
     def uri(self) -> str:
         """The dataset's URI."""
         return str(self._ds.uri)
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        """The object-store options the dataset was opened with (a copy), or None."""
+        return dict(self._storage_options) if self._storage_options else None
 
     @property
     def version(self) -> int:
@@ -140,7 +152,10 @@ class AsyncDataset:
             No such version.
         """
         try:
-            return AsyncDataset(await _engine(lambda: self._ds.checkout_version(version)))
+            return AsyncDataset(
+                await _engine(lambda: self._ds.checkout_version(version)),
+                storage_options=self._storage_options,
+            )
         except DatasetNotFoundError as exc:
             raise DatasetNotFoundError(
                 f"the Lance dataset at {self.uri!r} has no version {version!r}"
@@ -368,6 +383,11 @@ class AsyncDataset:
         await self._mutate(lambda d: retired.initialize_mem_wal(d, chosen))
         return self
 
+    async def check_shards(self) -> ShardCheck:
+        """Find keys in more than one shard, or in the wrong shard (see
+        :func:`lance_async.memwal.check.check_shards`)."""
+        return await check_shards(self)
+
     async def sharding(self) -> Sharding:
         """How the MemWAL maps rows to shards (:class:`~lance_async.memwal.sharding.Sharding`).
 
@@ -524,7 +544,7 @@ async def open_dataset(
         )
 
     try:
-        return AsyncDataset(await _engine(work))
+        return AsyncDataset(await _engine(work), storage_options=storage_options)
     except DatasetNotFoundError as exc:
         if version is not None and await anyio.Path(path, "_versions").is_dir():
             raise DatasetNotFoundError(
@@ -602,4 +622,4 @@ async def write_dataset(
                 raise_mapped(exc)
             raise
     await anyio.lowlevel.checkpoint()
-    return AsyncDataset(written)
+    return AsyncDataset(written, storage_options=lance_kwargs.get("storage_options"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ import typer
 from rich.table import Table
 
 from ..dataset import AsyncDataset, open_dataset
+from ..memwal.check import ShardCheck
 from ..memwal.sharding import DEFAULT_NUM_BUCKETS, Sharding
 from ..sources.files import file_source
 from .common import (
@@ -224,3 +226,40 @@ def info(
             str(s["compacted_through"]),
         )
     out.print(table)
+
+
+@app.command()
+def check(
+    table_uri: str = typer.Argument(..., help="The Lance table."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Find keys in more than one MemWAL shard (exit 1 when there are any).
+
+    Reads the flushed, not yet compacted generations of every shard; close
+    the writers first so their memtables are flushed.
+    """
+
+    async def run() -> ShardCheck:
+        return await (await open_dataset(table_uri)).check_shards()
+
+    report = run_command(run)
+    if as_json:
+        out.print_json(json.dumps(dataclasses.asdict(report) | {"ok": report.ok}, default=str))
+    else:
+        out.print(
+            f"{report.shards} shard(s), {report.generations} flushed generation(s), "
+            f"{report.rows:,} rows read ({report.sharding} sharding): "
+            f"{report.split_keys:,} key(s) in more than one shard, "
+            f"{report.misplaced_keys:,} in the wrong shard"
+        )
+        for example in report.examples:
+            where = ", ".join(example["shards"])
+            expected = f" (belongs to {example['expected']})" if example["expected"] else ""
+            out.print(f"  key {example['key']!r}: shard {where}{expected}")
+        if report.compacted_shards:
+            err.print(
+                f"note: {report.compacted_shards} shard(s) have generations compacted already; "
+                "their rows are in the base table and were not checked"
+            )
+    if not report.ok:
+        raise typer.Exit(1)
