@@ -1,4 +1,5 @@
-"""The ``worker`` command: one of N replicas ingesting a partitioned feed into one table."""
+"""The scale-out commands: ``worker`` (one of N replicas ingesting a partitioned feed) and
+``repartition`` (a feed's rows republished to their partitions)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,23 @@ import signal
 import socket
 import sys
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import anyio
 import typer
 
 from .. import errors
 from ..cluster import (
-    NatsLeaseTable,
-    NatsPartitions,
-    RedisLeaseTable,
-    RedisPartitions,
     Worker,
     WorkerStats,
 )
 from ..cluster.partitions import Partitioner
+from ..cluster.repartition import RepartitionWriter
 from ..dataset import open_dataset
+from ..feeds import ingest
 from .common import app, err, out, run_command
+from .feeds import open_feed, open_partitioned, open_publisher
 
-__all__ = ["worker"]
+__all__ = ["repartition", "worker"]
 
 
 def _line(stats: WorkerStats) -> str:
@@ -58,43 +57,6 @@ async def _health(port: int, worker: Worker) -> None:
 
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
     await listener.serve(handle)
-
-
-async def _open_feed(
-    url: str, group: str, member: str, partitions: int, ttl: float, ack_wait: float
-) -> tuple[Any, Any, Any]:
-    """(partitioned feed, lease table, closer) for a ``redis://`` or ``nats://`` URL."""
-    parsed = urlparse(url)
-    path = [p for p in parsed.path.split("/") if p]
-    query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
-    if parsed.scheme in ("redis", "rediss"):
-        import redis.asyncio
-
-        if len(path) != 1:
-            raise typer.BadParameter("a Redis feed is redis://HOST:PORT/KEY (streams KEY:0..N-1)")
-        client = redis.asyncio.Redis.from_url(f"{parsed.scheme}://{parsed.netloc}")
-        key = path[0]
-        feeds = RedisPartitions(client, key, group, partitions, field=query.get("field", "data"))
-        leases = RedisLeaseTable(client, f"lance-async:leases:{group}:{key}", member, ttl)
-        return feeds, leases, client.aclose
-    if parsed.scheme == "nats":
-        import nats
-
-        if len(path) != 2:
-            raise typer.BadParameter(
-                "a NATS feed is nats://HOST:PORT/STREAM/SUBJECT (subjects SUBJECT.0..N-1)"
-            )
-        nc = await nats.connect(f"nats://{parsed.netloc}", connect_timeout=3)
-        stream, subject = path
-        subjects = NatsPartitions(nc, stream, subject, group, partitions, ack_wait=ack_wait)
-        await subjects.ensure_stream()
-        bucket = await NatsLeaseTable.bucket(
-            nc.jetstream(), f"lance-async-leases-{group}-{stream}", ttl
-        )
-        return subjects, NatsLeaseTable(bucket, member, ttl), nc.close
-    raise typer.BadParameter(
-        f"unsupported feed {url!r}: use redis://HOST:PORT/KEY or nats://HOST:PORT/STREAM/SUBJECT"
-    )
 
 
 @app.command()
@@ -143,7 +105,9 @@ def worker(
                 f"lance-async init-wal {table_uri} --num-buckets N"
             )
         partitions = (await Partitioner.for_dataset(ds)).num_partitions
-        feeds, leases, close = await _open_feed(feed, group, name, partitions, lease_ttl, ack_wait)
+        feeds, leases, close = await open_partitioned(
+            feed, group, name, partitions, lease_ttl, ack_wait
+        )
         w = Worker(ds, feeds, leases)
         try:
             async with anyio.create_task_group() as tg:
@@ -174,3 +138,51 @@ def worker(
 
     stats = run_command(run)
     out.print(_line(stats))
+
+
+@app.command()
+def repartition(
+    source: str = typer.Argument(
+        ...,
+        help="The feed to read: a file, '-', nats://HOST:PORT/STREAM/SUBJECT or "
+        "redis://HOST:PORT/STREAM[?group=G].",
+    ),
+    target: str = typer.Argument(
+        ...,
+        help="The partitioned feed to publish to: redis://HOST:PORT/KEY or "
+        "nats://HOST:PORT/STREAM/SUBJECT.",
+    ),
+    table_uri: str = typer.Argument(..., help="The table whose buckets are the partitions."),
+    format: str | None = typer.Option(None, "--format", "-f", help="ndjson, csv or ipc."),
+    idle_timeout: float | None = typer.Option(
+        None, "--idle-timeout", help="Stop after this many seconds without a message."
+    ),
+) -> None:
+    """Republish SOURCE's rows to their partitions of TARGET (partition = the table's bucket).
+
+    Each source message is acknowledged once the broker stored its rows in
+    the target, so workers reading TARGET own disjoint keys.
+    """
+
+    async def run() -> tuple[int, int]:
+        ds = await open_dataset(table_uri)
+        partitioner = await Partitioner.for_dataset(ds)
+        publisher, close = await open_publisher(target, partitioner.num_partitions)
+        try:
+            feed_or_cm = open_feed(source, format, ds.schema, False)
+            if hasattr(feed_or_cm, "__await__"):
+                feed_or_cm = await feed_or_cm
+            feed = feed_or_cm
+            try:
+                async with RepartitionWriter(publisher, partitioner) as writer:
+                    stats = await ingest(feed, writer, idle_timeout=idle_timeout)
+                return stats.messages, writer.published
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await feed.aclose()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await close()
+
+    messages, published = run_command(run)
+    out.print(f"republished {messages:,} messages as {published:,} partition messages")
