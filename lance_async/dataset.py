@@ -380,7 +380,8 @@ class AsyncDataset:
             Conflicting sharding options (raised by pylance).
         """
         chosen = sharding_options(self.schema, options, manual_shards)
-        await self._mutate(lambda d: retired.initialize_mem_wal(d, chosen))
+        storage = self._storage_options
+        await self._mutate(lambda d: retired.initialize_mem_wal(d, chosen, storage))
         return self
 
     async def check_shards(self) -> ShardCheck:

@@ -11,15 +11,16 @@ import pyarrow as pa
 import typer
 
 from .. import errors
-from ..dataset import open_dataset
 from ..feeds import Feed, IngestStats, ingest
 from ..sources.files import file_source
 from .common import (
+    STORAGE_OPTION,
     Writes,
     app,
     count,
     err,
     format_of,
+    open_table,
     out,
     progress_bar,
     run_command,
@@ -69,6 +70,7 @@ def ingest_cmd(
     idle_timeout: float | None = typer.Option(
         None, "--idle-timeout", help="Stop after this many seconds without a message."
     ),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Stream SOURCE into TABLE_URI's MemWAL; ack each message once durable."""
     if format is not None and format not in ("ndjson", "csv", "ipc"):
@@ -94,7 +96,7 @@ def ingest_cmd(
     writes = Writes()
 
     async def run() -> tuple[str, IngestStats]:
-        ds = await open_dataset(table_uri)
+        ds = await open_table(table_uri, storage_option)
         if await ds.mem_wal_index_details() is None:
             raise errors.InvalidInputError(
                 f"{table_uri} has no MemWAL; initialize it first: lance-async init-wal {table_uri}"

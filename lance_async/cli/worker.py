@@ -20,9 +20,8 @@ from ..cluster import (
 )
 from ..cluster.partitions import Partitioner
 from ..cluster.repartition import RepartitionWriter
-from ..dataset import open_dataset
 from ..feeds import ingest
-from .common import app, err, out, run_command
+from .common import STORAGE_OPTION, app, err, open_table, out, run_command
 from .feeds import open_feed, open_partitioned, open_publisher
 
 __all__ = ["repartition", "worker"]
@@ -85,6 +84,7 @@ def worker(
     health_port: int | None = typer.Option(
         None, "--health-port", help="Serve the stats as JSON over HTTP on 127.0.0.1:PORT."
     ),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Ingest the partitions of FEED this worker is given into TABLE_URI.
 
@@ -98,7 +98,7 @@ def worker(
     name = member or f"{socket.gethostname()}-{os.getpid()}".replace(".", "-")
 
     async def run() -> WorkerStats:
-        ds = await open_dataset(table_uri)
+        ds = await open_table(table_uri, storage_option)
         if await ds.mem_wal_index_details() is None:
             raise errors.InvalidInputError(
                 f"{table_uri} has no MemWAL; initialize it first: "
@@ -157,6 +157,7 @@ def repartition(
     idle_timeout: float | None = typer.Option(
         None, "--idle-timeout", help="Stop after this many seconds without a message."
     ),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Republish SOURCE's rows to their partitions of TARGET (partition = the table's bucket).
 
@@ -165,7 +166,7 @@ def repartition(
     """
 
     async def run() -> tuple[int, int]:
-        ds = await open_dataset(table_uri)
+        ds = await open_table(table_uri, storage_option)
         partitioner = await Partitioner.for_dataset(ds)
         publisher, close = await open_publisher(target, partitioner.num_partitions)
         try:

@@ -65,7 +65,10 @@ def _identity(value: Any) -> Any:
 
 
 def _generation_plan(
-    gen_uri: str, keys: list[str], key_schema: pa.Schema
+    gen_uri: str,
+    keys: list[str],
+    key_schema: pa.Schema,
+    storage_options: dict[str, str] | None = None,
 ) -> tuple[pa.Array, pa.Table | None]:
     """Rows of a generation to upsert (indices) and keys to delete.
 
@@ -74,7 +77,7 @@ def _generation_plan(
     """
     import lance
 
-    gen = lance.dataset(gen_uri)
+    gen = lance.dataset(gen_uri, storage_options=storage_options)
     meta = gen.to_table(columns=[*keys, TOMBSTONE])
     n = meta.num_rows
     idx = pa.array(np.arange(n, dtype=np.int64))
@@ -137,12 +140,15 @@ async def compact_mem_wal(
     table_cols = dataset.schema.names
     key_schema = pa.schema([dataset.schema.field(k) for k in keys])
     snaps = await shard_snapshots(dataset, shard_ids)
+    options = dataset.storage_options
     done: dict[str, list[int]] = {}
     upserted = deleted = commits = attempts = 0
     for snap in snaps:
         for gen, path in snap.sstables:
             gen_uri = posixpath.join(dataset.uri, "_mem_wal", snap.shard_id, path)
-            live, deletes = await run_sync(partial(_generation_plan, gen_uri, keys, key_schema))
+            live, deletes = await run_sync(
+                partial(_generation_plan, gen_uri, keys, key_schema, options)
+            )
             if deletes is not None and deletes.num_rows:
                 res = await (
                     dataset.merge_insert(keys)
@@ -156,7 +162,7 @@ async def compact_mem_wal(
             def factory(u: str = gen_uri, rows: pa.Array = live) -> Iterable[pa.RecordBatch]:
                 import lance
 
-                gen_ds = lance.dataset(u)
+                gen_ds = lance.dataset(u, storage_options=options)
                 for start in range(0, len(rows), chunk_rows):
                     part = gen_ds.take(rows.slice(start, chunk_rows), columns=table_cols)
                     yield from part.combine_chunks().to_batches()

@@ -152,8 +152,17 @@ async def lsm_point_lookup(
     keys = primary_key(schema)
     array = key_array(schema, keys, key)
     cols = list(columns) if columns is not None else None
+    # pylance 14's LsmPointLookupPlanner opens the generations without the
+    # table's storage_options (on an object store it then resolves no region
+    # or credentials); the LSM scanner passes them on, so object-store tables
+    # look up through a filtered scan
+    on_object_store = bool(dataset.storage_options)
+    expr = key_filter(schema, keys, key) if on_object_store else ""
 
     def work(ds: Any, _snaps: list[Any], raw: list[LanceShardSnapshot]) -> pa.Table:
+        if on_object_store:
+            sc = LsmScanner.from_snapshots(ds, raw).filter(expr).limit(1)
+            return (sc.project(cols) if cols is not None else sc).to_table()
         planner = LsmPointLookupPlanner(ds, raw, keys)
         return planner.plan_lookup(array, cols).to_table()
 

@@ -86,14 +86,17 @@ def _discover(
     shard_ids: Iterable[str] | None = None,
     include_compacted: bool = False,
     retired: frozenset[str] = frozenset(),
+    storage_options: dict[str, str] | None = None,
 ) -> list[ShardSnapshot]:
-    compacted = {} if include_compacted else _manifest.compacted_generations(uri, version)
+    compacted = (
+        {} if include_compacted else _manifest.compacted_generations(uri, version, storage_options)
+    )
     wanted = set(shard_ids) if shard_ids is not None else None
     out: list[ShardSnapshot] = []
-    for sid in _manifest.list_shards(uri):
+    for sid in _manifest.list_shards(uri, storage_options):
         if sid in retired or (wanted is not None and sid not in wanted):
             continue
-        manifest = _manifest.read_shard_manifest(uri, sid)
+        manifest = _manifest.read_shard_manifest(uri, sid, storage_options)
         if manifest is None:
             continue
         done = compacted.get(sid, 0)
@@ -150,12 +153,13 @@ async def shard_snapshots(
     """
     await dataset.refresh()
     uri, version, ds = dataset.uri, dataset.version, dataset.lance
+    options = dataset.storage_options
     ids = list(shard_ids) if shard_ids is not None else None
 
     def work() -> list[ShardSnapshot]:
         if ds.mem_wal_index_details() is None:
             return []  # no MemWAL at this version: folders are an earlier MemWAL's
-        return _discover(uri, version, ids, include_compacted, retired_shards(ds))
+        return _discover(uri, version, ids, include_compacted, retired_shards(ds), options)
 
     return await run_sync(work)
 

@@ -147,6 +147,7 @@ async def lsm_vector_search(
     cols = list(columns) if columns is not None else None
     keys = primary_key(dataset.schema)
     uri = dataset.uri
+    storage_options = dataset.storage_options
 
     def index_covers(ds: Any, snaps: list[Any]) -> bool:
         import lance
@@ -157,13 +158,20 @@ async def lsm_vector_search(
             if not isinstance(snap, ShardSnapshot):
                 continue  # an engine snapshot given by the caller: trust it
             for _gen, path in snap.sstables:
-                gen_ds = lance.dataset(posixpath.join(uri, "_mem_wal", snap.shard_id, path))
+                gen_ds = lance.dataset(
+                    posixpath.join(uri, "_mem_wal", snap.shard_id, path),
+                    storage_options=storage_options,
+                )
                 if not _has_vector_index(gen_ds, column):
                     return False
         return True
 
+    on_object_store = bool(storage_options)
+
     def work(ds: Any, snaps: list[Any], raw: list[LanceShardSnapshot]) -> pa.Table:
-        if index_covers(ds, snaps):
+        # pylance 14's planners open generations without the table's
+        # storage_options: object-store tables search exactly over the scanner
+        if not on_object_store and index_covers(ds, snaps):
             planner = LsmVectorSearchPlanner(
                 ds, raw, column, pk_columns=keys or None, distance_type=metric, filter=filter
             )

@@ -51,21 +51,22 @@ write.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import logging
 import os
 import re
 import threading
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
+from .._storage import filesystem, join
 from .._threads import ThreadLimits, run_sync, stream_limiter
 from ..dataset import open_dataset
 from ..errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
@@ -89,6 +90,7 @@ from . import (
     request_batches,
     scan_response,
 )
+from .settings import ServeSettings
 
 __all__ = ["create_app", "discover_tables", "main"]
 
@@ -99,27 +101,36 @@ DEFAULT_SCAN_BATCH = 8192
 _TABLE_DIR = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})\.lance")
 
 
-def _list_table_dirs(root: str) -> list[tuple[str, str]]:
+def _list_table_dirs(
+    root: str, storage_options: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """(name, uri) of every ``<name>.lance`` directory under a local or object-store root."""
+    fs, base = filesystem(root, storage_options)
+    selector = pafs.FileSelector(base, allow_not_found=False, recursive=False)
     found = []
-    with os.scandir(root) as entries:
-        for entry in entries:
-            match = _TABLE_DIR.fullmatch(entry.name)
-            if match and ".." not in match.group(1) and entry.is_dir():
-                found.append((match.group(1), entry.path))
+    for info in fs.get_file_info(selector):
+        match = _TABLE_DIR.fullmatch(info.base_name)
+        if match and ".." not in match.group(1) and info.type == pafs.FileType.Directory:
+            found.append((match.group(1), join(root, info.base_name)))
     return sorted(found)
 
 
 async def discover_tables(
-    root: str | os.PathLike[str], *, writer_options: Mapping[str, Any] | None = None
+    root: str | os.PathLike[str],
+    *,
+    writer_options: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> dict[str, TableSpec]:
     """Find the tables under ``root`` (``<name>.lance`` directories).
 
     Parameters
     ----------
     root : str or PathLike
-        A local directory.
+        A local directory or an object-store prefix (``s3://bucket/tables``).
     writer_options : mapping, optional
         ``TableSpec.writer_options`` of every MemWAL table found.
+    storage_options : mapping, optional
+        The object-store options of the root and its tables.
 
     Returns
     -------
@@ -135,23 +146,33 @@ async def discover_tables(
     Lists the directory on a worker thread and opens each dataset with
     :func:`lance_async.open_dataset`; never blocks the loop.
     """
-    entries = await run_sync(partial(_list_table_dirs, os.fspath(root)), limiter=stream_limiter())
+    options = dict(storage_options) if storage_options else None
+    entries = await run_sync(
+        partial(_list_table_dirs, os.fspath(root), options), limiter=stream_limiter()
+    )
     specs: dict[str, TableSpec] = {}
     for name, path in entries:
         try:
-            dataset = await open_dataset(path)
+            dataset = await open_dataset(path, storage_options=options)
         except DatasetNotFoundError:
             log.warning("lance_async.serve: %s holds no Lance dataset; skipped", path)
             continue
         if await dataset.mem_wal_index_details() is None:
-            specs[name] = TableSpec(path)
+            specs[name] = TableSpec(path, storage_options=options)
             continue
         sharding = await dataset.sharding()
-        options = dict(writer_options or {})
+        writing = dict(writer_options or {})
         if sharding.sharded:
-            specs[name] = TableSpec(path, route=True, writer_options=options)
+            specs[name] = TableSpec(
+                path, route=True, writer_options=writing, storage_options=options
+            )
         else:
-            specs[name] = TableSpec(path, shard_id=sharding.default_shard(), writer_options=options)
+            specs[name] = TableSpec(
+                path,
+                shard_id=sharding.default_shard(),
+                writer_options=writing,
+                storage_options=options,
+            )
     return specs
 
 
@@ -225,14 +246,15 @@ def create_app(
     spool_dir: str | None = None,
     threads: ThreadLimits | None = None,
     writer_options: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> FastAPI:
     """Build the example app.
 
     Parameters
     ----------
     root : str or PathLike, optional
-        Serve every ``<name>.lance`` dataset in this directory (found at
-        startup).
+        Serve every ``<name>.lance`` dataset in this directory, or under this
+        object-store prefix (``s3://bucket/tables``), found at startup.
     tables : mapping, optional
         Tables to serve as well (name -> :class:`TableSpec` or URI).
     limits : BodyLimits, optional
@@ -260,6 +282,9 @@ def create_app(
         ``max_unflushed_memtable_bytes`` (pylance's default: 1 GB); set it
         (with ``max_memtable_size`` below it) to bound a server's memory.
 
+    storage_options : mapping, optional
+        Object-store options of ``root`` and its tables.
+
     Returns
     -------
     fastapi.FastAPI
@@ -270,7 +295,7 @@ def create_app(
         ``root`` is not a directory, or a table name is invalid.
     """
     root_dir = os.fspath(root) if root is not None else None
-    if root_dir is not None and not os.path.isdir(root_dir):
+    if root_dir is not None and "://" not in root_dir and not os.path.isdir(root_dir):
         raise ValueError(f"root {root_dir!r} is not a directory")
     body_limits = limits or BodyLimits()
     registry = TableRegistry(tables)
@@ -280,7 +305,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if root_dir is not None:
-            found = await discover_tables(root_dir, writer_options=writer_options)
+            found = await discover_tables(
+                root_dir, writer_options=writer_options, storage_options=storage_options
+            )
             for name, spec in found.items():
                 if name not in registry.names:
                     registry.add(name, spec)
@@ -471,70 +498,29 @@ def create_app(
     return app
 
 
-def main(
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    root: str | os.PathLike[str] = ".",
-    *,
-    allow_raw_sql: bool = False,
-    max_body_bytes: int | None = None,
-    spool_dir: str | None = None,
-    log_level: str = "info",
-) -> None:
+def main(settings: ServeSettings) -> None:
     """Serve the example app with uvicorn until interrupted (blocks).
 
     Parameters
     ----------
-    host : str
-        Interface to bind (default 127.0.0.1).
-    port : int
-        TCP port (default 8000; 0 picks a free one).
-    root : str or PathLike
-        The directory of ``<name>.lance`` tables (default: the current one).
-    allow_raw_sql : bool
-        Accept raw Lance SQL filters (trusted clients only).
-    max_body_bytes : int, optional
-        Largest request body (default 1 GiB).
-    spool_dir : str, optional
-        Where merge and ingest bodies are spooled.
-    log_level : str
-        uvicorn's log level.
+    settings : ServeSettings
+        Where the tables are, where to listen, limits (see
+        :mod:`lance_async.web.settings`).
 
     Raises
     ------
     ValueError
-        ``root`` is not a directory.
+        ``root`` is a local path that is not a directory.
     """
     import uvicorn
 
-    limits = BodyLimits(max_body_bytes=max_body_bytes) if max_body_bytes else None
-    app = create_app(root, limits=limits, allow_raw_sql=allow_raw_sql, spool_dir=spool_dir)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
-
-
-def _cli(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="lance-async serve", description="Serve a directory of Lance tables over HTTP."
+    limits = BodyLimits(max_body_bytes=settings.max_body_bytes) if settings.max_body_bytes else None
+    app = create_app(
+        settings.root,
+        limits=limits,
+        allow_raw_sql=settings.allow_raw_sql,
+        spool_dir=settings.spool_dir,
+        writer_options=settings.writer_options,
+        storage_options=settings.storage_options or None,
     )
-    parser.add_argument("--root", default=".", help="directory of <name>.lance tables")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--allow-raw-sql", action="store_true", help="accept raw SQL filters")
-    parser.add_argument("--max-body-bytes", type=int, default=None)
-    parser.add_argument("--spool-dir", default=None)
-    parser.add_argument("--log-level", default="info")
-    args = parser.parse_args(argv)
-    main(
-        args.host,
-        args.port,
-        args.root,
-        allow_raw_sql=args.allow_raw_sql,
-        max_body_bytes=args.max_body_bytes,
-        spool_dir=args.spool_dir,
-        log_level=args.log_level,
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_cli())
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
