@@ -20,6 +20,7 @@ The tree::
     │   └── SourceChangedError      a replayable source gave different data on replay
     ├── InvalidInputError           rows the engine would reject (raised before any commit)
     │   ├── SchemaMismatchError     a schema or batch does not match (names the field)
+    │   ├── DuplicateKeyError       a key repeats inside one source (names the key)
     │   └── DecodeError             a feed message could not be decoded (names the offset)
     ├── ConflictError               a commit lost to a concurrent writer (.retryable)
     │   └── ContentionError         retries exhausted (.num_attempts)
@@ -34,6 +35,8 @@ The tree::
     ├── NoShardWriterError          the table has no MemWAL writer in the app (409)
     ├── SourceConsumedError ─ BodyConsumedError       body already read (400)
     ├── SourceError ─ ClientDisconnectedError         client left mid-upload (499)
+    ├── SourceError ─ BodyTimeoutError                client went silent mid-upload (408)
+    ├── ServerBusyError             too many uploads in flight (503, .retryable)
     └── InvalidInputError ─ EmptyBodyError, FilterError   (400)
 
 Engine errors are mapped in one place, :func:`map_engine_error`: by exception
@@ -47,12 +50,14 @@ from __future__ import annotations
 __all__ = [
     "BackpressureTimeoutError",
     "BodyConsumedError",
+    "BodyTimeoutError",
     "ClientDisconnectedError",
     "ClosedError",
     "ConflictError",
     "ContentionError",
     "DatasetNotFoundError",
     "DecodeError",
+    "DuplicateKeyError",
     "EmptyBodyError",
     "FilterError",
     "InvalidInputError",
@@ -61,6 +66,7 @@ __all__ = [
     "NotAcceptableError",
     "PayloadTooLargeError",
     "SchemaMismatchError",
+    "ServerBusyError",
     "SourceChangedError",
     "SourceConsumedError",
     "SourceError",
@@ -146,6 +152,26 @@ class SchemaMismatchError(InvalidInputError):
         super().__init__(message)
         self.field = field
         self.batch_index = batch_index
+
+
+class DuplicateKeyError(InvalidInputError):
+    """A key appears more than once in one source (one merge, one send).
+
+    Nothing was written. Deduplicate the rows, or opt in to keeping the last
+    occurrence of each key: ``merge_insert(...).duplicate_keys("keep_last")``.
+
+    Attributes
+    ----------
+    key : dict
+        The first repeated key, ``{column: value}``.
+    count : int
+        How often it appears.
+    """
+
+    def __init__(self, message: str, *, key: dict[str, object], count: int) -> None:
+        super().__init__(message)
+        self.key = key
+        self.count = count
 
 
 class DecodeError(InvalidInputError):
@@ -329,6 +355,29 @@ class BodyConsumedError(SourceConsumedError):
 
 class ClientDisconnectedError(SourceError):
     """The client disconnected before the body ended; nothing was written."""
+
+
+class BodyTimeoutError(SourceError):
+    """The client sent no body bytes for longer than the body's idle timeout
+    (``BodyLimits.body_idle_timeout``) before the body ended (HTTP 408).
+    Nothing was written; send the body again without pausing."""
+
+
+class ServerBusyError(LanceAsyncError):
+    """The server holds as many uploads as it takes at once (HTTP 503, with
+    ``Retry-After``). Nothing was read or written; retry later.
+
+    Attributes
+    ----------
+    retry_after : float
+        Seconds to wait before retrying.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class EmptyBodyError(InvalidInputError):
