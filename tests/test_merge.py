@@ -335,20 +335,28 @@ async def test_null_or_repeated_primary_keys_are_refused_before_anything_runs(
         )
     assert err.value.field == "id"
     # a repeated key that matches no row (pylance would insert it twice) ...
-    with pytest.raises(la.InvalidInputError, match="repeats 1 primary key"):
+    with pytest.raises(la.DuplicateKeyError, match=r"repeats key \{'id': 900\}"):
         await upsert(ds).execute(kv_table([900, 901, 900]))
     # ... and one that matches a row, split across batches
     batches = kv_table([3, 4]).to_batches() + kv_table([3]).to_batches()
     with pytest.raises(la.InvalidInputError, match="'id': 3"):
         await upsert(ds).execute(batches)
     assert lance.dataset(table_uri).version == version
-    # joining on another column is the caller's business: no key checks
-    result = (
-        await ds.merge_insert("name")
-        .when_not_matched_insert_all()
-        .execute(kv_table([900, 901, 900]))
-    )
-    assert result.num_inserted_rows == 3
+    # joining on another column: the join key and the primary key are both checked
+    with pytest.raises(la.DuplicateKeyError, match="n900"):
+        await (
+            ds.merge_insert("name").when_not_matched_insert_all().execute(kv_table([900, 901, 900]))
+        )
+    names = kv_table([900, 901, 902]).set_column(2, "name", pa.array(["a", "b", "c"]))
+    with pytest.raises(la.DuplicateKeyError, match="'id': 900"):
+        await (
+            ds.merge_insert("name")
+            .when_not_matched_insert_all()
+            .execute(
+                pa.concat_tables([names, names.slice(0, 1).set_column(2, "name", pa.array(["d"]))])
+            )
+        )
+    assert lance.dataset(table_uri).version == version
 
 
 async def test_on_defaults_to_the_primary_key(table_uri: str) -> None:
@@ -500,3 +508,76 @@ def test_backoff_grows_like_lances_and_with_slow_attempts() -> None:
     assert backoff_delay(1, 3.0, rng) < 0.075
     assert backoff_delay(3, 3.0, rng) >= 0.75
     assert backoff_delay(30, 100.0, rng) <= 5.0
+
+
+# -- issue 17: duplicate keys in one source (item 3), empty sources (item 7) ------
+
+
+async def test_regression_a_streamed_source_repeating_a_new_key_commits_nothing(
+    table_uri: str, tmp_path: Path
+) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+    version = ds.version
+
+    async def stream() -> AsyncIterator[pa.RecordBatch]:
+        for ids in ([100, 101], [102], [101, 103]):  # 101 repeats across batches
+            yield kv_table(ids, value=1).to_batches()[0]
+
+    with pytest.raises(la.DuplicateKeyError, match=r"repeats key \{'id': 101\}") as err:
+        await upsert(ds).execute(stream(), schema=KV_SCHEMA)
+    assert err.value.key == {"id": 101}
+    assert err.value.count == 2
+    # a replayable source (a file), and a repeat inside one batch of a reader
+    path = tmp_path / "dup.arrow"
+    with pa.ipc.new_file(str(path), KV_SCHEMA) as writer:
+        writer.write_table(kv_table([200, 201, 200], value=1))
+    with pytest.raises(la.DuplicateKeyError, match="'id': 200"):
+        await upsert(ds).execute(la.file_source(path))
+    reader = pa.RecordBatchReader.from_batches(KV_SCHEMA, kv_table([5, 5]).to_batches())
+    with pytest.raises(la.DuplicateKeyError, match="'id': 5"):
+        await upsert(ds).execute(reader)
+    assert lance.dataset(table_uri).version == version
+    assert lance.dataset(table_uri).count_rows() == BASE.num_rows
+
+
+async def test_duplicate_keys_keep_last_is_an_explicit_opt_in(table_uri: str) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+    rows = pa.concat_tables([kv_table([1, 50], value=1), kv_table([50, 1], value=2)])
+    result = await upsert(ds).duplicate_keys("keep_last").execute(rows)
+    assert (result.num_updated_rows, result.num_inserted_rows) == (1, 1)
+
+    async def stream() -> AsyncIterator[pa.RecordBatch]:
+        yield kv_table([60, 61], value=3).to_batches()[0]
+        yield kv_table([60], value=4).to_batches()[0]
+
+    result = await upsert(ds).duplicate_keys("keep_last").execute(stream(), schema=KV_SCHEMA)
+    assert result.num_inserted_rows == 2
+    got = rows_by_key(await ds.to_table())
+    assert (got[1]["value"], got[50]["value"], got[60]["value"]) == (2, 2, 4)
+    with pytest.raises(ValueError, match="duplicate_keys"):
+        upsert(ds).duplicate_keys("keep_first")
+
+
+async def test_regression_an_empty_source_commits_nothing_and_says_so(table_uri: str) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+    version = ds.version
+
+    for source in (
+        KV_SCHEMA.empty_table(),
+        pa.RecordBatchReader.from_batches(KV_SCHEMA, []),
+        la.replayable(lambda: KV_SCHEMA.empty_table(), schema=KV_SCHEMA),
+    ):
+        result = await upsert(ds).execute(source, schema=KV_SCHEMA)
+        assert result.committed is False
+        assert result.version == version
+        assert (result.num_inserted_rows, result.num_updated_rows) == (0, 0)
+    assert lance.dataset(table_uri).version == version
+    # deleting what the source does not hold still runs on an empty source
+    result = (
+        await ds.merge_insert()
+        .when_not_matched_by_source_delete("id >= 8")
+        .execute(KV_SCHEMA.empty_table())
+    )
+    assert result.committed is True
+    assert result.num_deleted_rows == 2
+    assert lance.dataset(table_uri).version == version + 1

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import anyio
 import pyarrow as pa
 
+from .._keys import DUPLICATE_POLICIES, KeyTracker
 from .._schema import TableFit, primary_key
 from .._threads import run_sync, stream_limiter
 from ..errors import (
@@ -170,6 +171,7 @@ async def ingest_body(
     max_bytes: int | None = None,
     timeout: float | None = None,
     spool_dir: str | None = None,
+    duplicate_keys: str = "error",
 ) -> PutSummary:
     """Write a request body to a MemWAL shard; return after the (durable) ack.
 
@@ -209,6 +211,11 @@ async def ingest_body(
     spool_dir : str, optional
         Directory of the spool file when this function spools (default: the
         system's temporary directory). Deleted before returning.
+    duplicate_keys : {"error", "keep_last"}
+        A primary key repeated inside the body: ``"error"`` (default) refuses
+        the body with :class:`~lance_async.errors.DuplicateKeyError` naming
+        the key, before anything is written; ``"keep_last"`` writes it as it
+        is, in body order, so the LSM's newest-wins keeps its last occurrence.
 
     Returns
     -------
@@ -222,6 +229,8 @@ async def ingest_body(
     PayloadTooLargeError
         The body holds more than ``max_rows`` rows or ``max_bytes`` bytes
         (nothing written).
+    DuplicateKeyError
+        The body repeats a primary key (nothing written).
     EmptyBodyError, SchemaMismatchError, DecodeError, ClientDisconnectedError
         As :meth:`BodyBatches.start` and iteration (nothing written).
     InvalidInputError, BackpressureTimeoutError, WriterFailedError, ClosedError
@@ -241,7 +250,11 @@ async def ingest_body(
     byte_cap = max_bytes if max_bytes is not None else math.inf
     if row_cap < 1 or byte_cap < 1:
         raise ValueError("max_rows and max_bytes must be >= 1")
-    fit = TableFit(writer.schema, primary_key(writer.schema))
+    if duplicate_keys not in DUPLICATE_POLICIES:
+        raise ValueError(f"duplicate_keys must be one of {DUPLICATE_POLICIES}")
+    keys = primary_key(writer.schema)
+    fit = TableFit(writer.schema, keys)
+    tracker = KeyTracker(keys, what="the body") if keys and duplicate_keys == "error" else None
     rows = 0
     nbytes = 0
 
@@ -266,8 +279,12 @@ async def ingest_body(
                 actual=nbytes,
             )
         fit.check(batch, index)
+        if tracker is not None:
+            tracker.add(batch)
 
     async with read_whole_body(body, check=check, spool_dir=spool_dir) as source:
+        if tracker is not None:
+            await run_sync(tracker.check, limiter=stream_limiter())
         # The body is complete and valid: queue all of it, or (on a writer
         # error) as much as the writer took. A cancelled caller must not leave
         # a prefix of a good body queued and the rest dropped.

@@ -162,3 +162,22 @@ def test_a_slow_but_steady_upload_is_not_cut_off(guarded: Server) -> None:
         response = merge(client, "kv", body(), NDJSON)
     assert response.status_code == 200, response.text
     assert response.json()["num_inserted_rows"] == 6
+
+
+# -- item 3: duplicate keys in one body ------------------------------------------
+
+
+def test_regression_a_body_repeating_a_new_key_is_a_422_and_writes_nothing(
+    guarded: Server,
+) -> None:
+    # Before: HTTP 200, and the new key inserted twice
+    body = ndjson([{"id": 500, "value": 1, "name": "a"}, {"id": 500, "value": 2, "name": "b"}])
+    before = version(guarded.table("kv"))
+    with guarded.client() as client:
+        for response in (merge(client, "kv", body, NDJSON), ingest(client, "events", body, NDJSON)):
+            assert response.status_code == 422, response.text
+            assert response.json()["error"] == "DuplicateKeyError"
+            assert "repeats key {'id': 500}" in response.json()["detail"]
+        assert client.get("/tables/events/lookup/500").status_code == 404
+    assert version(guarded.table("kv")) == before
+    assert 500 not in contents(guarded.table("kv"))
