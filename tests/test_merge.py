@@ -27,10 +27,12 @@ from .helpers import (
     KV_SCHEMA,
     LAG_LIMIT,
     CommitHook,
+    CompetingSource,
     Ticker,
     apply_upserts,
     kv_table,
     rows_by_key,
+    run_in_thread,
     upsert_sync,
 )
 
@@ -110,6 +112,7 @@ FORMS: dict[str, tuple[Callable[[Path], Any], la.SourceMode]] = {
 }
 
 
+@pytest.mark.commit_lock
 @pytest.mark.parametrize("form", sorted(FORMS))
 async def test_real_conflict_is_retried_for_every_source_form(
     form: str, table_uri: str, tmp_path: Path
@@ -127,6 +130,7 @@ async def test_real_conflict_is_retried_for_every_source_form(
     assert (result.num_inserted_rows, result.num_updated_rows) == (1, 2)
 
 
+@pytest.mark.commit_lock
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_factory_is_called_exactly_num_attempts_times(kind: str, table_uri: str) -> None:
     ds, _hook = await contended(table_uri, times=3)
@@ -235,6 +239,7 @@ async def test_16_concurrent_upserts_end_in_a_serial_order(table_uri: str) -> No
     assert rows_by_key(await ds.to_table()) == expected
 
 
+@pytest.mark.commit_lock
 async def test_exhausted_retries_raise_contention_with_num_attempts(table_uri: str) -> None:
     ds, _hook = await contended(table_uri, times=100)
     source = la.replayable(lambda: OURS, schema=KV_SCHEMA)
@@ -246,6 +251,7 @@ async def test_exhausted_retries_raise_contention_with_num_attempts(table_uri: s
     assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR)
 
 
+@pytest.mark.commit_lock
 async def test_streaming_source_with_zero_retries_fails_fast(table_uri: str) -> None:
     ds, hook = await contended(table_uri)
     reader = pa.RecordBatchReader.from_batches(KV_SCHEMA, OURS.to_batches())
@@ -255,6 +261,7 @@ async def test_streaming_source_with_zero_retries_fails_fast(table_uri: str) -> 
     assert len(hook.commits) == 1
 
 
+@pytest.mark.commit_lock
 async def test_non_retryable_conflict_raises_at_once(table_uri: str) -> None:
     await la.write_dataset(BASE, table_uri)
     hook = CommitHook(
@@ -294,6 +301,7 @@ async def test_source_failing_mid_attempt_raises_its_own_error_and_commits_nothi
     assert lance.dataset(table_uri).version == version
 
 
+@pytest.mark.commit_lock
 async def test_schema_change_on_replay_raises_and_commits_nothing(table_uri: str) -> None:
     ds, _hook = await contended(table_uri)
     calls = 0
@@ -410,6 +418,7 @@ async def test_analyze_plan_follows_the_source_and_fails_with_it(table_uri: str)
     assert lance.dataset(table_uri).version == ds.version
 
 
+@pytest.mark.commit_lock
 async def test_cancel_during_an_attempt_leaves_a_committed_version(table_uri: str) -> None:
     await la.write_dataset(BASE, table_uri)
     started = threading.Event()
@@ -433,6 +442,7 @@ async def test_cancel_during_an_attempt_leaves_a_committed_version(table_uri: st
     assert builder.last_result is None
 
 
+@pytest.mark.commit_lock
 async def test_cancel_after_the_commit_landed_reports_the_outcome(table_uri: str) -> None:
     await la.write_dataset(BASE, table_uri)
     hook = CommitHook(lambda: time.sleep(0.3), times=1)  # slow, but no conflict
@@ -446,6 +456,7 @@ async def test_cancel_after_the_commit_landed_reports_the_outcome(table_uri: str
     assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, OURS)
 
 
+@pytest.mark.commit_lock
 async def test_cancel_during_backoff_leaves_a_committed_version(table_uri: str) -> None:
     ds, hook = await contended(table_uri, times=100)
     with anyio.move_on_after(0.5) as scope:
@@ -581,3 +592,121 @@ async def test_regression_an_empty_source_commits_nothing_and_says_so(table_uri:
     assert result.committed is True
     assert result.num_deleted_rows == 2
     assert lance.dataset(table_uri).version == version + 1
+
+
+# -- issue 17, item 4: a replayable source that changes between passes --------------
+
+
+def _passes(*tables: pa.Table) -> Callable[[], pa.RecordBatchReader]:
+    """A factory giving ``tables[k]`` on pass k+1 (the last one from then on)."""
+    calls = 0
+
+    def factory() -> pa.RecordBatchReader:
+        nonlocal calls
+        table = tables[min(calls, len(tables) - 1)]
+        calls += 1
+        return pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
+
+    return factory
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        pytest.param(kv_table([1, 2, 20], value=101), id="other-values"),
+        pytest.param(kv_table([1, 20, 2], value=100), id="other-order"),
+        pytest.param(kv_table([1, 2], value=100), id="fewer-rows"),
+        pytest.param(kv_table([1, 2, 20, 21], value=100), id="more-rows"),
+    ],
+)
+async def test_regression_a_replay_with_other_rows_raises_and_commits_nothing(
+    table_uri: str, second: pa.Table
+) -> None:
+    await la.write_dataset(BASE, table_uri)
+    ds = await la.open_dataset(table_uri)
+    passes = _passes(OURS, second)
+    # the first pass lets a competitor commit first: the merge must replay
+    source = CompetingSource(OURS, lambda: upsert_sync(table_uri, COMPETITOR))
+
+    def factory() -> pa.RecordBatchReader:
+        reader = passes()
+        if source.calls == 0:
+            return source()
+        return reader
+
+    with pytest.raises(la.SourceChangedError, match=r"pass 2 of .* than pass 1"):
+        await upsert(ds).execute(la.replayable(factory, schema=KV_SCHEMA))
+    assert source.competed == 1
+    assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR)
+
+
+async def test_replays_cut_into_other_batches_are_the_same_source(table_uri: str) -> None:
+    await la.write_dataset(BASE, table_uri)
+    ds = await la.open_dataset(table_uri)
+    rows = kv_table(range(0, 20), value=3)  # rows 2 and 3 conflict with the competitor
+    source = CompetingSource(rows, lambda: upsert_sync(table_uri, COMPETITOR))
+    calls = 0
+
+    def factory() -> pa.RecordBatchReader:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return source()
+        cut = rows.to_batches(max_chunksize=7)  # other batches, same values and order
+        return pa.RecordBatchReader.from_batches(KV_SCHEMA, cut)
+
+    result = await upsert(ds).execute(la.replayable(factory, schema=KV_SCHEMA))
+    assert result.num_attempts == 2
+    assert rows_by_key(await ds.to_table()) == apply_upserts(BASE, COMPETITOR, rows)
+
+
+async def test_a_file_rewritten_with_other_rows_between_passes_is_caught(
+    table_uri: str, tmp_path: Path
+) -> None:
+    """Same size and mtime, other values: only the content digest can tell."""
+    import os
+
+    await la.write_dataset(BASE, table_uri)
+    ds = await la.open_dataset(table_uri)
+    path = tmp_path / "rows.csv"
+    path.write_text("id,value,name\n1,100,aa\n2,100,bb\n")
+    stat = path.stat()
+    source = la.file_source(path, schema=KV_SCHEMA)
+    competitor_done = False
+
+    def compete() -> None:
+        nonlocal competitor_done
+        upsert_sync(table_uri, COMPETITOR)
+        path.write_text("id,value,name\n1,100,aa\n2,100,cc\n")  # same size
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same mtime
+        competitor_done = True
+
+    original = source._blocking_batches
+
+    def racing() -> Iterator[pa.RecordBatch]:
+        yield from original()
+        if not competitor_done:
+            run_in_thread(compete)
+
+    source._blocking_batches = racing  # type: ignore[method-assign]
+    with pytest.raises(la.SourceChangedError, match="other values or order"):
+        await upsert(ds).execute(source)
+    assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR)
+
+
+async def test_a_conflict_injected_without_a_commit_lock_is_retried(table_uri: str) -> None:
+    """The conflict path on every Python, 3.13 included (issue 17, item 12)."""
+    await la.write_dataset(BASE, table_uri)
+    ds = await la.open_dataset(table_uri)
+    replay = CompetingSource(OURS, lambda: upsert_sync(table_uri, COMPETITOR))
+    result = await upsert(ds).execute(la.replayable(replay, schema=KV_SCHEMA))
+    assert (result.num_attempts, replay.calls, replay.competed) == (2, 2, 1)
+    assert rows_by_key(await ds.to_table()) == apply_upserts(BASE, COMPETITOR, OURS)
+    # a one-shot reader: Lance's own buffered retry, or none with conflict_retries(0)
+    once = CompetingSource(kv_table([2, 30], value=5), lambda: upsert_sync(table_uri, COMPETITOR))
+    result = await upsert(ds).execute(once())
+    assert (result.source_mode, once.competed) == (la.SourceMode.STREAMING, 1)
+    fails = CompetingSource(kv_table([3], value=6), lambda: upsert_sync(table_uri, COMPETITOR))
+    with pytest.raises(la.ContentionError):
+        await upsert(ds).conflict_retries(0).execute(fails())
+    assert rows_by_key(lance.dataset(table_uri).to_table())[3]["value"] == 7
