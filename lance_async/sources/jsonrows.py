@@ -4,8 +4,10 @@ One coercion rule for JSON everywhere in lance_async: values are parsed with
 the table's schema; when that fails (for example a number sent as a string),
 the chunk is parsed with inferred types and each column is cast to the
 table's type with ``safe=True`` casts, which parse strings into numbers and
-timestamps but refuse anything that would lose data. What still does not fit
-raises :class:`~lance_async.errors.DecodeError` naming the line and field.
+timestamps but refuse anything that would lose data; a JSON boolean is never
+taken for a number, nor a number for a boolean (``true`` is not the key 1).
+What still does not fit raises :class:`~lance_async.errors.DecodeError`
+naming the line and field.
 
 Nesting is limited (:data:`MAX_JSON_DEPTH` levels). pyarrow's JSON reader
 with an explicit schema stops at the first value that does not fit, so deep
@@ -159,6 +161,13 @@ def _coerce_table(table: pa.Table, schema: pa.Schema, extra: str) -> pa.Table:
         if field.name in table.column_names:
             col = table.column(field.name)
             if not col.type.equals(field.type):
+                if pa.types.is_boolean(col.type) != pa.types.is_boolean(field.type) and not (
+                    pa.types.is_null(col.type) or pa.types.is_string(col.type)
+                ):
+                    raise DecodeError(
+                        f"field {field.name!r}: cannot convert {col.type} to {field.type}: "
+                        "JSON true and false are not numbers, nor numbers booleans"
+                    )
                 try:
                     col = pc.cast(col, field.type, safe=True)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:

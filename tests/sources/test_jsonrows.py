@@ -87,3 +87,16 @@ def test_values_with_brackets_in_strings_still_decode() -> None:
     assert table.to_pylist() == [{"id": 7, "value": 1, "name": name}]
     assert table.schema == KV_SCHEMA
     assert isinstance(table, pa.Table)
+
+
+def test_regression_json_booleans_are_not_numbers() -> None:
+    # Before: {"id": true} became the key 1 and overwrote row 1 (issue 17, item 5)
+    for line in (b'{"id": true, "value": 1, "name": "a"}', b'{"id": 1, "value": false}'):
+        with pytest.raises(DecodeError, match="JSON true and false are not numbers"):
+            decode_json_rows(line, KV_SCHEMA)
+    flags = pa.schema([pa.field("id", pa.int64()), pa.field("flag", pa.bool_())])
+    with pytest.raises(DecodeError, match="not numbers, nor numbers booleans"):
+        decode_json_rows(b'{"id": "1", "flag": 1}', flags)
+    assert decode_json_rows(b'{"id": 2.0, "value": "3"}', KV_SCHEMA).to_pylist() == [
+        {"id": 2, "value": 3, "name": None}
+    ]
