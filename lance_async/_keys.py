@@ -176,9 +176,9 @@ def keep_last(table: pa.Table, keys: Sequence[str]) -> pa.Table:
 class KeyTracker:
     """Finds a key repeated anywhere in a stream of batches, batch by batch.
 
-    Keeps the key columns of every batch it is given (8 bytes per row for an
-    int64 key) and checks them all at :meth:`check`; a repeat inside one
-    batch is found at once.
+    Keeps a copy of the key columns of every batch it is given (8 bytes per
+    row for an int64 key, never the batches themselves) and checks them all
+    at :meth:`check`; a repeat inside one batch is found at once.
 
     Parameters
     ----------
@@ -200,6 +200,26 @@ class KeyTracker:
         self.what = what
         self._columns: list[pa.Table] = []
         self.rows = 0
+        # While a single integer key strictly increases across every batch so
+        # far (sorted sources), no key can repeat: checked per batch in one
+        # vectorized pass, and check() has nothing left to do.
+        self._increasing = len(self.keys) == 1
+        self._last: int | None = None
+
+    def _still_increasing(self, column: pa.Array) -> bool:
+        if not self._increasing:
+            return False
+        if not pa.types.is_integer(column.type) or column.null_count:
+            self._increasing = False
+            return False
+        values = column.to_numpy(zero_copy_only=False)
+        if (self._last is not None and values[0] <= self._last) or not bool(
+            np.all(values[1:] > values[:-1])
+        ):
+            self._increasing = False
+            return False
+        self._last = int(values[-1])
+        return True
 
     def add(self, batch: pa.RecordBatch) -> None:
         """Keep ``batch``'s key columns.
@@ -211,8 +231,15 @@ class KeyTracker:
         """
         if not batch.num_rows:
             return
-        keys = _key_table(batch, self.keys)
-        if keys.num_rows > 1:
+        missing = [k for k in self.keys if k not in batch.schema.names]
+        if missing:
+            raise SchemaMismatchError(f"the rows lack key column {missing[0]!r}", field=missing[0])
+        # Copies: a zero-copy slice of a key column would keep the whole batch's
+        # buffers alive (an Arrow IPC message is one buffer for every column).
+        keys = pa.Table.from_arrays(
+            [pa.concat_arrays([batch.column(k)]) for k in self.keys], names=self.keys
+        )
+        if not self._still_increasing(keys.column(0).chunk(0)) and keys.num_rows > 1:
             check_unique_keys(keys, self.keys, what=self.what)
         self._columns.append(keys)
         self.rows += keys.num_rows
@@ -230,6 +257,8 @@ class KeyTracker:
         DuplicateKeyError
             A key repeats (names it).
         """
+        if self._increasing:
+            return  # every key is greater than the one before it
         if len(self._columns) > 1:
             table = pa.concat_tables(self._columns)
             self._columns = [table]

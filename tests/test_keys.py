@@ -50,3 +50,18 @@ def test_key_tracker_finds_repeats_within_and_across_batches() -> None:
         tracker.check()
     with pytest.raises(la.DuplicateKeyError, match="'id': 7"):
         KeyTracker(["id"]).add(kv_table([7, 7]).to_batches()[0])
+
+
+def test_key_tracker_keeps_copies_of_the_keys_not_the_batches() -> None:
+    # an Arrow IPC message decodes into one buffer for all columns: a zero-copy
+    # key column would keep the whole body in memory (found by the 100 MiB test)
+    batch = kv_table(range(1000)).to_batches()[0]
+    decoded = pa.ipc.read_record_batch(batch.serialize(), batch.schema)
+    tracker = KeyTracker(["id"])
+    tracker.add(decoded)
+    kept = tracker._columns[0].column(0).chunk(0).buffers()[1]
+    assert kept.address != decoded.column(0).buffers()[1].address
+    assert kept.size < 1000 * 8 + 64
+    tracker.add(kv_table([5]).to_batches()[0])  # no longer increasing: checked in full
+    with pytest.raises(la.DuplicateKeyError, match="'id': 5"):
+        tracker.check()
