@@ -21,6 +21,17 @@ STREAMING
 Every attempt runs on an engine thread; the loop stays free during attempts
 and during backoff.
 
+Tables without a declared primary key
+-------------------------------------
+Lance detects two concurrent merges inserting the same new key only when the
+key is declared (``lance-schema:unenforced-primary-key``); otherwise both
+commit, and the key is inserted twice. lance_async therefore runs merges that
+can insert into such a table one at a time per table within a process (a
+lock held from the attempt's checkout to its commit), so the later one sees
+the earlier one's rows and updates them. Other processes are not protected:
+declare the primary key. The first such merge of a table logs a warning
+(logger ``lance_async``).
+
 Cancellation
 ------------
 Cancelling the task that awaits :meth:`AsyncMergeInsertBuilder.execute`
@@ -36,10 +47,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -297,6 +311,16 @@ class AsyncMergeInsertBuilder:
             sets.append(pk)
         return sets
 
+    def _serialize(self) -> AbstractContextManager[Any]:
+        """The lock an attempt holds from checkout to commit: the table's
+        insert lock when this merge can insert and the table declares no
+        primary key (Lance would let two such inserts of one key both
+        commit), else nothing."""
+        inserts = any(name == "when_not_matched_insert_all" for name, _ in self._steps)
+        if inserts and not self._dataset.primary_key:
+            return _insert_lock(self._dataset.uri)
+        return nullcontext()
+
     def _guard(self) -> _PassGuard:
         keep_empty = any(name == "when_not_matched_by_source_delete" for name, _ in self._steps)
         return _PassGuard(self._key_sets(), keep_empty=keep_empty)
@@ -406,12 +430,14 @@ class AsyncMergeInsertBuilder:
     async def _attempt(self, src: WriteSource, retries: int, attempts: int) -> MergeResult:
         """One pass of the source through one engine merge."""
         base = self._dataset.lance
+        lock = self._serialize()
 
         def work(data: Any) -> tuple[LanceDataset, Any] | None:
             if data is None:
                 return None  # no rows: nothing to merge, no empty version
-            target = base.checkout_version(base.latest_version)
-            return target, self._build(target, retries).execute(data)
+            with lock:
+                target = base.checkout_version(base.latest_version)
+                return target, self._build(target, retries).execute(data)
 
         outcome = await self._run_pass(
             src, work, on_cancel_result=self._on_cancel(src.mode, attempts)
@@ -537,6 +563,34 @@ class AsyncMergeInsertBuilder:
         return str(
             await run_sync(lambda: self._build(base, 0).explain_plan(schema, verbose=verbose))
         )
+
+
+_insert_locks: dict[str, threading.Lock] = {}
+_insert_locks_guard = threading.Lock()
+_warned: set[str] = set()
+
+
+def _table_key(uri: str) -> str:
+    return uri if "://" in uri else os.path.realpath(uri)
+
+
+def _insert_lock(uri: str) -> threading.Lock:
+    """The process-wide lock of inserting merges into one table without a primary key."""
+    key = _table_key(uri)
+    with _insert_locks_guard:
+        lock = _insert_locks.get(key)
+        if lock is None:
+            lock = _insert_locks[key] = threading.Lock()
+        if key not in _warned:
+            _warned.add(key)
+            log.warning(
+                "lance_async: %s declares no primary key: merges that insert into it run one at "
+                "a time in this process, but merges from other processes can insert the same "
+                "new key twice; declare the key (field metadata "
+                "lance-schema:unenforced-primary-key)",
+                uri,
+            )
+        return lock
 
 
 def _check_keys(

@@ -710,3 +710,41 @@ async def test_a_conflict_injected_without_a_commit_lock_is_retried(table_uri: s
     with pytest.raises(la.ContentionError):
         await upsert(ds).conflict_retries(0).execute(fails())
     assert rows_by_key(lance.dataset(table_uri).to_table())[3]["value"] == 7
+
+
+async def test_regression_concurrent_inserts_without_a_declared_key_do_not_duplicate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 17, item 11: Lance sees insert-insert conflicts only on declared keys."""
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("value", pa.int64())])
+    uri = str(tmp_path / "plain.lance")
+    await la.write_dataset(pa.table({"id": range(100), "value": [0] * 100}, schema=schema), uri)
+    new = pa.table({"id": range(100, 150), "value": [1] * 50}, schema=schema)
+    a_reading = threading.Event()
+    b_done = threading.Event()
+
+    def slow_source() -> Iterator[pa.RecordBatch]:
+        yield from new.to_batches()
+        a_reading.set()
+        b_done.wait(timeout=1.5)  # before the fix, B committed meanwhile
+
+    async def merge_a() -> la.MergeResult:
+        ds = await la.open_dataset(uri)
+        return await upsert_on_id(ds).execute(la.replayable(slow_source, schema=schema))
+
+    async def merge_b() -> None:
+        await anyio.to_thread.run_sync(a_reading.wait)
+        ds = await la.open_dataset(uri)
+        try:
+            await upsert_on_id(ds).execute(new.set_column(1, "value", pa.array([2] * 50)))
+        finally:
+            b_done.set()
+
+    with caplog.at_level("WARNING", logger="lance_async"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(merge_a)
+            tg.start_soon(merge_b)
+    final = lance.dataset(uri).to_table()
+    assert final.num_rows == 150, "a new key was inserted twice"
+    assert sorted(final.column("id").to_pylist()) == list(range(150))
+    assert "declares no primary key" in caplog.text
