@@ -25,6 +25,7 @@ The tree::
     ├── ConflictError               a commit lost to a concurrent writer (.retryable)
     │   └── ContentionError         retries exhausted (.num_attempts)
     ├── WriterFailedError           a MemWAL shard writer broke; every pending ack fails
+    ├── ResourceExhaustedError      the engine's memory pool ran out (size it: configure_memory)
     ├── BackpressureTimeoutError    no room in a writer's queue before the timeout
     │
     │   raised by the HTTP helpers (lance_async.fastapi), each with its status:
@@ -65,6 +66,7 @@ __all__ = [
     "NoShardWriterError",
     "NotAcceptableError",
     "PayloadTooLargeError",
+    "ResourceExhaustedError",
     "SchemaMismatchError",
     "ServerBusyError",
     "SourceChangedError",
@@ -221,6 +223,26 @@ class WriterFailedError(LanceAsyncError):
     every row that was acknowledged."""
 
 
+class ResourceExhaustedError(LanceAsyncError):
+    """The engine ran out of its memory pool (or spill space) for one operation.
+
+    Nothing was committed. Give the engine a larger pool with
+    :func:`lance_async.configure_memory` (``pool_bytes=``; or the
+    ``LANCE_MEM_POOL_SIZE`` environment variable, in bytes), or make the
+    operation smaller: merge the rows in several smaller sources, or join
+    without the key's scalar index (``merge_insert(...).use_index(False)``).
+
+    Attributes
+    ----------
+    pool_bytes : int or None
+        The pool size in force (None: the engine's default).
+    """
+
+    def __init__(self, message: str, *, pool_bytes: int | None) -> None:
+        super().__init__(message)
+        self.pool_bytes = pool_bytes
+
+
 class BackpressureTimeoutError(LanceAsyncError):
     """The writer's queue stayed full for longer than the given timeout.
     Nothing was queued; retry later or raise the queue limits."""
@@ -258,7 +280,8 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     concurrent overwrite or similar; not retryable), "Dataset at path ... was
     not found", "Append with different schema" (a
     :class:`SchemaMismatchError`), "Dataset already exists" (mode="create"
-    over a dataset).
+    over a dataset), "Resources exhausted" (a :class:`ResourceExhaustedError`
+    that says how to size the pool).
     """
     from lance.commit import CommitConflictError as _LanceConflict
 
@@ -284,6 +307,18 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     if text.startswith("Dataset already exists"):
         return InvalidInputError(
             f"{_message(exc)}; write with mode='append' or mode='overwrite', or to another path"
+        )
+    if text.startswith("Resources exhausted"):
+        from ._memory import memory_limits
+
+        pool = memory_limits().pool_bytes
+        where = f"{pool:,} bytes" if pool is not None else "the engine's default"
+        return ResourceExhaustedError(
+            f"the engine's memory pool ({where}) ran out: {_message(exc).splitlines()[0]}; "
+            "nothing was committed. Raise it with lance_async.configure_memory(pool_bytes=...) "
+            "(or LANCE_MEM_POOL_SIZE, in bytes), or write in smaller pieces "
+            "(for a merge: smaller sources, or use_index(False))",
+            pool_bytes=pool,
         )
     if "Too many concurrent writers" in text:
         return ConflictError(f"commit conflict: {_message(exc)}", retryable=True)
