@@ -181,3 +181,18 @@ def test_regression_a_body_repeating_a_new_key_is_a_422_and_writes_nothing(
         assert client.get("/tables/events/lookup/500").status_code == 404
     assert version(guarded.table("kv")) == before
     assert 500 not in contents(guarded.table("kv"))
+
+
+# -- item 5: loose key types -----------------------------------------------------
+
+
+def test_regression_a_json_true_key_is_a_422_not_row_1(guarded: Server) -> None:
+    # Before: {"id": true} became the key 1 and overwrote row 1
+    before = contents(guarded.table("kv"))[1]
+    body = b'{"id": true, "value": 77, "name": "t"}\n'
+    with guarded.client() as client:
+        response = merge(client, "kv", body, NDJSON)
+        assert response.status_code == 422, response.text
+        assert "not numbers" in response.json()["detail"]
+        assert client.get("/tables/kv/lookup/1.5").status_code == 422
+    assert contents(guarded.table("kv"))[1] == before
