@@ -15,11 +15,9 @@ inside the running loop; using a stream from another loop raises
 
 from __future__ import annotations
 
-import atexit
 import enum
 import logging
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
@@ -32,7 +30,7 @@ import pyarrow as pa
 
 from .._loop import LoopHandle, aclose_shielded, unwrap_groups
 from .._schema import conform_batch
-from .._threads import reader_limiter
+from .._threads import reader_limiter, stop_threads_at_loop_end, track_thread, untrack_thread
 from ..errors import ClosedError, LanceAsyncError, SourceError
 
 __all__ = [
@@ -49,79 +47,6 @@ log = logging.getLogger("lance_async")
 ReaderLike: TypeAlias = "pa.RecordBatchReader | Iterable[pa.RecordBatch]"
 #: How long aclose() waits for a reader thread stuck in a blocking read.
 CLOSE_TIMEOUT = 10.0
-
-
-# -- reader threads stopped when their loop ends ------------------------------------
-#
-# A reader thread left running when its event loop ends (a stream not closed
-# when ``asyncio.run`` returns) is still inside the engine when the
-# interpreter finalizes, and pylance then aborts the process (SIGABRT, about
-# one run in five). So every loop that starts a reader thread gets a sentinel
-# async generator, suspended at its first ``yield``: asyncio (in
-# ``shutdown_asyncgens``) and trio close the async generators still alive when
-# their run ends, and the sentinel's ``finally`` stops that loop's reader
-# threads and joins them. An ``atexit`` hook does the same for any thread
-# left, before the interpreter finalizes.
-
-_live_lock = threading.Lock()
-_live: dict[object, set[tuple[_ReaderThread, threading.Thread]]] = {}
-_sentinels: dict[object, AsyncIterator[None]] = {}
-
-
-def _stop_and_join(threads: Iterable[tuple[_ReaderThread, threading.Thread]]) -> None:
-    """Ask reader threads to stop, then wait for them (``CLOSE_TIMEOUT`` in all)."""
-    pending = list(threads)
-    for shared, _ in pending:
-        shared.request_stop()
-    deadline = time.monotonic() + CLOSE_TIMEOUT
-    for _, thread in pending:
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():
-            log.warning("lance_async: a stream's reader thread is still in a blocking read")
-
-
-def _stop_loop_threads(key: object) -> None:
-    with _live_lock:
-        threads = _live.pop(key, set())
-        _sentinels.pop(key, None)
-    _stop_and_join(threads)
-
-
-async def _loop_sentinel(key: object) -> AsyncIterator[None]:
-    try:
-        yield
-    finally:
-        _stop_loop_threads(key)
-
-
-async def _watch_loop(key: object) -> None:
-    """Make sure the running loop stops its reader threads when it ends."""
-    with _live_lock:
-        if key in _sentinels:
-            return
-        sentinel = _sentinels[key] = _loop_sentinel(key)
-    await sentinel.__anext__()  # now suspended: closed by the loop at its end
-
-
-def _register(key: object, shared: _ReaderThread, thread: threading.Thread) -> None:
-    with _live_lock:
-        _live.setdefault(key, set()).add((shared, thread))
-
-
-def _unregister(key: object, shared: _ReaderThread, thread: threading.Thread) -> None:
-    with _live_lock:
-        threads = _live.get(key)
-        if threads is not None:
-            threads.discard((shared, thread))
-
-
-@atexit.register
-def _stop_all_threads() -> None:
-    with _live_lock:
-        threads = [t for group in _live.values() for t in group]
-        _live.clear()
-        _sentinels.clear()
-    _stop_and_join(threads)
 
 
 class StreamState(enum.Enum):
@@ -401,7 +326,7 @@ class AsyncBatchStream:
         limiter = reader_limiter()
         holder = object()
         key = self._loop.key
-        await _watch_loop(key)
+        await stop_threads_at_loop_end(key)
         await limiter.acquire_on_behalf_of(holder)
         try:
             shared = _ReaderThread(
@@ -416,10 +341,10 @@ class AsyncBatchStream:
                 try:
                     shared.run()
                 finally:
-                    _unregister(key, shared, thread)
+                    untrack_thread(key, thread)
 
             thread = threading.Thread(target=run, name="lance_async-stream", daemon=True)
-            _register(key, shared, thread)
+            track_thread(key, thread, shared.request_stop)
             thread.start()
         except BaseException:
             limiter.release_on_behalf_of(holder)
