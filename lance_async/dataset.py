@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
 import lance
@@ -31,9 +31,11 @@ from ._schema import primary_key
 from ._threads import run_sync
 from .errors import DatasetNotFoundError, SchemaMismatchError, raise_mapped
 from .memwal import retired
+from .memwal.check import ShardCheck, check_shards
 from .memwal.compaction import compact_mem_wal
 from .memwal.reads import lsm_point_lookup, lsm_scan
 from .memwal.router import ShardRouter
+from .memwal.sharding import Sharding, read_sharding, sharding_options
 from .memwal.snapshots import shard_snapshots
 from .memwal.vector import lsm_vector_search
 from .memwal.writer import AsyncShardWriter
@@ -88,10 +90,16 @@ class AsyncDataset:
     ----------
     dataset : lance.LanceDataset
         The pylance dataset to wrap (not copied).
+    storage_options : dict, optional
+        The object-store options it was opened with; every file lance_async
+        reads itself (MemWAL manifests, generations) is read with them.
     """
 
-    def __init__(self, dataset: LanceDataset) -> None:
+    def __init__(
+        self, dataset: LanceDataset, *, storage_options: Mapping[str, str] | None = None
+    ) -> None:
         self._ds = dataset
+        self._storage_options = dict(storage_options) if storage_options else None
 
     def __repr__(self) -> str:
         return f"<AsyncDataset {self.uri!r} version={self.version}>"
@@ -106,6 +114,11 @@ class AsyncDataset:
     def uri(self) -> str:
         """The dataset's URI."""
         return str(self._ds.uri)
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        """The object-store options the dataset was opened with (a copy), or None."""
+        return dict(self._storage_options) if self._storage_options else None
 
     @property
     def version(self) -> int:
@@ -140,7 +153,10 @@ class AsyncDataset:
             No such version.
         """
         try:
-            return AsyncDataset(await _engine(lambda: self._ds.checkout_version(version)))
+            return AsyncDataset(
+                await _engine(lambda: self._ds.checkout_version(version)),
+                storage_options=self._storage_options,
+            )
         except DatasetNotFoundError as exc:
             raise DatasetNotFoundError(
                 f"the Lance dataset at {self.uri!r} has no version {version!r}"
@@ -353,9 +369,20 @@ class AsyncDataset:
         return AsyncMergeInsertBuilder(self, on)
 
     # -- MemWAL ---------------------------------------------------------------
-    async def initialize_mem_wal(self, **options: Any) -> AsyncDataset:
+    async def initialize_mem_wal(
+        self, *, manual_shards: bool = False, **options: Any
+    ) -> AsyncDataset:
         """Enable the MemWAL (``LanceDataset.initialize_mem_wal``, every pylance 14
         argument accepted); returns ``self`` at the new version.
+
+        Every key must have one shard (Lance's MemWAL spec), so the MemWAL
+        gets a sharding spec: with no sharding option, bucket sharding on the
+        (first) primary-key column into
+        :data:`~lance_async.memwal.sharding.DEFAULT_NUM_BUCKETS` buckets.
+        Pass ``bucket_column=`` and ``num_buckets=``, ``identity_column=`` or
+        ``unsharded=True`` to choose, or ``manual_shards=True`` for pylance's
+        manual mode (shard ids are then the callers' to choose, and keeping
+        every key in one shard is theirs too; see ``docs/sharding.md``).
 
         Shard folders left by an earlier MemWAL of this table (pylance keeps
         them when a table is overwritten) are retired first, in a commit of
@@ -373,8 +400,24 @@ class AsyncDataset:
         ValueError
             Conflicting sharding options (raised by pylance).
         """
-        await self._mutate(lambda d: retired.initialize_mem_wal(d, options))
+        chosen = sharding_options(self.schema, options, manual_shards)
+        await self._mutate(lambda d: retired.initialize_mem_wal(d, chosen))
         return self
+
+    async def check_shards(self) -> ShardCheck:
+        """Find keys in more than one shard, or in the wrong shard (see
+        :func:`lance_async.memwal.check.check_shards`)."""
+        return await check_shards(self)
+
+    async def sharding(self) -> Sharding:
+        """How the MemWAL maps rows to shards (:class:`~lance_async.memwal.sharding.Sharding`).
+
+        Raises
+        ------
+        InvalidInputError
+            No MemWAL is initialized.
+        """
+        return await read_sharding(self)
 
     async def mem_wal_index_details(self) -> dict[str, Any] | None:
         """The MemWAL index details (shards, specs, writer defaults) or None."""
@@ -382,16 +425,31 @@ class AsyncDataset:
         details = await _engine(self._ds.mem_wal_index_details)
         return dict(details) if details is not None else None
 
-    def mem_wal_writer(self, shard_id: str, **options: Any) -> AsyncShardWriter:
-        """A writer for one MemWAL shard; use it as ``async with``.
+    @overload
+    def mem_wal_writer(self, shard_id: None = None, **options: Any) -> ShardRouter: ...
 
-        See :class:`~lance_async.AsyncShardWriter` for the options.
+    @overload
+    def mem_wal_writer(self, shard_id: str, **options: Any) -> AsyncShardWriter: ...
+
+    def mem_wal_writer(
+        self, shard_id: str | None = None, **options: Any
+    ) -> AsyncShardWriter | ShardRouter:
+        """A MemWAL writer; use it as ``async with``.
+
+        With no ``shard_id``: a :class:`~lance_async.ShardRouter`, which puts
+        every row in its own shard (by the table's sharding spec) through one
+        writer per shard, opened lazily. This is the writer to use unless
+        shards are divided among processes. With a ``shard_id``: an
+        :class:`~lance_async.AsyncShardWriter` of that one shard, which refuses
+        rows of other shards (:class:`~lance_async.errors.WrongShardError`).
+        ``options`` are the writer's (see :class:`~lance_async.AsyncShardWriter`).
         """
-
+        if shard_id is None:
+            return ShardRouter(self, **options)
         return AsyncShardWriter(self, shard_id, **options)
 
     def shard_router(self, **options: Any) -> ShardRouter:
-        """A router feeding one writer per shard of a sharded table (``async with``)."""
+        """The routing writer, as ``mem_wal_writer()`` with no shard id (``async with``)."""
 
         return ShardRouter(self, **options)
 
@@ -507,7 +565,7 @@ async def open_dataset(
         )
 
     try:
-        return AsyncDataset(await _engine(work))
+        return AsyncDataset(await _engine(work), storage_options=storage_options)
     except DatasetNotFoundError as exc:
         if version is not None and await anyio.Path(path, "_versions").is_dir():
             raise DatasetNotFoundError(
@@ -585,4 +643,4 @@ async def write_dataset(
                 raise_mapped(exc)
             raise
     await anyio.lowlevel.checkpoint()
-    return AsyncDataset(written)
+    return AsyncDataset(written, storage_options=lance_kwargs.get("storage_options"))

@@ -5,10 +5,12 @@
 1. the dimension tables (airlines, airports, planes) are written with
    :func:`~lance_async.write_dataset`;
 2. a flights table with a unique primary key (``id``: the flight's row in
-   the published CSV) gets a MemWAL;
+   the published CSV) gets a MemWAL, bucket-sharded on the key (4 shards);
 3. all 336,776 flights of 2013 are replayed in ``time_hour`` order as a feed
-   of JSON messages through :func:`~lance_async.feeds.ingest` into an
-   :class:`~lance_async.AsyncShardWriter` (durable writes, group commit);
+   of JSON messages through :func:`~lance_async.feeds.ingest` into the
+   routing writer (:class:`~lance_async.ShardRouter`: every row to its own
+   shard's :class:`~lance_async.AsyncShardWriter`; durable writes, group
+   commit);
 4. meanwhile, other tasks on the same loop
 
    a. put late corrections (a changed ``arr_delay``) for a sample of flights
@@ -35,7 +37,6 @@ import os
 import random
 import shutil
 import time
-import uuid
 import zipfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -53,15 +54,14 @@ import pyarrow.csv as pcsv
 from ._threads import run_sync, stream_limiter
 from .dataset import AsyncDataset, open_dataset, write_dataset
 from .feeds import IngestStats, IterableFeed, ingest
+from .memwal.router import ShardRouter
 from .memwal.stats import percentiles
-from .memwal.writer import AsyncShardWriter
 from .merge import MergeResult
 from .sources import replayable
 
 __all__ = ["DemoProgress", "DemoReport", "load_nycflights", "run_demo"]
 
 PK = {"lance-schema:unenforced-primary-key": "true"}
-FLIGHTS_SHARD = str(uuid.uuid5(uuid.NAMESPACE_URL, "lance-async-demo/flights"))
 CORRECTION_DELTA = 1_000  # minutes added to arr_delay by a correction
 TEMP_REVISION = 0.5  # degrees F added by the weather revisions
 _PENDING: Any = object()
@@ -472,7 +472,7 @@ async def run_demo(
             return []
         return [ordered_ids[rng.randint(0, limit)] for _ in range(n)]
 
-    async def corrections(writer: AsyncShardWriter) -> None:
+    async def corrections(writer: ShardRouter) -> None:
         target = 500
         out.stage("late corrections", target)
         while len(corrected) < target:
@@ -487,7 +487,7 @@ async def run_demo(
             out.advance("late corrections", len(ids))
         report.corrections = len(corrected)
 
-    async def lookups(writer: AsyncShardWriter) -> None:
+    async def lookups(writer: ShardRouter) -> None:
         while not running.is_set():
             ids = acked_ids(1)
             if not ids:
@@ -526,7 +526,7 @@ async def run_demo(
 
     on_progress.seen = 0  # type: ignore[attr-defined]
 
-    async with fds.mem_wal_writer(FLIGHTS_SHARD) as writer, anyio.create_task_group() as tg:
+    async with fds.mem_wal_writer() as writer, anyio.create_task_group() as tg:
         tg.start_soon(ticker)
         tg.start_soon(lookups, writer)
         tg.start_soon(weather)

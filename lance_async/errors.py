@@ -21,10 +21,12 @@ The tree::
     ├── InvalidInputError           rows the engine would reject (raised before any commit)
     │   ├── SchemaMismatchError     a schema or batch does not match (names the field)
     │   ├── DuplicateKeyError       a key repeats inside one source (names the key)
-    │   └── DecodeError             a feed message could not be decoded (names the offset)
+    │   ├── DecodeError             a feed message could not be decoded (names the offset)
+    │   └── WrongShardError         a row sent to a shard its key does not map to
     ├── ConflictError               a commit lost to a concurrent writer (.retryable)
     │   └── ContentionError         retries exhausted (.num_attempts)
     ├── WriterFailedError           a MemWAL shard writer broke; every pending ack fails
+    │   └── FencedError             another writer claimed the shard (a newer epoch)
     ├── ResourceExhaustedError      the engine's memory pool ran out (size it: configure_memory)
     ├── BackpressureTimeoutError    no room in a writer's queue before the timeout
     │
@@ -60,6 +62,7 @@ __all__ = [
     "DecodeError",
     "DuplicateKeyError",
     "EmptyBodyError",
+    "FencedError",
     "FilterError",
     "InvalidInputError",
     "LanceAsyncError",
@@ -77,6 +80,7 @@ __all__ = [
     "UnsupportedSourceError",
     "WriterFailedError",
     "WrongEventLoopError",
+    "WrongShardError",
     "map_engine_error",
 ]
 
@@ -223,6 +227,48 @@ class WriterFailedError(LanceAsyncError):
     every row that was acknowledged."""
 
 
+class FencedError(WriterFailedError):
+    """Another writer claimed this writer's shard: a newer writer epoch fenced it.
+
+    The MemWAL's second rule (one shard, one writer) at work: the newer
+    writer replayed this shard's WAL, so every row acknowledged before the
+    fence is safe, and nothing this writer puts after it is visible. Every
+    pending and later ack fails with this error, and a feed must stop
+    committing offsets for what this writer held. Close the writer; do not
+    reopen the shard unless you own it again (a worker that lost its
+    partitions leaves them to their new owner).
+
+    Attributes
+    ----------
+    shard_id : str or None
+        The fenced shard.
+    """
+
+    def __init__(self, message: str, *, shard_id: str | None = None) -> None:
+        super().__init__(message)
+        self.shard_id = shard_id
+
+
+class WrongShardError(InvalidInputError):
+    """A row was sent to a shard that its key does not map to.
+
+    Every key has one shard (Lance's MemWAL spec): LSM reads and compaction
+    keep the newest row per key inside a shard only. Nothing of the batch
+    was queued. Send such rows through a routing writer
+    (``dataset.mem_wal_writer()`` with no shard id), which puts every row
+    in its own shard.
+
+    Attributes
+    ----------
+    shard_id : str or None
+        The shard the offending row belongs to.
+    """
+
+    def __init__(self, message: str, *, shard_id: str | None = None) -> None:
+        super().__init__(message)
+        self.shard_id = shard_id
+
+
 class ResourceExhaustedError(LanceAsyncError):
     """The engine ran out of its memory pool (or spill space) for one operation.
 
@@ -273,11 +319,13 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     Mapping by type comes first: ``lance.commit.CommitConflictError`` becomes
     :class:`ConflictError` with its ``retryable`` flag. pylance 14 raises plain
     ``OSError`` for the rest, so a few message prefixes are recognised, each
-    covered by a test: "Invalid user input" (bad rows, but also "ShardWriter is
-    already closed"), "Failed to read batches" (a batch whose own schema says
-    non-nullable holds nulls), "Too many concurrent writers" (retries
-    exhausted inside Lance; retryable), "Incompatible transaction" (a
-    concurrent overwrite or similar; not retryable), "Dataset at path ... was
+    covered by a test: "Writer fenced" (:class:`FencedError`), "Failed to
+    claim shard" (a lost race to open a shard; retryable), "Invalid user
+    input" (bad rows, but also "ShardWriter is already closed"), "Failed to
+    read batches" (a batch whose own schema says non-nullable holds nulls),
+    "Too many concurrent writers" (retries exhausted inside Lance;
+    retryable), "Incompatible transaction" (a concurrent overwrite or
+    similar; not retryable), "Dataset at path ... was
     not found", "Append with different schema" (a
     :class:`SchemaMismatchError`), "Dataset already exists" (mode="create"
     over a dataset), "Resources exhausted" (a :class:`ResourceExhaustedError`
@@ -294,6 +342,14 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     if not isinstance(exc, (OSError, ValueError, RuntimeError)):
         return None
     text = str(exc)
+    if text.startswith("Writer fenced"):
+        return FencedError(
+            f"the shard writer was fenced: another writer claimed the shard ({_message(exc)})"
+        )
+    if "Failed to claim shard" in text:
+        return ConflictError(
+            f"another writer claimed the shard at the same moment: {_message(exc)}", retryable=True
+        )
     if "ShardWriter is already closed" in text:
         return ClosedError("the MemWAL shard writer is closed; open a new one")
     if text.startswith("Invalid user input"):

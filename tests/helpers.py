@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import anyio
@@ -183,3 +183,25 @@ def rows_by_key(table: pa.Table, key: str = "id") -> dict[object, dict[str, obje
         assert r[key] not in out, f"duplicate key {r[key]!r}"
         out[r[key]] = r
     return out
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[bool] | bool],
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+) -> None:
+    """Poll ``predicate`` (sync or async) until it holds; fail after ``timeout`` s.
+
+    For conditions kept by other processes or brokers, which no event can
+    signal to the test.
+    """
+    with anyio.fail_after(timeout):
+        while True:
+            result = predicate()
+            if not isinstance(result, bool):
+                result = await result
+            if result:
+                return
+            await anyio.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")  # pragma: no cover

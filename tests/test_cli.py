@@ -278,7 +278,8 @@ def test_init_wal_ingest_compact_from_the_command_line(tmp_path: Path) -> None:
     assert runner.invoke(app, ["ingest", str(src), uri]).exit_code == 0
     result = runner.invoke(app, ["compact", uri])
     assert result.exit_code == 0, result.output
-    assert "compacted 1 generation from 1 shard" in result.output
+    # the default MemWAL is bucket-sharded on the key: 10 keys over its 4 shards
+    assert "compacted 4 generations from 4 shards: 10 rows upserted" in result.output
     assert lance.dataset(uri).count_rows() == 13
     wide = runner.invoke(app, ["scan", uri, "--format", "table", "--limit", "2"])
     assert wide.exit_code == 0 and "id" in wide.output
@@ -327,7 +328,8 @@ def test_regression_bad_arguments_exit_2(tmp_path: Path, mem_wal_table: str) -> 
         (["scan", mem_wal_table, "--columns", "id,nope"], "nope"),
         (["scan", mem_wal_table, "--filter", "id >>> 3"], "--filter"),
         (["scan", mem_wal_table, "--limit", "-1"], "--limit"),
-        (["init-wal", mem_wal_table, "--num-buckets", "4"], "--bucket-column"),
+        (["init-wal", mem_wal_table, "--num-buckets", "0"], "1..1024"),
+        (["init-wal", mem_wal_table, "--unsharded", "--num-buckets", "4"], "choose one"),
         (["init-wal", mem_wal_table, "--bucket-column", "nope", "--num-buckets", "4"], "nope"),
     ]:
         result = runner.invoke(app, args)

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, int]] = [
     ("lance_async.memwal", 2),
     ("lance_async.dataset", 3),
     ("lance_async.feeds", 4),
+    ("lance_async.cluster", 5),
     ("lance_async.web", 5),
     ("lance_async.fastapi", 5),
     ("lance_async.demo", 5),

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import os
-import sys
 import uuid
-from collections.abc import AsyncIterator
-from functools import partial
-from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import urlparse
 
 import anyio
 import pyarrow as pa
 import typer
 
 from .. import errors
-from .._threads import run_sync, stream_limiter
 from ..dataset import open_dataset
-from ..feeds import Feed, IngestStats, IterableFeed, ingest
-from ..memwal.retired import current_epoch, derived_shard_id
-from ..sources.decoders import make_decoder
+from ..feeds import Feed, IngestStats, ingest
 from ..sources.files import file_source
 from .common import (
     Writes,
@@ -31,70 +24,7 @@ from .common import (
     progress_bar,
     run_command,
 )
-
-
-async def _stdin_batches(fmt: str, schema: pa.Schema) -> AsyncIterator[pa.RecordBatch]:
-    """Standard input decoded as it arrives (``read1``: whatever the pipe
-    holds, up to 1 MiB); the decoder runs on a worker thread."""
-    decoder = make_decoder(fmt, schema)
-    stdin = anyio.wrap_file(sys.stdin.buffer)
-    limiter = stream_limiter()
-    while chunk := await stdin.read1(1 << 20):
-        for batch in await run_sync(partial(decoder.feed, chunk), limiter=limiter):
-            yield batch
-    for batch in await run_sync(decoder.finish, limiter=limiter):
-        yield batch
-
-
-def _open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> Any:
-    """An async context manager (or plain feed) for SOURCE."""
-    if source == "-":
-        return IterableFeed(_stdin_batches(fmt or "ndjson", schema))
-    url = urlparse(source)
-    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-    if url.scheme == "nats":
-        from ..feeds.nats import JetStreamFeed
-
-        parts = [p for p in url.path.split("/") if p]
-        if len(parts) != 2:
-            raise typer.BadParameter("nats source: nats://host:port/STREAM/SUBJECT")
-        stream, subject = parts
-
-        async def quiet(_error: Exception) -> None:
-            return None
-
-        return JetStreamFeed.connect(
-            f"nats://{url.netloc}",
-            stream=stream,
-            subject=subject,
-            durable=query.get("durable", f"lance-async-{stream}"),
-            connect_options={
-                "connect_timeout": 3,
-                "max_reconnect_attempts": 2,
-                "reconnect_time_wait": 0.5,
-                "error_cb": quiet,
-            },
-        )
-    if url.scheme in ("redis", "rediss"):
-        from ..feeds.redis import RedisStreamFeed
-
-        stream = url.path.strip("/")
-        if not stream:
-            raise typer.BadParameter("redis source: redis://host:port/STREAM[?group=G&field=F]")
-        return RedisStreamFeed.connect(
-            f"{url.scheme}://{url.netloc}",
-            stream=stream,
-            group=query.get("group", "lance-async"),
-            field=query.get("field", "data"),
-        )
-    from ..feeds.files import FileFeed
-
-    if url.scheme:
-        raise typer.BadParameter(
-            f"unsupported source {source!r}: use a file, '-', nats://host:port/STREAM/SUBJECT "
-            "or redis://host:port/STREAM (for Kafka, use lance_async.feeds.KafkaFeed in Python)"
-        )
-    return FileFeed(source, format=fmt, schema=schema, follow=follow)
+from .feeds import open_feed
 
 
 async def _validate_file(source: str, fmt: str | None, schema: pa.Schema) -> int:
@@ -125,8 +55,9 @@ def ingest_cmd(
     shard: str | None = typer.Option(
         None,
         "--shard",
-        help="Shard UUID. Default: derived from SOURCE, so ingesting the same source again "
-        "reuses its shard (and replays its WAL); two ingests at once need two shards.",
+        help="Write only this shard (UUID); rows of other shards are refused. Default: every "
+        "row goes to its own shard by the table's sharding spec (a table with manual shards: "
+        "to lance_async's one default shard).",
     ),
     follow: bool = typer.Option(False, "--follow", help="Keep following a growing file."),
     validate: bool = typer.Option(
@@ -166,19 +97,20 @@ def ingest_cmd(
         ds = await open_dataset(table_uri)
         if await ds.mem_wal_index_details() is None:
             raise errors.InvalidInputError(
-                f"{table_uri} has no MemWAL; initialize it first (AsyncDataset.initialize_mem_wal)"
+                f"{table_uri} has no MemWAL; initialize it first: lance-async init-wal {table_uri}"
             )
+        sharding = await ds.sharding()
         shard_id = shard
-        if shard_id is None:  # one shard per source, fresh for each MemWAL epoch
-            epoch = await current_epoch(ds)
-            shard_id = derived_shard_id(uuid.NAMESPACE_URL, f"lance-async-ingest:{source}", epoch)
+        if shard_id is None and not sharding.sharded:
+            shard_id = sharding.default_shard()
+        target = "every shard by key" if shard_id is None else f"shard {shard_id}"
         if is_file and validate:
             await _validate_file(source, format, ds.schema)
-        feed_or_cm = _open_feed(source, format, ds.schema, follow)
+        feed_or_cm = open_feed(source, format, ds.schema, follow)
         if hasattr(feed_or_cm, "__await__"):
             feed_or_cm = await feed_or_cm
         with progress_bar() as progress:
-            task = progress.add_task(f"ingest into shard {shard_id[:8]}", total=None)
+            task = progress.add_task("ingest", total=None)
 
             def tick(stats: IngestStats) -> None:
                 progress.update(task, completed=stats.rows)
@@ -188,15 +120,15 @@ def ingest_cmd(
                 writes.started = True
                 try:
                     stats = await ingest(feed, writer, idle_timeout=idle_timeout, on_progress=tick)
-                    return shard_id, stats
+                    return target, stats
                 finally:
                     with anyio.CancelScope(shield=True):
                         await feed.aclose()
 
-    shard_id, stats = run_command(run, writes)
+    target, stats = run_command(run, writes)
     out.print(
         f"ingested {count(stats.rows, 'row')} from "
         f"{count(stats.messages, 'chunk' if is_file else 'message')} into "
-        f"shard {shard_id} in {stats.seconds:.1f} s; "
+        f"{target} in {stats.seconds:.1f} s; "
         f"{count(stats.dead_letters, 'dead letter')}"
     )

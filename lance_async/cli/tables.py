@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -11,6 +12,8 @@ import typer
 from rich.table import Table
 
 from ..dataset import AsyncDataset, open_dataset
+from ..memwal.check import ShardCheck
+from ..memwal.sharding import DEFAULT_NUM_BUCKETS, Sharding
 from ..sources.files import file_source
 from .common import (
     Writes,
@@ -71,41 +74,79 @@ def merge(
 @app.command(name="init-wal")
 def init_wal(
     table_uri: str = typer.Argument(..., help="The Lance table."),
-    bucket_column: str | None = typer.Option(None, "--bucket-column", help="Hash-bucket shards."),
-    num_buckets: int | None = typer.Option(None, "--num-buckets", help="With --bucket-column."),
+    bucket_column: str | None = typer.Option(
+        None, "--bucket-column", help="Hash-bucket shards on this column (default: the key)."
+    ),
+    num_buckets: int | None = typer.Option(
+        None, "--num-buckets", help=f"Buckets, one shard each (default {DEFAULT_NUM_BUCKETS})."
+    ),
     identity_column: str | None = typer.Option(
-        None, "--identity-column", help="A shard per value."
+        None, "--identity-column", help="A shard per value of this column."
+    ),
+    unsharded: bool = typer.Option(False, "--unsharded", help="One shard for every row."),
+    manual_shards: bool = typer.Option(
+        False, "--manual-shards", help="No sharding spec: writers name their shards."
     ),
     no_durable: bool = typer.Option(False, "--no-durable", help="Writers ack before fsync."),
 ) -> None:
-    """Initialize TABLE_URI's MemWAL (once), so rows can be ingested into it."""
-    if (bucket_column is None) != (num_buckets is None):
-        raise typer.BadParameter(
-            "--bucket-column and --num-buckets go together", param_hint="'--num-buckets'"
-        )
-    if num_buckets is not None and num_buckets < 1:
-        raise typer.BadParameter(f"must be >= 1, got {num_buckets}", param_hint="'--num-buckets'")
+    """Initialize TABLE_URI's MemWAL (once), so rows can be ingested into it.
 
-    async def run() -> dict[str, Any] | None:
+    By default the MemWAL is bucket-sharded on the table's primary key, so
+    every key has one shard whoever writes it.
+    """
+    modes = [
+        name
+        for name, on in (
+            ("--bucket-column/--num-buckets", bucket_column is not None or num_buckets is not None),
+            ("--identity-column", identity_column is not None),
+            ("--unsharded", unsharded),
+            ("--manual-shards", manual_shards),
+        )
+        if on
+    ]
+    if len(modes) > 1:
+        raise typer.BadParameter(f"choose one of {', '.join(modes)}", param_hint=f"'{modes[1]}'")
+    if num_buckets is not None and not 1 <= num_buckets <= 1024:
+        raise typer.BadParameter(
+            f"must be in 1..1024, got {num_buckets}", param_hint="'--num-buckets'"
+        )
+
+    async def run() -> Sharding:
         ds = await open_dataset(table_uri)
         if bucket_column:
             check_columns(ds, [bucket_column], "--bucket-column")
         if identity_column:
             check_columns(ds, [identity_column], "--identity-column")
         options: dict[str, Any] = {}
-        if bucket_column or num_buckets:
-            options.update(bucket_column=bucket_column, num_buckets=num_buckets)
+        if bucket_column is not None or num_buckets is not None:
+            column = bucket_column or next(iter(ds.primary_key), None)
+            if column is None:
+                raise typer.BadParameter(
+                    "the table has no primary key; name the column", param_hint="'--bucket-column'"
+                )
+            options.update(bucket_column=column, num_buckets=num_buckets or DEFAULT_NUM_BUCKETS)
         if identity_column:
             options["identity_column"] = identity_column
+        if unsharded:
+            options["unsharded"] = True
         if no_durable:
             options["durable_write"] = False
-        await ds.initialize_mem_wal(**options)
-        return await ds.mem_wal_index_details()
+        await ds.initialize_mem_wal(manual_shards=manual_shards, **options)
+        return await ds.sharding()
 
-    details = run_command(run) or {}
-    specs = details.get("sharding_specs") or []
-    kind = specs[0]["fields"][0]["transform"] if specs else "manual shards (--shard per writer)"
-    out.print(f"MemWAL initialized on {table_uri}: {kind}")
+    sharding = run_command(run)
+    out.print(f"MemWAL initialized on {table_uri}: {describe_sharding(sharding)}")
+
+
+def describe_sharding(sharding: Sharding) -> str:
+    """One line on how rows map to shards."""
+    if sharding.kind == "bucket":
+        return f"bucket sharding on {sharding.column!r} into {sharding.num_buckets} shards"
+    if sharding.kind == "identity":
+        return f"a shard per value of {sharding.column!r}"
+    if sharding.kind == "unsharded":
+        return "one shard"
+    return "manual shards (each writer names its shard; keep every key in one)"
 
 
 @app.command()
@@ -185,3 +226,40 @@ def info(
             str(s["compacted_through"]),
         )
     out.print(table)
+
+
+@app.command()
+def check(
+    table_uri: str = typer.Argument(..., help="The Lance table."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Find keys in more than one MemWAL shard (exit 1 when there are any).
+
+    Reads the flushed, not yet compacted generations of every shard; close
+    the writers first so their memtables are flushed.
+    """
+
+    async def run() -> ShardCheck:
+        return await (await open_dataset(table_uri)).check_shards()
+
+    report = run_command(run)
+    if as_json:
+        out.print_json(json.dumps(dataclasses.asdict(report) | {"ok": report.ok}, default=str))
+    else:
+        out.print(
+            f"{report.shards} shard(s), {report.generations} flushed generation(s), "
+            f"{report.rows:,} rows read ({report.sharding} sharding): "
+            f"{report.split_keys:,} key(s) in more than one shard, "
+            f"{report.misplaced_keys:,} in the wrong shard"
+        )
+        for example in report.examples:
+            where = ", ".join(example["shards"])
+            expected = f" (belongs to {example['expected']})" if example["expected"] else ""
+            out.print(f"  key {example['key']!r}: shard {where}{expected}")
+        if report.compacted_shards:
+            err.print(
+                f"note: {report.compacted_shards} shard(s) have generations compacted already; "
+                "their rows are in the base table and were not checked"
+            )
+    if not report.ok:
+        raise typer.Exit(1)

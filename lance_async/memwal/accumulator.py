@@ -33,6 +33,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .._loop import aclose_shielded
 from .._schema import TableFit
+from .._threads import run_sync, stream_limiter
 from ..errors import BackpressureTimeoutError, ClosedError, InvalidInputError, SchemaMismatchError
 from ..sources import SourceMode, resolve_source
 from .acks import Ack
@@ -61,6 +62,11 @@ class Item:
 
 
 Conform = Callable[[pa.RecordBatch, int], pa.RecordBatch]
+ShardCheck = Callable[[pa.RecordBatch], None]
+
+INLINE_CHECK_ROWS = 1_024
+"""Sends of up to this many rows are checked for their shard on the loop (a
+few microseconds); larger ones on a worker thread."""
 
 
 class Accumulator:
@@ -83,6 +89,10 @@ class Accumulator:
         Raises when the writer can take no more rows (closed, failed).
     describe : callable
         The writer's repr, for messages.
+    shard_check : callable, optional
+        Raises :class:`~lance_async.errors.WrongShardError` for a batch with a
+        row of another shard (see ``sharding.py``); None on tables with
+        manual shards.
     """
 
     def __init__(
@@ -98,6 +108,7 @@ class Accumulator:
         linger: float,
         check: Callable[[], None],
         describe: Callable[[], str],
+        shard_check: ShardCheck | None = None,
     ) -> None:
         self.fit = fit
         self.key_fit = key_fit
@@ -109,6 +120,7 @@ class Accumulator:
         self.linger = linger
         self._check = check
         self._describe = describe
+        self._shard_check = shard_check
         self._send: MemoryObjectSendStream[Item]
         self._recv: MemoryObjectReceiveStream[Item]
         self._send, self._recv = anyio.create_memory_object_stream[Item](math.inf)
@@ -215,14 +227,37 @@ class Accumulator:
         await self._reserve(sum(p.num_rows for p, _ in pieces), sum(n for _, n in pieces), deadline)
         self._queue(kind, pieces, ack)
 
+    def check_shard_nowait(self, batches: Sequence[pa.RecordBatch]) -> None:
+        """Refuse rows of another shard, on the loop (small sends)."""
+        if self._shard_check is not None:
+            for batch in batches:
+                self._shard_check(batch)
+
+    async def check_shard(self, batches: Sequence[pa.RecordBatch]) -> None:
+        """Refuse rows of another shard (on a worker thread for large sends)."""
+        if self._shard_check is None:
+            return
+        if sum(b.num_rows for b in batches) <= INLINE_CHECK_ROWS:
+            self.check_shard_nowait(batches)
+        else:
+            await run_sync(lambda: self.check_shard_nowait(batches), limiter=stream_limiter())
+
     async def submit(
-        self, kind: Kind, data: Any, ack: Ack, deadline: float | None, schema: pa.Schema | None
+        self,
+        kind: Kind,
+        data: Any,
+        ack: Ack,
+        deadline: float | None,
+        schema: pa.Schema | None,
+        *,
+        routed: bool = False,
     ) -> None:
         """Check and queue one send's rows; seal ``ack`` once all are queued.
 
-        In-memory rows are checked whole before anything is queued; a stream
-        batch by batch (batches before a bad one stay queued, and ``ack``
-        reports the failure).
+        In-memory rows are checked whole (schema, then shard) before anything
+        is queued; a stream batch by batch (batches before a bad one stay
+        queued, and ``ack`` reports the failure). ``routed`` rows were split
+        by shard by a :class:`~lance_async.ShardRouter` already.
         """
         conform: Conform = self.fit.check if kind is Kind.PUT else self.conform_keys
         # fast path: one batch or table, checked before anything is queued
@@ -230,20 +265,31 @@ class Accumulator:
         if batches is None:
             source = await resolve_source(data, schema=schema)
             if source.mode is not SourceMode.MATERIALIZED:
-                await self._submit_stream(kind, source.open(), ack, deadline, conform)
+                await self._submit_stream(kind, source.open(), ack, deadline, conform, routed)
                 return
             batches = [conform(b, i) for i, b in enumerate(source.batches() or [])]
+        if not routed:
+            await self.check_shard(batches)
         await self._enqueue(kind, batches, ack, deadline)  # all rows of the send, or none
         ack._seal()
 
     async def _submit_stream(
-        self, kind: Kind, stream: Any, ack: Ack, deadline: float | None, conform: Conform
+        self,
+        kind: Kind,
+        stream: Any,
+        ack: Ack,
+        deadline: float | None,
+        conform: Conform,
+        routed: bool,
     ) -> None:
         index = 0
         try:
             async for batch in stream:
                 if batch.num_rows:
-                    await self._enqueue(kind, [conform(batch, index)], ack, deadline)
+                    checked = [conform(batch, index)]
+                    if not routed:
+                        await self.check_shard(checked)
+                    await self._enqueue(kind, checked, ack, deadline)
                 index += 1
         except BaseException as exc:
             # batches already queued are written; the ack reports the failure
@@ -253,8 +299,12 @@ class Accumulator:
             await aclose_shielded(stream)
         ack._seal()
 
-    def submit_nowait(self, batches: list[pa.RecordBatch], ack: Ack) -> None:
+    def submit_nowait(
+        self, batches: list[pa.RecordBatch], ack: Ack, *, routed: bool = False
+    ) -> None:
         """Queue checked in-memory rows at once, or raise ``anyio.WouldBlock``."""
+        if not routed:
+            self.check_shard_nowait(batches)
         pieces = self.pieces(batches)
         if pieces:
             rows = sum(p.num_rows for p, _ in pieces)

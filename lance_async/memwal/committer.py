@@ -25,9 +25,16 @@ import pyarrow as pa
 
 from .._schema import TableFit
 from .._threads import run_sync
-from ..errors import ClosedError, InvalidInputError, WriterFailedError, map_engine_error
+from ..errors import (
+    ClosedError,
+    FencedError,
+    InvalidInputError,
+    WriterFailedError,
+    map_engine_error,
+)
 from .accumulator import Accumulator, Item, Kind
 from .retired import retired_shards
+from .sharding import Sharding, sharding_of
 
 __all__ = ["DEFAULT_MAX_MEMTABLE_ROWS", "LATENCY_SAMPLES", "Committer", "open_engine"]
 
@@ -39,31 +46,44 @@ DEFAULT_MAX_MEMTABLE_ROWS = 100_000
 """pylance 14's default ``max_memtable_rows``."""
 
 
-def open_engine(ds: Any, shard_id: str, options: dict[str, Any]) -> tuple[Any, int]:
+def open_engine(ds: Any, shard_id: str, options: dict[str, Any]) -> tuple[Any, int, Sharding]:
     """Open the engine's ``ShardWriter`` for ``shard_id`` (blocking).
 
-    Returns the writer and the memtable's row limit (the writer's own option,
-    else the MemWAL's recorded default, else pylance's).
+    Returns the writer, the memtable's row limit (the writer's own option,
+    else the MemWAL's recorded default, else pylance's) and the table's
+    :class:`~lance_async.memwal.sharding.Sharding`. Opening claims the shard:
+    a writer still open on it elsewhere is fenced.
 
     Raises
     ------
     InvalidInputError
-        The shard was retired by a later ``initialize_mem_wal`` (see ``retired.py``).
+        No MemWAL; the shard was retired by a later ``initialize_mem_wal``
+        (see ``retired.py``); or the table is bucket- or unsharded-sharded
+        and ``shard_id`` is none of its shards (checked before the claim).
     OSError, ValueError, RuntimeError
         The engine's errors, unchanged (the caller maps them).
     """
-    if shard_id in retired_shards(ds.checkout_version(ds.latest_version)):
+    latest = ds.checkout_version(ds.latest_version)
+    if shard_id in retired_shards(latest):
         raise InvalidInputError(
             f"shard {shard_id} belongs to a MemWAL that this table replaced "
             "(an overwrite, then initialize_mem_wal); opening it would replay the old "
             "table's rows. Use another shard id"
         )
+    details = latest.mem_wal_index_details()
+    sharding = sharding_of(details, latest)
+    if sharding.kind in ("bucket", "unsharded") and sharding.value_of(shard_id) is None:
+        raise InvalidInputError(
+            f"shard {shard_id} is not a shard of this table: its MemWAL is {sharding.kind}-"
+            f"sharded{f' on {sharding.column!r}' if sharding.column else ''}, and every key "
+            "has one shard. Write through dataset.mem_wal_writer() (no shard id), which "
+            "routes each row to its shard, or name one of (await dataset.sharding()).shard_ids()"
+        )
     engine = ds.mem_wal_writer(shard_id, **options)
     limit = options.get("max_memtable_rows")
     if limit is None:
-        details = ds.mem_wal_index_details() or {}
-        limit = (details.get("writer_config_defaults") or {}).get("max_memtable_rows")
-    return engine, int(limit or DEFAULT_MAX_MEMTABLE_ROWS)
+        limit = ((details or {}).get("writer_config_defaults") or {}).get("max_memtable_rows")
+    return engine, int(limit or DEFAULT_MAX_MEMTABLE_ROWS), sharding
 
 
 class Committer:
@@ -178,7 +198,9 @@ class Committer:
                 await run_sync(close_engine)
             except (OSError, ValueError, RuntimeError) as exc:
                 mapped = map_engine_error(exc)
-                raise (mapped or self.fail_writer(exc)) from exc
+                if mapped is None or isinstance(mapped, FencedError):
+                    raise self.fail_writer(exc) from exc
+                raise mapped from exc
 
     # -- settling ---------------------------------------------------------------
     def fail_item(self, item: Item, error: BaseException) -> None:
@@ -209,10 +231,21 @@ class Committer:
     def fail_writer(self, exc: BaseException) -> WriterFailedError:
         """Mark the writer failed (once); returns the error every ack gets."""
         if self.failure is None:
-            failure = WriterFailedError(
-                f"{self._describe()} failed and cannot write any more: {exc}. Close it and "
-                "open a new writer on the same shard; acknowledged rows are replayed from the WAL"
-            )
+            failure: WriterFailedError
+            if isinstance(exc, FencedError) or isinstance(map_engine_error(exc), FencedError):
+                failure = FencedError(
+                    f"{self._describe()} was fenced: another writer claimed shard "
+                    f"{self._shard_id} (a newer writer epoch). Rows acknowledged before the "
+                    "fence are safe (the new owner replayed the WAL); nothing is written or "
+                    "acknowledged after it. Close this writer and leave the shard to its owner",
+                    shard_id=self._shard_id,
+                )
+            else:
+                failure = WriterFailedError(
+                    f"{self._describe()} failed and cannot write any more: {exc}. Close it and "
+                    "open a new writer on the same shard; acknowledged rows are replayed from "
+                    "the WAL"
+                )
             failure.__cause__ = exc
             self.failure = failure
             self._on_failure()

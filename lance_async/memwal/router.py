@@ -1,79 +1,67 @@
-"""``ShardRouter``: split rows by MemWAL shard and feed one writer per shard.
+"""``ShardRouter``: the routing writer -- every row to its own shard, one writer per shard.
 
-For a table initialized with bucket sharding (``bucket_column`` +
-``num_buckets``) or identity sharding (``identity_column``), Lance computes
-each row's shard value with ``lance.mem_wal.evaluate_sharding_spec``. The
-router groups each batch's rows by that value and hands every group to the
-:class:`~lance_async.AsyncShardWriter` of its shard, all writers running
-concurrently in the router's task group.
+``dataset.mem_wal_writer()`` with no shard id returns one. For a table whose
+MemWAL has a sharding spec (bucket, identity or unsharded; bucket sharding on
+the primary key is lance_async's default), the router computes each row's
+shard with the engine (``evaluate_sharding_spec``, see ``sharding.py``) and
+hands each part to the :class:`~lance_async.AsyncShardWriter` of its shard,
+opened lazily the first time the shard receives rows. All writers run in the
+router's task group. So in one process, writes with overlapping keys -- two
+ingests, a feed and an HTTP upload -- always meet in the same shard, and the
+newest value wins in every read and in compaction.
 
-Shard ids
----------
-pylance 14 leaves the choice of a shard's UUID to the caller. The router
-derives it deterministically from the sharding spec and the shard value,
-``uuid5(SHARD_NAMESPACE, f"{spec_id}/{value}")``, so every process routes a
-value to the same shard (and reopening replays that shard's WAL). After the
-MemWAL was initialized again over an overwritten table's shards, the MemWAL
-epoch is mixed in (``f"{epoch}/{spec_id}/{value}"``) so the new MemWAL gets
-fresh shards. Pass ``shard_id_for=`` to use your own mapping.
+In several processes, each shard must still have one writer: either one
+process owns the whole table, or the shards are divided among workers (see
+``docs/sharding.md``); a second router opening a shard fences the first
+(:class:`~lance_async.errors.FencedError`).
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pyarrow as pa
-import pyarrow.compute as pc
 from anyio.abc import TaskGroup
-from lance.mem_wal import evaluate_sharding_spec
 
 from .._loop import aclose_shielded, unwrap_groups
 from .._schema import TableFit, primary_key
 from .._threads import run_sync, stream_limiter
-from ..errors import ClosedError, InvalidInputError
+from ..errors import ClosedError, InvalidInputError, SchemaMismatchError
 from ..sources import SourceMode, resolve_source
+from ..sources.composed import ComposedBatchStream
+from .accumulator import Kind
 from .acks import Ack, PutSummary
-from .retired import current_epoch, derived_shard_id
+from .reads import lsm_point_lookup, lsm_scan
+from .sharding import Sharding, default_shard_id, read_sharding
+from .stats import RouterStats, WriterState, percentiles
 from .writer import AsyncShardWriter
 
 if TYPE_CHECKING:
     from ..dataset import AsyncDataset
 
-__all__ = ["ROUTE_INLINE_ROWS", "SHARD_NAMESPACE", "ShardRouter", "default_shard_id"]
+__all__ = ["ROUTE_INLINE_ROWS", "ShardRouter", "default_shard_id"]
 
-SHARD_NAMESPACE = uuid.UUID("6c616e63-655f-6173-796e-635f73686172")
 ROUTE_INLINE_ROWS = 1_024
 """Sends of up to this many rows are routed on the loop (a fraction of a
 millisecond); larger ones on a worker thread."""
 
 
-def default_shard_id(spec_id: int, value: Any, epoch: str | None = None) -> str:
-    """The shard UUID the router uses for a shard value (deterministic).
-
-    ``epoch`` is the table's MemWAL epoch (set when the MemWAL was
-    initialized again over retired shards; see ``lance_async.memwal.retired``):
-    it gives the new MemWAL fresh shard ids. None for a first MemWAL.
-    """
-    return derived_shard_id(SHARD_NAMESPACE, f"{spec_id}/{value}", epoch)
-
-
 class ShardRouter:
-    """Route rows of a sharded MemWAL table to one writer per shard.
+    """Write a MemWAL table without naming shards: each row goes to its own shard.
 
-    Obtain it with :meth:`AsyncDataset.shard_router` and use it as
-    ``async with``. Writers open lazily, the first time a shard receives rows.
+    Obtain it with ``dataset.mem_wal_writer()`` (no shard id) or
+    :meth:`AsyncDataset.shard_router`, and use it as ``async with``. It has
+    the writer's API (``send`` / ``put`` / ``put_stream`` / ``delete`` /
+    ``flush`` / ``stats`` / the LSM reads); writers open lazily, the first
+    time their shard receives rows.
 
     Parameters
     ----------
     dataset : AsyncDataset
-        A table initialized with bucket or identity sharding.
-    shard_id_for : callable, optional
-        ``(spec_id, value) -> shard UUID string``; default
-        :func:`default_shard_id` with the table's MemWAL epoch.
+        A table whose MemWAL has a sharding spec.
     **writer_options
         Passed to every :class:`AsyncShardWriter` (queue limits, ``linger``,
         ``durable_write``, ...).
@@ -81,48 +69,68 @@ class ShardRouter:
     Raises
     ------
     InvalidInputError
-        On entry, when the table has no MemWAL sharding spec.
+        On entry: the table has no MemWAL, or its shards are manual (name a
+        shard: ``dataset.mem_wal_writer(shard_id)``).
     """
 
-    def __init__(
-        self,
-        dataset: AsyncDataset,
-        *,
-        shard_id_for: Callable[[int, Any], str] | None = None,
-        **writer_options: Any,
-    ) -> None:
+    def __init__(self, dataset: AsyncDataset, **writer_options: Any) -> None:
         self._dataset = dataset
-        self._shard_id_for = shard_id_for
         self._options = writer_options
-        self._writers: dict[Any, AsyncShardWriter] = {}
-        self._spec: dict[str, Any] | None = None
+        self.durable_write = bool(writer_options.get("durable_write", True))
+        """Whether the writers wait for the WAL flush before acking (the default)."""
+        self._writers: dict[str, AsyncShardWriter] = {}
+        self._sharding: Sharding | None = None
         self._tg: TaskGroup | None = None
-        self._open = False
-        self._closed = False
+        self._state = WriterState.NEW
         self._open_lock: anyio.Lock | None = None
-        self._fit = TableFit(dataset.schema, primary_key(dataset.schema))
+        self._keys = primary_key(dataset.schema)
+        self._fit = TableFit(dataset.schema, self._keys)
+        self._key_fit = TableFit(
+            pa.schema([dataset.schema.field(k) for k in self._keys]), self._keys
+        )
 
+    def __repr__(self) -> str:
+        return f"<ShardRouter {self._dataset.uri!r} writers={len(self._writers)}>"
+
+    # -- properties --------------------------------------------------------------
     @property
     def writers(self) -> dict[str, AsyncShardWriter]:
         """Open writers by shard id."""
-        return {w.shard_id: w for w in self._writers.values()}
+        return dict(self._writers)
 
+    @property
+    def schema(self) -> pa.Schema:
+        """The table schema that every row must match."""
+        return self._dataset.schema
+
+    @property
+    def state(self) -> WriterState:
+        """NEW, OPEN, CLOSING or CLOSED (a failed shard fails its own acks)."""
+        return self._state
+
+    @property
+    def sharding(self) -> Sharding:
+        """The table's sharding (read on entry)."""
+        if self._sharding is None:
+            raise ClosedError(f"{self!r} is not open; use `async with`")
+        return self._sharding
+
+    # -- life cycle ----------------------------------------------------------------
     async def __aenter__(self) -> ShardRouter:
-        details = await self._dataset.mem_wal_index_details()
-        specs = (details or {}).get("sharding_specs") or []
-        if not specs:
+        if self._state is not WriterState.NEW:
+            raise ClosedError(f"{self!r} was already opened; open a new router")
+        sharding = await read_sharding(self._dataset)
+        if not sharding.sharded:
             raise InvalidInputError(
-                "the table has no MemWAL sharding spec; initialize_mem_wal(bucket_column=..., "
-                "num_buckets=...) or (identity_column=...), or use mem_wal_writer(shard_id)"
+                "the table's MemWAL has manual shards (no sharding spec), so rows cannot be "
+                "routed: name a shard (dataset.mem_wal_writer(shard_id)) and keep every key "
+                "in one shard, or initialize the MemWAL with a sharding spec"
             )
-        self._spec = max(specs, key=lambda s: int(s["spec_id"]))
-        if self._shard_id_for is None:
-            epoch = await current_epoch(self._dataset)
-            self._shard_id_for = partial(default_shard_id, epoch=epoch)
+        self._sharding = sharding
         self._open_lock = anyio.Lock()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        self._open = True
+        self._state = WriterState.OPEN
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -130,10 +138,10 @@ class ShardRouter:
 
     async def aclose(self) -> None:
         """Flush and close every writer, then the router (safe to call twice)."""
-        if self._closed or not self._open:
-            self._closed = True
+        if self._state is not WriterState.OPEN:
+            self._state = WriterState.CLOSED
             return
-        self._closed = True
+        self._state = WriterState.CLOSING
         assert self._tg is not None
         try:
             with unwrap_groups(), anyio.CancelScope(shield=True):
@@ -141,43 +149,91 @@ class ShardRouter:
                     for writer in self._writers.values():
                         closing.start_soon(writer.aclose)
         finally:
+            self._state = WriterState.CLOSED
             with unwrap_groups():
                 await self._tg.__aexit__(None, None, None)
 
-    def _route(self, batch: pa.RecordBatch) -> list[tuple[Any, pa.RecordBatch]]:
-        """(shard value, rows) parts of one checked batch (blocking for large ones)."""
-        assert self._spec is not None
-        if batch.num_rows == 0:
-            return []
-        values = evaluate_sharding_spec(batch, self._spec, self._dataset.lance.lance_schema).column(
-            0
-        )
-        uniques = pc.unique(values)
-        if len(uniques) == 1:
-            return [(uniques[0].as_py(), batch)]
-        out = []
-        for value in uniques:
-            mask = pc.equal(values, value)
-            out.append((value.as_py(), batch.filter(mask)))
-        return out
+    def _check_open(self) -> None:
+        if self._state is not WriterState.OPEN:
+            raise ClosedError(f"{self!r} is not open; use `async with dataset.mem_wal_writer()`")
 
-    async def _writer(self, value: Any) -> AsyncShardWriter:
-        writer = self._writers.get(value)
+    async def writer(self, shard_id: str) -> AsyncShardWriter:
+        """The writer of ``shard_id``, opened now if it is not open yet.
+
+        Opening claims the shard (a writer of it elsewhere is fenced).
+        """
+        self._check_open()
+        writer = self._writers.get(shard_id)
         if writer is not None:
             return writer
-        assert self._open_lock is not None and self._spec is not None
-        assert self._shard_id_for is not None
+        assert self._open_lock is not None and self._tg is not None
         async with self._open_lock:
-            writer = self._writers.get(value)
+            writer = self._writers.get(shard_id)
             if writer is None:
-                shard_id = self._shard_id_for(int(self._spec["spec_id"]), value)
                 writer = AsyncShardWriter(self._dataset, shard_id, **self._options)
-                assert self._tg is not None
                 await writer.open(self._tg)
-                self._writers[value] = writer
+                self._writers[shard_id] = writer
         return writer
 
-    async def send(self, data: Any, *, timeout: float | None = None) -> Ack:
+    # -- routing -------------------------------------------------------------------
+    def _split_all(self, batches: Sequence[pa.RecordBatch]) -> list[tuple[str, pa.RecordBatch]]:
+        sharding = self.sharding
+        return [part for batch in batches for part in sharding.split(batch)]
+
+    async def _split(self, batches: Sequence[pa.RecordBatch]) -> list[tuple[str, pa.RecordBatch]]:
+        if sum(b.num_rows for b in batches) <= ROUTE_INLINE_ROWS:
+            return self._split_all(batches)
+        return await run_sync(lambda: self._split_all(batches), limiter=stream_limiter())
+
+    def _conform_keys(self, batch: pa.RecordBatch, index: int) -> pa.RecordBatch:
+        if not self._keys:
+            raise InvalidInputError("delete needs a primary key, and the table has none")
+        missing = [k for k in self._keys if k not in batch.schema.names]
+        if missing:
+            raise SchemaMismatchError(f"delete keys lack column {missing[0]!r}", field=missing[0])
+        return self._key_fit.check(batch.select(self._keys), index)
+
+    async def _send(self, kind: Kind, data: Any, timeout: float | None, schema: Any) -> Ack:
+        self._check_open()
+        conform = self._fit.check if kind is Kind.PUT else self._conform_keys
+        acks: list[Ack] = []
+        if isinstance(data, (pa.RecordBatch, pa.Table)) and schema is None:
+            source = None
+            in_memory = [data] if isinstance(data, pa.RecordBatch) else data.to_batches()
+        else:
+            source = await resolve_source(data, schema=schema)
+            in_memory = source.batches() if source.mode is SourceMode.MATERIALIZED else None
+        if in_memory is not None:  # checked whole: a bad row anywhere queues nothing
+            checked = [conform(b, i) for i, b in enumerate(in_memory) if b.num_rows]
+            await self._hand_over(kind, await self._split(checked), acks, timeout)
+            await anyio.lowlevel.checkpoint()
+            return Ack.combine(acks)
+        assert source is not None
+        stream = source.open()
+        try:
+            index = 0
+            async for batch in stream:
+                checked = [conform(batch, index)] if batch.num_rows else []
+                await self._hand_over(kind, await self._split(checked), acks, timeout)
+                index += 1
+        finally:
+            await aclose_shielded(stream)
+        return Ack.combine(acks)
+
+    async def _hand_over(
+        self,
+        kind: Kind,
+        parts: list[tuple[str, pa.RecordBatch]],
+        acks: list[Ack],
+        timeout: float | None,
+    ) -> None:
+        for shard_id, part in parts:
+            writer = await self.writer(shard_id)
+            acks.append(await writer._submit(kind, part, timeout, None, routed=True))
+
+    async def send(
+        self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
+    ) -> Ack:
         """Route rows to their shards' writers; wait only for queue room.
 
         In-memory rows are checked against the table whole before any shard
@@ -195,55 +251,31 @@ class ShardRouter:
         ------
         SchemaMismatchError
             Rows do not fit the table (nothing of an in-memory send is queued).
-        BackpressureTimeoutError, WriterFailedError
+        BackpressureTimeoutError, WriterFailedError, FencedError
             As :meth:`AsyncShardWriter.send` (parts already handed to other
             shards stay queued).
         ClosedError
             The router is closed.
         """
-        if not self._open or self._closed:
-            raise ClosedError("the ShardRouter is not open; use `async with`")
-        acks: list[Ack] = []
-        if isinstance(data, (pa.RecordBatch, pa.Table)):  # in memory already: no coercion
-            source = None
-            in_memory = [data] if isinstance(data, pa.RecordBatch) else data.to_batches()
-        else:
-            source = await resolve_source(data)
-            in_memory = source.batches() if source.mode is SourceMode.MATERIALIZED else None
-        if in_memory is not None:
-            checked = [self._fit.check(b, i) for i, b in enumerate(in_memory)]
-            await self._send_parts(await self._route_all(checked), acks, timeout)
-        else:
-            assert source is not None
-            stream = source.open()
-            try:
-                index = 0
-                async for batch in stream:
-                    checked = [self._fit.check(batch, index)]
-                    await self._send_parts(await self._route_all(checked), acks, timeout)
-                    index += 1
-            finally:
-                await aclose_shielded(stream)
-        return Ack.combine(acks)
+        return await self._send(Kind.PUT, data, timeout, schema)
 
-    async def _route_all(self, batches: list[pa.RecordBatch]) -> list[tuple[Any, pa.RecordBatch]]:
-        def work() -> list[tuple[Any, pa.RecordBatch]]:
-            return [part for batch in batches for part in self._route(batch)]
-
-        if sum(b.num_rows for b in batches) <= ROUTE_INLINE_ROWS:
-            return work()
-        return await run_sync(work, limiter=stream_limiter())
-
-    async def _send_parts(
-        self, parts: list[tuple[Any, pa.RecordBatch]], acks: list[Ack], timeout: float | None
-    ) -> None:
-        for value, part in parts:
-            writer = await self._writer(value)
-            acks.append(await writer.send(part, timeout=timeout))
-
-    async def put(self, data: Any, *, timeout: float | None = None) -> PutSummary:
+    async def put(
+        self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
+    ) -> PutSummary:
         """Route rows and wait until every shard has written them."""
-        ack = await self.send(data, timeout=timeout)
+        ack = await self.send(data, timeout=timeout, schema=schema)
+        return await ack
+
+    async def put_stream(
+        self, stream: AsyncIterable[Any] | Iterable[Any], *, timeout: float | None = None
+    ) -> PutSummary:
+        """Drain a feed of batches through the writers' queues and wait for all of it."""
+        return await self.put(stream, timeout=timeout)
+
+    async def delete(self, keys: Any, *, timeout: float | None = None) -> PutSummary:
+        """Delete rows by primary key, each key in its own shard (in order with
+        the puts queued there before it)."""
+        ack = await self._send(Kind.DELETE, keys, timeout, None)
         return await ack
 
     async def flush(self) -> None:
@@ -251,3 +283,102 @@ class ShardRouter:
         async with anyio.create_task_group() as tg:
             for writer in list(self._writers.values()):
                 tg.start_soon(writer.flush)
+
+    def stats(self) -> RouterStats:
+        """Every open writer's statistics and their totals (does not block)."""
+        writers = {sid: w.stats() for sid, w in self._writers.items()}
+        samples = [
+            lat
+            for w in self._writers.values()
+            if w._committer is not None
+            for lat in w._committer.latencies
+        ]
+        p50, p99 = percentiles(samples, 0.50, 0.99)
+        return RouterStats(
+            writers=writers,
+            engine_puts=sum(s.engine_puts for s in writers.values()),
+            rows=sum(s.rows for s in writers.values()),
+            queue_rows=sum(s.queue_rows for s in writers.values()),
+            queue_bytes=sum(s.queue_bytes for s in writers.values()),
+            ack_latency_p50=p50,
+            ack_latency_p99=p99,
+        )
+
+    # -- reads ----------------------------------------------------------------------
+    async def lsm_point_lookup(self, key: Any, columns: Sequence[str] | None = None) -> pa.Table:
+        """The newest row for ``key`` (a table of 0 or 1 row).
+
+        Read through the key's shard writer when this router has it open
+        (every row acked through it is visible), else from the base table
+        and flushed generations.
+        """
+        self._check_open()
+        shard_id = await run_sync(
+            lambda: self.sharding.shard_of_key(self.schema, self._keys, key),
+            limiter=stream_limiter(),
+        )
+        writer = self._writers.get(shard_id)
+        if writer is not None:
+            return await writer.lsm_point_lookup(key, columns=columns)
+        return await lsm_point_lookup(self._dataset, key, columns=columns)
+
+    def lsm_scan(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        limit: int | None = None,
+    ) -> ComposedBatchStream:
+        """Scan the LSM view with every row acked through this router.
+
+        Each open writer contributes the rows of its own shard (its memtable
+        included); the other shards come from the base table and flushed
+        generations. Since every key has one shard, the parts never overlap.
+        """
+        self._check_open()
+        names = list(columns) if columns is not None else list(self.schema.names)
+        out_schema = pa.schema([self.schema.field(c) for c in names], metadata=self.schema.metadata)
+        router = self
+
+        async def batches() -> AsyncGenerator[pa.RecordBatch, None]:
+            sharding = router.sharding
+            column = sharding.column
+            read_cols = list(dict.fromkeys([*names, *([column] if column else [])]))
+            owned = dict(router._writers)
+            remaining = limit
+            sources: list[tuple[str | None, Any]] = [
+                (sid, w.lsm_scan(columns=read_cols, filter=filter)) for sid, w in owned.items()
+            ]
+            sources.append((None, lsm_scan(router._dataset, columns=read_cols, filter=filter)))
+            for shard_id, stream in sources:
+                async with stream:
+                    async for batch in stream:
+                        keep = await run_sync(
+                            partial(_keep, sharding, batch, shard_id, set(owned)),
+                            limiter=stream_limiter(),
+                        )
+                        if keep.num_rows == 0:
+                            continue
+                        keep = keep.select(names)
+                        if remaining is not None:
+                            keep = keep.slice(0, remaining)
+                            remaining -= keep.num_rows
+                        yield keep
+                        if remaining == 0:
+                            return
+
+        return ComposedBatchStream(batches(), schema=out_schema)
+
+
+def _keep(
+    sharding: Sharding, batch: pa.RecordBatch, shard_id: str | None, owned: set[str]
+) -> pa.RecordBatch:
+    """The rows of ``batch`` this source answers for: its own shard's (a
+    writer), or those of shards no writer of the router holds (the dataset)."""
+    import pyarrow.compute as pc
+
+    ids = [sharding.shard_id(v) for v in sharding.values(batch).to_pylist()]
+    if shard_id is not None:
+        mask = pa.array([i == shard_id for i in ids])
+    else:
+        mask = pa.array([i not in owned for i in ids])
+    return batch.filter(pc.fill_null(mask, False))

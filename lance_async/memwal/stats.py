@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["WriterState", "WriterStats", "collect_stats", "percentiles"]
+__all__ = ["RouterStats", "WriterState", "WriterStats", "collect_stats", "percentiles"]
 
 
 class WriterState(enum.Enum):
@@ -62,6 +62,31 @@ class WriterStats:
     failed_puts: int
     engine: dict[str, Any] = field(default_factory=dict)
     memtable: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RouterStats:
+    """A snapshot of a :class:`~lance_async.ShardRouter` (from its ``stats()``).
+
+    Attributes
+    ----------
+    writers : dict of str to WriterStats
+        Each open shard writer's statistics, by shard id.
+    engine_puts, rows : int
+        Summed over the writers.
+    queue_rows, queue_bytes : int
+        Rows / bytes accepted and not yet acknowledged, over all writers.
+    ack_latency_p50, ack_latency_p99 : float
+        Seconds from queueing to ack, over the recent samples of every writer.
+    """
+
+    writers: dict[str, WriterStats]
+    engine_puts: int
+    rows: int
+    queue_rows: int
+    queue_bytes: int
+    ack_latency_p50: float
+    ack_latency_p99: float
 
 
 def percentiles(values: Sequence[float], *qs: float) -> list[float]:

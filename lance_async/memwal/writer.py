@@ -85,6 +85,7 @@ from .acks import Ack, PutSummary
 from .committer import Committer, open_engine
 from .reads import WriterReads
 from .retired import NO_KEY
+from .sharding import Sharding
 from .stats import WriterState, WriterStats, collect_stats
 
 if TYPE_CHECKING:
@@ -178,6 +179,8 @@ class AsyncShardWriter(WriterReads):
         self._tg: TaskGroup | None = None
         self._acc: Accumulator | None = None
         self._committer: Committer | None = None
+        self.sharding: Sharding | None = None
+        """The table's sharding, read when the writer opens."""
 
     def __repr__(self) -> str:
         return f"<AsyncShardWriter shard={self.shard_id} state={self._state.value}>"
@@ -241,10 +244,13 @@ class AsyncShardWriter(WriterReads):
             raise InvalidInputError(f"{self!r}: {NO_KEY}")
 
         try:
-            engine, memtable_rows = await run_sync(partial(open_engine, ds, self.shard_id, kwargs))
+            engine, memtable_rows, sharding = await run_sync(
+                partial(open_engine, ds, self.shard_id, kwargs)
+            )
         except (OSError, ValueError, RuntimeError) as exc:
             raise_mapped(exc)
             raise
+        self.sharding = sharding
         queue_rows, put_rows = self._requested
         self.max_put_rows = min(put_rows or max(1, memtable_rows // 2), memtable_rows)
         self.max_queue_rows = queue_rows or 2 * self.max_put_rows
@@ -259,6 +265,9 @@ class AsyncShardWriter(WriterReads):
             linger=self.linger,
             check=self._check_state,
             describe=self.__repr__,
+            shard_check=partial(sharding.check, shard_id=self.shard_id)
+            if sharding.sharded
+            else None,
         )
         self._committer = Committer(
             engine,
@@ -341,7 +350,12 @@ class AsyncShardWriter(WriterReads):
 
     # -- sending -------------------------------------------------------------
     async def _submit(
-        self, kind: Kind, data: Any, timeout: float | None, schema: pa.Schema | None
+        self,
+        kind: Kind,
+        data: Any,
+        timeout: float | None,
+        schema: pa.Schema | None,
+        routed: bool = False,
     ) -> Ack:
         self._check_usable()
         if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
@@ -349,7 +363,7 @@ class AsyncShardWriter(WriterReads):
         await anyio.lowlevel.checkpoint()  # every send is a checkpoint (trio's rule)
         deadline = None if timeout is None else anyio.current_time() + timeout
         ack = Ack(self._loop)
-        await self._parts()[0].submit(kind, data, ack, deadline, schema)
+        await self._parts()[0].submit(kind, data, ack, deadline, schema, routed=routed)
         return ack
 
     async def send(
@@ -378,10 +392,12 @@ class AsyncShardWriter(WriterReads):
         ------
         SchemaMismatchError
             A batch does not fit the table (nothing of that batch is queued).
+        WrongShardError
+            A row's key maps to another shard (nothing of that batch is queued).
         BackpressureTimeoutError
             No room before ``timeout``.
-        ClosedError, WriterFailedError
-            The writer is closed or broken.
+        ClosedError, WriterFailedError, FencedError
+            The writer is closed, broken, or fenced by a newer writer of its shard.
         """
         return await self._submit(Kind.PUT, data, timeout, schema)
 

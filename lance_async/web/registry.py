@@ -28,6 +28,7 @@ from ..errors import (
     NoShardWriterError,
     UnknownTableError,
 )
+from ..memwal.router import ShardRouter
 from ..memwal.writer import AsyncShardWriter
 
 if TYPE_CHECKING:
@@ -77,6 +78,10 @@ class TableSpec:
         A MemWAL shard (UUID string) to open an :class:`AsyncShardWriter` on at
         startup. The table must have a MemWAL (``initialize_mem_wal``).
         Reusing the same id after a restart replays the shard's WAL.
+    route : bool
+        Open the routing writer (:class:`~lance_async.ShardRouter`) at
+        startup instead: every row to its own shard by the table's sharding
+        spec. The way to write a sharded MemWAL table from one server.
     writer_options : dict
         Keyword arguments for :meth:`AsyncDataset.mem_wal_writer`.
     storage_options : dict, optional
@@ -87,6 +92,7 @@ class TableSpec:
     shard_id: str | None = None
     writer_options: Mapping[str, Any] = field(default_factory=dict)
     storage_options: Mapping[str, str] | None = None
+    route: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,14 +104,15 @@ class OpenTable:
     name : str
     dataset : AsyncDataset
         Shared by all requests; mutations move it to the versions they commit.
-    writer : AsyncShardWriter or None
-        Its MemWAL shard writer, when the spec named a shard.
+    writer : AsyncShardWriter, ShardRouter or None
+        Its MemWAL writer: the routing writer (``spec.route``) or the writer
+        of the shard the spec named.
     spec : TableSpec
     """
 
     name: str
     dataset: AsyncDataset
-    writer: AsyncShardWriter | None
+    writer: AsyncShardWriter | ShardRouter | None
     spec: TableSpec
 
 
@@ -204,9 +211,12 @@ class TableRegistry:
             for name, spec in self._specs.items():
                 storage = dict(spec.storage_options) if spec.storage_options else None
                 dataset = await open_dataset(spec.uri, storage_options=storage)
-                writer = None
-                if spec.shard_id is not None:
+                writer: AsyncShardWriter | ShardRouter | None = None
+                if spec.route:
+                    writer = dataset.mem_wal_writer(**dict(spec.writer_options))
+                elif spec.shard_id is not None:
                     writer = dataset.mem_wal_writer(spec.shard_id, **dict(spec.writer_options))
+                if writer is not None:
                     await stack.enter_async_context(writer)
                 self._open[name] = OpenTable(name, dataset, writer, spec)
         except BaseException:
@@ -324,8 +334,11 @@ async def get_dataset(table: Annotated[OpenTable, Depends(get_table)]) -> AsyncD
     return table.dataset
 
 
-async def get_writer(table: Annotated[OpenTable, Depends(get_table)]) -> AsyncShardWriter:
-    """Dependency: the named table's MemWAL writer.
+async def get_writer(
+    table: Annotated[OpenTable, Depends(get_table)],
+) -> AsyncShardWriter | ShardRouter:
+    """Dependency: the named table's MemWAL writer (the routing writer, or one
+    shard's writer).
 
     Raises
     ------
@@ -341,4 +354,4 @@ async def get_writer(table: Annotated[OpenTable, Depends(get_table)]) -> AsyncSh
 
 TableDep = Annotated[OpenTable, Depends(get_table)]
 DatasetDep = Annotated[AsyncDataset, Depends(get_dataset)]
-WriterDep = Annotated[AsyncShardWriter, Depends(get_writer)]
+WriterDep = Annotated[AsyncShardWriter | ShardRouter, Depends(get_writer)]

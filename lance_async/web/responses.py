@@ -34,7 +34,7 @@ from ..errors import (
 from .limits import IPC_STREAM, NDJSON
 
 if TYPE_CHECKING:
-    from ..sources.streams import AsyncBatchStream
+    from ..sources.composed import BatchStream
 
 __all__ = [
     "BatchEncoder",
@@ -390,7 +390,7 @@ class BatchStreamResponse(StreamingResponse):
 
 async def scan_response(
     request: Request,
-    stream: AsyncBatchStream,
+    stream: BatchStream,
     *,
     format: str | None = None,
     headers: Mapping[str, str] | None = None,
@@ -405,7 +405,7 @@ async def scan_response(
     ----------
     request : Request
         For the ``Accept`` header.
-    stream : AsyncBatchStream
+    stream : BatchStream
         For example ``dataset.scan(...)``; this function owns it from now on.
     format : str, optional
         ``"arrow"`` / ``"ndjson"``, overriding ``Accept``.

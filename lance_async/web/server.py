@@ -7,10 +7,13 @@ Tables
 At startup every directory ``DIR/<name>.lance`` holding a Lance dataset is
 registered as table ``<name>``; tables created later need a restart. Names
 are resolved through that registry only, never as paths. A table whose MemWAL
-is initialized (``initialize_mem_wal``) gets one shard writer, on a shard id
-derived from its name (``shard_id_for``) so that a restart replays its WAL;
-it takes writes through ``/ingest`` and serves reads from its LSM view. The
-other tables take writes through ``/merge``. Run one server per directory.
+is initialized (``initialize_mem_wal``) gets a MemWAL writer: the routing
+writer when the MemWAL has a sharding spec (every row to its own shard), or
+lance_async's default shard of a table with manual shards; shard ids are
+stable, so a restart replays their WALs. It takes writes through ``/ingest``
+and serves reads from its LSM view. The other tables take writes through
+``/merge``. Run one server per directory (a second one would fence the
+first's writers).
 
 Endpoints
 ---------
@@ -62,7 +65,6 @@ import logging
 import os
 import re
 import threading
-import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -80,7 +82,6 @@ from ..errors import (
     SchemaMismatchError,
     ServerBusyError,
 )
-from ..memwal.retired import current_epoch, derived_shard_id
 from . import (
     BatchStreamResponse,
     BodyBatches,
@@ -102,24 +103,13 @@ from . import (
     scan_response,
 )
 
-__all__ = ["create_app", "discover_tables", "main", "shard_id_for"]
+__all__ = ["create_app", "discover_tables", "main"]
 
 log = logging.getLogger("lance_async")
 
-_SHARD_NAMESPACE = uuid.uuid5(
-    uuid.NAMESPACE_URL, "https://github.com/lancedb/lance/lance-async/serve"
-)
 #: Rows per batch of a ``/rows`` scan unless ``batch_size`` says otherwise.
 DEFAULT_SCAN_BATCH = 8192
 _TABLE_DIR = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})\.lance")
-
-
-def shard_id_for(name: str, epoch: str | None = None) -> str:
-    """The MemWAL shard id the example app uses for table ``name`` (a UUID5
-    of the name and the table's MemWAL epoch: stable across restarts, so the
-    shard's WAL is replayed, and fresh after the MemWAL is initialized again;
-    see ``lance_async.memwal.retired``)."""
-    return derived_shard_id(_SHARD_NAMESPACE, name, epoch)
 
 
 def _list_table_dirs(root: str) -> list[tuple[str, str]]:
@@ -147,8 +137,11 @@ async def discover_tables(
     Returns
     -------
     dict of str to TableSpec
-        MemWAL tables get ``shard_id=shard_id_for(name)``. Directories that do
-        not hold a dataset are skipped (with a warning).
+        A MemWAL table with a sharding spec gets the routing writer
+        (``route=True``: every row to its own shard); one with manual shards
+        gets lance_async's default shard of the table (the one ``lance-async
+        ingest`` writes too, so their writes never split a key). Directories
+        that do not hold a dataset are skipped (with a warning).
 
     Notes
     -----
@@ -166,11 +159,12 @@ async def discover_tables(
         if await dataset.mem_wal_index_details() is None:
             specs[name] = TableSpec(path)
             continue
-        specs[name] = TableSpec(
-            path,
-            shard_id=shard_id_for(name, await current_epoch(dataset)),
-            writer_options=dict(writer_options or {}),
-        )
+        sharding = await dataset.sharding()
+        options = dict(writer_options or {})
+        if sharding.sharded:
+            specs[name] = TableSpec(path, route=True, writer_options=options)
+        else:
+            specs[name] = TableSpec(path, shard_id=sharding.default_shard(), writer_options=options)
     return specs
 
 

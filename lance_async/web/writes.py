@@ -39,6 +39,7 @@ from .spool import Spool
 if TYPE_CHECKING:
     from ..dataset import AsyncDataset
     from ..memwal.acks import PutSummary
+    from ..memwal.router import ShardRouter
     from ..memwal.writer import AsyncShardWriter
     from ..merge import AsyncMergeInsertBuilder, MergeResult
 
@@ -164,7 +165,7 @@ async def merge_body(
 
 
 async def ingest_body(
-    writer: AsyncShardWriter,
+    writer: AsyncShardWriter | ShardRouter,
     body: BodyBatches,
     *,
     max_rows: int | None = None,
@@ -191,9 +192,9 @@ async def ingest_body(
 
     Parameters
     ----------
-    writer : AsyncShardWriter
-        An open writer; the body must hold every table column
-        (``all_columns=True``).
+    writer : AsyncShardWriter or ShardRouter
+        An open writer (the routing writer puts each row in its own shard);
+        the body must hold every table column (``all_columns=True``).
     body : BodyBatches
         Started or not; read once. A body made with ``spool=True`` (as
         :func:`lance_async.fastapi.request_batches` can) is spooled by itself

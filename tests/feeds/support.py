@@ -17,11 +17,12 @@ from ..helpers import KV_SCHEMA
 
 
 async def mem_wal_table(tmp_path: Path) -> la.AsyncDataset:
-    """An empty KV_SCHEMA table (primary key ``id``) with the MemWAL enabled."""
+    """An empty KV_SCHEMA table (primary key ``id``) with the MemWAL enabled,
+    manual shards (each feed test writes through one writer of its own)."""
     ds = await la.write_dataset(
         KV_SCHEMA.empty_table(), str(tmp_path / "feed.lance"), schema=KV_SCHEMA
     )
-    await ds.initialize_mem_wal()
+    await ds.initialize_mem_wal(manual_shards=True)
     return ds
 
 

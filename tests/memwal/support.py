@@ -13,9 +13,15 @@ import lance_async as la
 
 from ..helpers import PK, kv_table, rows_by_key
 
+SHARDING = ("bucket_column", "identity_column", "unsharded")
+
 
 async def mem_wal_table(uri: str, rows: int = 1, **init: Any) -> la.AsyncDataset:
+    """A KV table with a MemWAL: manual shards (writer mechanics, any shard id)
+    unless a sharding option is given."""
     ds = await la.write_dataset(kv_table(range(rows)), uri)
+    if not any(k in init for k in SHARDING):
+        init.setdefault("manual_shards", True)
     return await ds.initialize_mem_wal(**init)
 
 
@@ -99,7 +105,7 @@ async def setup(uri: str) -> tuple[la.AsyncDataset, Model]:
     base = rows(range(200), 0)
     ds = await la.write_dataset(base, uri)
     await ds.create_index("vec", "IVF_FLAT", num_partitions=2)
-    await ds.initialize_mem_wal()
+    await ds.initialize_mem_wal(manual_shards=True)  # two shards of disjoint keys (even / odd)
     model = Model()
     model.put(base)
     return ds, model

@@ -142,7 +142,7 @@ async def test_reads_through_every_stage_of_the_lsm(table_uri: str) -> None:
 
 async def test_lookup_right_after_flushes_never_fails(table_uri: str) -> None:
     ds = await la.write_dataset(rows(range(10), 0), table_uri)
-    await ds.initialize_mem_wal()
+    await ds.initialize_mem_wal(manual_shards=True)
     errors: list[BaseException] = []
     done = anyio.Event()
     found = 0
@@ -182,7 +182,7 @@ async def test_composite_keys_and_bad_keys(table_uri: str) -> None:
         ),
         table_uri,
     )
-    await ds.initialize_mem_wal()
+    await ds.initialize_mem_wal(manual_shards=True)
     async with ds.mem_wal_writer(str(uuid.uuid4())) as w:
         await w.put(pa.table({"region": ["eu"], "n": [2], "v": [30.0]}, schema=schema))
         got = await w.lsm_point_lookup({"region": "eu", "n": 2})
@@ -232,7 +232,7 @@ async def test_loop_stays_free_during_an_lsm_scan(tmp_path: Path) -> None:
         schema=SCHEMA,
     )
     ds = await la.write_dataset(base, uri)
-    await ds.initialize_mem_wal()
+    await ds.initialize_mem_wal(manual_shards=True)
     async with ds.mem_wal_writer(str(uuid.uuid4()), durable_write=False) as w:
         await w.put(rows(range(0, 20_000), 3))
     ticker = Ticker()
@@ -249,7 +249,7 @@ async def test_loop_stays_free_during_an_lsm_scan(tmp_path: Path) -> None:
 
 async def test_regression_bad_filters_and_keys_are_typed(table_uri: str) -> None:
     ds = await la.write_dataset(rows(range(3), 0), table_uri)
-    await ds.initialize_mem_wal()
+    await ds.initialize_mem_wal(manual_shards=True)
     with pytest.raises(la.InvalidInputError):
         await ds.lsm_scan(filter="id >>> 1").to_table()
     with pytest.raises(la.InvalidInputError, match="null"):
@@ -263,7 +263,7 @@ async def test_regression_bad_filters_and_keys_are_typed(table_uri: str) -> None
 
 async def test_regression_a_writer_sees_other_shards_flushed_rows(table_uri: str) -> None:
     ds = await la.write_dataset(rows(range(5), 0), table_uri)
-    await ds.initialize_mem_wal()
+    await ds.initialize_mem_wal(manual_shards=True)
     async with ds.mem_wal_writer(str(uuid.uuid4())) as reader_side:
         other = await la.open_dataset(table_uri)
         async with other.mem_wal_writer(str(uuid.uuid4())) as a:

@@ -26,7 +26,7 @@ async def test_an_overwrite_then_initialize_retires_the_old_shards(table_uri: st
         await writer.put(kv_table(range(100, 110), value=1))  # flushed at close
 
     ds = await la.write_dataset(kv_table(range(1)), table_uri, mode="overwrite")
-    await ds.initialize_mem_wal()
+    await ds.initialize_mem_wal(manual_shards=True)
     async with ds.mem_wal_writer(sid()) as writer:
         await writer.put(kv_table(range(200, 205), value=2))
         seen = await writer.lsm_scan(columns=["id"]).to_table()
@@ -75,7 +75,7 @@ async def test_old_shards_stay_hidden_at_every_step_of_an_overwrite(table_uri: s
     assert (await ds.lsm_scan(columns=["id"]).to_table()).column("id").to_pylist() == [0]
     assert (await ds.lsm_point_lookup(100)).num_rows == 0
 
-    await ds.initialize_mem_wal()
+    await ds.initialize_mem_wal(manual_shards=True)
     # the record of retired shards was committed first, then the MemWAL
     between = await anyio.to_thread.run_sync(
         lambda: lance.dataset(table_uri, version=ds.version - 1)
@@ -131,7 +131,7 @@ async def test_the_example_server_derives_a_fresh_shard_after_an_overwrite(
     async with ds.mem_wal_writer(first) as writer:
         await writer.put(kv_table(range(100, 105)))
     ds = await la.write_dataset(kv_table(range(1)), uri, mode="overwrite")
-    await ds.initialize_mem_wal()
+    await ds.initialize_mem_wal(manual_shards=True)
     second = (await discover_tables(tmp_path))["events"].shard_id
     assert second is not None and second != first
     async with ds.mem_wal_writer(second) as writer:  # opens: not a retired shard
@@ -162,6 +162,9 @@ async def test_mem_wal_index_details_and_initialize_arguments(table_uri: str) ->
     details = await ds.mem_wal_index_details()
     assert details is not None
     assert details["writer_config_defaults"]["max_memtable_rows"] == "5000"
-    async with ds.mem_wal_writer(sid()) as writer:
+    # no sharding option: bucket sharding on the primary key, lance_async's default
+    sharding = await ds.sharding()
+    assert (sharding.kind, sharding.column, sharding.num_buckets) == ("bucket", "id", 4)
+    async with ds.mem_wal_writer(sharding.shard_ids()[0]) as writer:
         assert writer.max_put_rows <= 5_000
     assert lance.dataset(table_uri).mem_wal_index_details() is not None
