@@ -59,7 +59,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.mark.parametrize("depth", [3_000, 20_000])
-def test_regression_deeply_nested_ndjson_is_a_400_and_the_server_lives(
+def test_regression_deeply_nested_ndjson_is_a_422_and_the_server_lives(
     guarded: Server, depth: int
 ) -> None:
     # 20,000 levels crashed the server (SIGSEGV); 3,000 were an untyped HTTP 500
