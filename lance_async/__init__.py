@@ -15,6 +15,7 @@ import importlib as _importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._memory import MemoryLimits, configure_memory, memory_limits
     from ._threads import ThreadLimits, configure_threads
     from .dataset import AsyncDataset, open_dataset, write_dataset
     from .errors import (
@@ -24,8 +25,10 @@ if TYPE_CHECKING:
         ContentionError,
         DatasetNotFoundError,
         DecodeError,
+        DuplicateKeyError,
         InvalidInputError,
         LanceAsyncError,
+        ResourceExhaustedError,
         SchemaMismatchError,
         SourceChangedError,
         SourceConsumedError,
@@ -71,11 +74,16 @@ _LOCATIONS: dict[str, str] = {
     "ClosedError": ".errors",
     "coerce_source": ".sources",
     "CompactionResult": ".memwal",
+    "configure_memory": "._memory",
     "configure_threads": "._threads",
+    "memory_limits": "._memory",
+    "MemoryLimits": "._memory",
+    "ResourceExhaustedError": ".errors",
     "ConflictError": ".errors",
     "ContentionError": ".errors",
     "DatasetNotFoundError": ".errors",
     "DecodeError": ".errors",
+    "DuplicateKeyError": ".errors",
     "Feed": ".feeds",
     "file_source": ".sources",
     "FileFeed": ".feeds",
@@ -123,6 +131,7 @@ __all__ = [
     "ContentionError",
     "DatasetNotFoundError",
     "DecodeError",
+    "DuplicateKeyError",
     "Feed",
     "FileFeed",
     "FileSource",
@@ -130,9 +139,11 @@ __all__ = [
     "InvalidInputError",
     "IterableFeed",
     "LanceAsyncError",
+    "MemoryLimits",
     "MergeResult",
     "Message",
     "PutSummary",
+    "ResourceExhaustedError",
     "SchemaMismatchError",
     "ShardRouter",
     "ShardSnapshot",
@@ -150,10 +161,12 @@ __all__ = [
     "WrongEventLoopError",
     "bridge_reader",
     "coerce_source",
+    "configure_memory",
     "configure_threads",
     "file_source",
     "ingest",
     "iterate_reader",
+    "memory_limits",
     "open_dataset",
     "replayable",
     "resolve_source",

@@ -26,6 +26,7 @@ import lance
 import pyarrow as pa
 from lance.dataset import LanceDataset
 
+from ._filters import check_filter
 from ._schema import primary_key
 from ._threads import run_sync
 from .errors import DatasetNotFoundError, SchemaMismatchError, raise_mapped
@@ -200,7 +201,8 @@ class AsyncDataset:
         columns : list of str or dict, optional
             Columns to read, or ``{name: SQL expression}``.
         filter : str, optional
-            Lance SQL filter.
+            Lance SQL filter: one expression (see :func:`check_filter`;
+            :class:`~lance_async.errors.FilterError` otherwise, at the call).
         limit, offset : int, optional
             Rows to return / skip.
         batch_size : int, optional
@@ -232,7 +234,7 @@ class AsyncDataset:
         options: dict[str, Any] = dict(scanner_options)
         for key, value in (
             ("columns", columns),
-            ("filter", filter),
+            ("filter", check_filter(filter)),
             ("limit", limit),
             ("offset", offset),
             ("batch_size", batch_size),
@@ -259,13 +261,18 @@ class AsyncDataset:
         """Read rows into one table (``LanceDataset.to_table`` on a worker thread).
 
         Keyword arguments are those of ``LanceDataset.scanner`` (columns,
-        filter, limit, offset, nearest, ...).
+        filter, limit, offset, nearest, ...); a string ``filter`` must be
+        one expression (:class:`~lance_async.errors.FilterError`).
         """
+        if "filter" in scanner_options:
+            scanner_options["filter"] = check_filter(scanner_options["filter"])
         return await _engine(lambda: self._ds.to_table(**scanner_options))
 
     async def count_rows(self, filter: str | None = None) -> int:
-        """Number of rows, optionally matching a Lance SQL ``filter``."""
-        return int(await _engine(lambda: self._ds.count_rows(filter)))
+        """Number of rows, optionally matching a Lance SQL ``filter`` (one
+        expression: :class:`~lance_async.errors.FilterError` otherwise)."""
+        checked = check_filter(filter)
+        return int(await _engine(lambda: self._ds.count_rows(checked)))
 
     async def take(self, indices: Sequence[int], columns: Sequence[str] | None = None) -> pa.Table:
         """Rows at the given offsets (0-based, in the given order)."""
@@ -289,8 +296,16 @@ class AsyncDataset:
         return result
 
     async def delete(self, filter: str, **options: Any) -> Any:
-        """Delete rows matching a Lance SQL ``filter``; returns pylance's DeleteResult."""
-        return await self._mutate(lambda d: d.delete(filter, **options))
+        """Delete rows matching a Lance SQL ``filter``; returns pylance's DeleteResult.
+
+        Raises
+        ------
+        FilterError
+            ``filter`` is not one expression (pylance would ignore what
+            follows the first one and delete by that).
+        """
+        checked = check_filter(filter)
+        return await self._mutate(lambda d: d.delete(checked, **options))
 
     async def update(
         self, values: Mapping[str, str], where: str | None = None, **options: Any
@@ -301,8 +316,14 @@ class AsyncDataset:
         -------
         dict
             pylance's result, e.g. ``{"num_rows_updated": n}``.
+
+        Raises
+        ------
+        FilterError
+            ``where`` is not one expression.
         """
-        return dict(await self._mutate(lambda d: d.update(dict(values), where=where, **options)))
+        checked = check_filter(where)
+        return dict(await self._mutate(lambda d: d.update(dict(values), where=checked, **options)))
 
     async def create_index(
         self, column: str | list[str], index_type: str, **options: Any

@@ -27,6 +27,7 @@ import pyarrow as pa
 from lance.mem_wal import LsmPointLookupPlanner, LsmScanner
 from lance.mem_wal import ShardSnapshot as LanceShardSnapshot
 
+from .._filters import check_filter
 from .._schema import primary_key
 from .._threads import run_sync
 from ..errors import (
@@ -62,6 +63,7 @@ def scanner_stream(
         if missing:
             raise SchemaMismatchError(f"no column {missing[0]!r} in the table", field=missing[0])
         schema = pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
+    filter = check_filter(filter)  # one expression, as on every read path
 
     async def prepare() -> Callable[[], Any]:
         scanner = await make_scanner()

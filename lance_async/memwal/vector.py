@@ -17,6 +17,7 @@ import pyarrow as pa
 from lance.mem_wal import LsmScanner, LsmVectorSearchPlanner
 from lance.mem_wal import ShardSnapshot as LanceShardSnapshot
 
+from .._filters import check_filter
 from .._schema import primary_key
 from ..errors import InvalidInputError, SchemaMismatchError
 from .snapshots import ShardSnapshot, ShardSnapshots, with_snapshots
@@ -83,6 +84,7 @@ def exact_knn_scan(
     (every column otherwise); the result has ``columns`` (or all) and
     ``_distance``.
     """
+    filter = check_filter(filter)
     sc = scanner.filter(filter) if filter else scanner
     if columns is not None:
         sc = sc.project(list(dict.fromkeys([*columns, column])))
@@ -141,6 +143,7 @@ async def lsm_vector_search(
     InvalidInputError
         ``k`` < 1, a bad metric or query.
     """
+    filter = check_filter(filter)  # one expression, as on every read path
     if k < 1:
         raise InvalidInputError("k must be >= 1")
     q = np.asarray(query, dtype=np.float32).reshape(-1)

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from .._loop import LoopHandle, aclose_shielded, unwrap_groups
 from .._schema import conform_batch
-from .._threads import reader_limiter
+from .._threads import reader_limiter, stop_threads_at_loop_end, track_thread, untrack_thread
 from ..errors import ClosedError, LanceAsyncError, SourceError
 
 __all__ = [
@@ -226,6 +226,11 @@ class AsyncBatchStream:
     * Bound to the event loop of its first use; another loop raises
       :class:`~lance_async.errors.WrongEventLoopError`.
     * Errors raised by the reader are raised by ``__anext__`` unchanged.
+    * A stream still open when its event loop ends (``asyncio.run`` or
+      ``trio.run`` returns) is stopped then: its thread is asked to stop and
+      joined, and its reader closed, so no engine reader outlives the loop
+      (pylance aborts the process when one is still running as the
+      interpreter finalizes).
     """
 
     def __init__(
@@ -320,6 +325,8 @@ class AsyncBatchStream:
             self._opener = await self._prepare()
         limiter = reader_limiter()
         holder = object()
+        key = self._loop.key
+        await stop_threads_at_loop_end(key)
         await limiter.acquire_on_behalf_of(holder)
         try:
             shared = _ReaderThread(
@@ -329,7 +336,15 @@ class AsyncBatchStream:
                 self._loop,
                 lambda: limiter.release_on_behalf_of(holder),
             )
-            thread = threading.Thread(target=shared.run, name="lance_async-stream", daemon=True)
+
+            def run() -> None:
+                try:
+                    shared.run()
+                finally:
+                    untrack_thread(key, thread)
+
+            thread = threading.Thread(target=run, name="lance_async-stream", daemon=True)
+            track_thread(key, thread, shared.request_stop)
             thread.start()
         except BaseException:
             limiter.release_on_behalf_of(holder)

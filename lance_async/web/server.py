@@ -18,10 +18,11 @@ first's writers).
 Endpoints
 ---------
 ``POST /tables/{name}/merge?on=KEY``
-    Streams the body (Arrow IPC stream, NDJSON or CSV) into one merge_insert
-    (update matched rows, insert the rest; ``on`` defaults to the primary
-    key, repeat it for composite keys) and answers the MergeResult as JSON.
-    Conflicts are retried from a spool of the body (see
+    Reads the body (Arrow IPC stream, NDJSON or CSV) to its end into a spool
+    (memory up to 4 MiB, then a temporary file), then merges the spool with
+    one merge_insert (update matched rows, insert the rest; ``on`` defaults
+    to the primary key, repeat it for composite keys) and answers the
+    MergeResult as JSON. Conflicts replay the spool (see
     :func:`lance_async.fastapi.merge_body`).
 ``POST /tables/{name}/ingest``
     Reads the body to its end, checking every row and spooling it (memory
@@ -47,6 +48,13 @@ unknown ``Content-Type``, 422 when the body does not fit the table (naming
 the column), 404 for unknown tables, 400 for filters outside the allowed form
 and for bodies already consumed, 409 when a table does not take that kind of
 write.
+
+Slow clients
+------------
+No engine thread ever waits on a client: bodies are read whole before the
+engine runs. A body that pauses longer than ``BodyLimits.body_idle_timeout``
+(30 s by default) is a 408 and writes nothing; past ``max_uploads`` bodies
+in flight (16 by default) a new upload is a 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -69,7 +77,12 @@ from fastapi import FastAPI, HTTPException, Query, Request, Response
 from .._storage import filesystem, join
 from .._threads import ThreadLimits, run_sync, stream_limiter
 from ..dataset import open_dataset
-from ..errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
+from ..errors import (
+    DatasetNotFoundError,
+    InvalidInputError,
+    SchemaMismatchError,
+    ServerBusyError,
+)
 from . import (
     BatchStreamResponse,
     BodyBatches,
@@ -181,6 +194,7 @@ class _Gauges:
     uploads_in_flight: int = 0
     uploads_ok: int = 0
     uploads_failed: int = 0
+    uploads_refused: int = 0
     scans_open: int = 0
     scans_done: int = 0
     rows_streamed: int = 0
@@ -247,6 +261,7 @@ def create_app(
     threads: ThreadLimits | None = None,
     writer_options: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, str] | None = None,
+    max_uploads: int | None = 16,
 ) -> FastAPI:
     """Build the example app.
 
@@ -281,6 +296,13 @@ def create_app(
         memory until their memtable is flushed, up to
         ``max_unflushed_memtable_bytes`` (pylance's default: 1 GB); set it
         (with ``max_memtable_size`` below it) to bound a server's memory.
+    max_uploads : int or None
+        Request bodies (merges and ingests) read at once (default 16; None:
+        no cap). One more is answered 503 with ``Retry-After``
+        (:class:`~lance_async.errors.ServerBusyError`) before its body is
+        read. Bodies are read whole (spooled) before any engine call, so
+        slow or stalled uploads never hold engine threads; this cap bounds
+        the connections, spools and decoder work they can hold instead.
 
     storage_options : mapping, optional
         Object-store options of ``root`` and its tables.
@@ -292,8 +314,11 @@ def create_app(
     Raises
     ------
     ValueError
-        ``root`` is not a directory, or a table name is invalid.
+        ``root`` is not a directory, a table name is invalid, or
+        ``max_uploads`` < 1.
     """
+    if max_uploads is not None and max_uploads < 1:
+        raise ValueError(f"max_uploads must be >= 1 or None, got {max_uploads}")
     root_dir = os.fspath(root) if root is not None else None
     if root_dir is not None and "://" not in root_dir and not os.path.isdir(root_dir):
         raise ValueError(f"root {root_dir!r} is not a directory")
@@ -334,6 +359,7 @@ def create_app(
                 "upload_bytes_received": gauges.upload_bytes(),
                 "uploads_ok": gauges.uploads_ok,
                 "uploads_failed": gauges.uploads_failed,
+                "uploads_refused": gauges.uploads_refused,
                 "scans_open": gauges.scans_open,
                 "scans_done": gauges.scans_done,
                 "rows_streamed": gauges.rows_streamed,
@@ -361,6 +387,12 @@ def create_app(
         request: Request, schema: pa.Schema, **options: Any
     ) -> AsyncIterator[BodyBatches]:
         """The request body, spooled, counted in the gauges while in flight."""
+        if max_uploads is not None and gauges.uploads_in_flight >= max_uploads:
+            gauges.uploads_refused += 1
+            raise ServerBusyError(
+                f"the server is reading {gauges.uploads_in_flight} uploads, as many as it takes "
+                "at once (max_uploads); nothing was read, retry later"
+            )
         gauges.uploads_in_flight += 1
         try:
             async with request_batches(
@@ -407,6 +439,7 @@ def create_app(
                 keys,
                 conflict_retries=conflict_retries,
                 retry_timeout=retry_timeout,
+                spool_dir=spool_dir,
             )
             stats = body.statistics()
         return json_response(
