@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import lance
@@ -21,7 +20,7 @@ import pytest
 
 import lance_async as la
 
-from .helpers import PK
+from .helpers import PK, CompetingSource
 from .services import S3Bucket
 
 pytestmark = pytest.mark.anyio
@@ -79,17 +78,11 @@ async def test_the_whole_stack_runs_on_s3_with_storage_options_only(s3_bucket: S
     ds = await la.write_dataset(rows(range(50), 0), uri, storage_options=options)
     assert ds.storage_options == options
 
-    # merge_insert that loses one commit race and is retried by replay: while its
-    # first pass is read, another process commits an upsert of the same rows
-    passes = 0
-
-    def source() -> Iterator[pa.RecordBatch]:
-        nonlocal passes
-        passes += 1
-        if passes == 1:  # while the engine reads the pass: after its checkout
-            compete_in_another_process(uri, options)
-        yield from rows([2, 3, 60], 100).to_batches()
-
+    # merge_insert that loses one commit race and is retried by replay: once the
+    # engine has read its first pass, another process commits an upsert of the same rows
+    source = CompetingSource(
+        rows([2, 3, 60], 100), lambda: compete_in_another_process(uri, options)
+    )
     contended = await la.open_dataset(uri, storage_options=options)
     result = await (
         contended.merge_insert("id")
@@ -97,7 +90,7 @@ async def test_the_whole_stack_runs_on_s3_with_storage_options_only(s3_bucket: S
         .when_not_matched_insert_all()
         .execute(la.replayable(source, schema=SCHEMA))
     )
-    assert result.num_attempts == 2 and passes == 2
+    assert result.num_attempts == 2 and source.competed == 1
 
     # the MemWAL: default bucket sharding, durable sends through the routing writer
     ds = await la.open_dataset(uri, storage_options=options)
