@@ -156,3 +156,71 @@ async def test_a_forgotten_storage_option_fails_instead_of_reaching_aws(
     uri = s3_bucket.uri(f"{uuid.uuid4().hex}.lance")
     with pytest.raises((OSError, la.LanceAsyncError)):
         await la.write_dataset(rows(range(3), 0), uri)
+
+
+def test_serve_takes_its_tables_from_a_bucket(
+    s3_bucket: S3Bucket, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+    import time
+
+    import httpx
+
+    options = s3_bucket.storage_options
+    lance.write_dataset(
+        rows(range(7), 1), s3_bucket.uri("tables/kv.lance"), storage_options=options
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # settings from a config file and the environment, as a deployment would set them
+    config = tmp_path / "serve.json"
+    config.write_text(json.dumps({"root": s3_bucket.uri("tables"), "port": 1}))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("LANCE_ASYNC_SERVE_")},
+        "LANCE_ASYNC_SERVE_STORAGE_OPTIONS": json.dumps(options),
+        "LANCE_ASYNC_SERVE_PORT": str(port),  # the environment beats the file
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lance_async", "serve", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        got = httpx.get(f"http://127.0.0.1:{port}/tables/kv/rows?columns=id,value", timeout=10)
+        assert got.status_code == 200
+        assert sorted(json.loads(line)["id"] for line in got.text.splitlines()) == list(range(7))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_serve_settings_precedence(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lance_async.web.settings import ServeSettings
+
+    config = tmp_path / "s.toml"
+    config.write_text('root = "s3://b/t"\nport = 9000\n[storage_options]\naws_region = "eu"\n')
+    monkeypatch.setenv("LANCE_ASYNC_SERVE_PORT", "9100")
+    got = ServeSettings.load(config, host="0.0.0.0", port=None)
+    assert (got.root, got.port, got.host) == ("s3://b/t", 9100, "0.0.0.0")
+    assert got.storage_options == {"aws_region": "eu"}
+    assert ServeSettings.load(config, port=9200).port == 9200  # options beat the environment
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="does not parse"):
+        ServeSettings.load(bad)
+    with pytest.raises(ValueError):
+        ServeSettings.load(None, port=70000)

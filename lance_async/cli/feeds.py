@@ -22,6 +22,7 @@ import typer
 
 from .._threads import run_sync, stream_limiter
 from ..cluster import (
+    KafkaPublisher,
     NatsLeaseTable,
     NatsPartitions,
     NatsPublisher,
@@ -29,6 +30,8 @@ from ..cluster import (
     RedisPartitions,
     RedisPublisher,
 )
+from ..cluster.balancer import LeaseCoordinator
+from ..cluster.kafka import KafkaCoordinator
 from ..feeds import IterableFeed
 from ..sources.decoders import make_decoder
 
@@ -101,8 +104,8 @@ def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> 
 
 async def open_partitioned(
     url: str, group: str, member: str, partitions: int, ttl: float, ack_wait: float
-) -> tuple[Any, Any, Any]:
-    """(partitioned feed, lease table, closer) for a ``redis://`` or ``nats://`` URL."""
+) -> tuple[Any, Any]:
+    """(coordinator, closer) for a ``redis://``, ``nats://`` or ``kafka://`` URL."""
     parsed = urlparse(url)
     path = [p for p in parsed.path.split("/") if p]
     query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
@@ -115,7 +118,7 @@ async def open_partitioned(
         key = path[0]
         feeds = RedisPartitions(client, key, group, partitions, field=query.get("field", "data"))
         leases = RedisLeaseTable(client, f"lance-async:leases:{group}:{key}", member, ttl)
-        return feeds, leases, client.aclose
+        return LeaseCoordinator(feeds, leases), client.aclose
     if parsed.scheme == "nats":
         import nats
 
@@ -130,9 +133,35 @@ async def open_partitioned(
         bucket = await NatsLeaseTable.bucket(
             nc.jetstream(), f"lance-async-leases-{group}-{stream}", ttl
         )
-        return subjects, NatsLeaseTable(bucket, member, ttl), nc.close
+        return LeaseCoordinator(subjects, NatsLeaseTable(bucket, member, ttl)), nc.close
+    if parsed.scheme == "kafka":
+        from aiokafka import AIOKafkaConsumer
+
+        if len(path) != 1:
+            raise typer.BadParameter(
+                "a Kafka feed is kafka://HOST:PORT/TOPIC[?session_timeout_ms=...] "
+                "(a topic of N partitions)"
+            )
+        try:
+            options = {k: int(v) for k, v in query.items()}
+        except ValueError:
+            raise typer.BadParameter("Kafka consumer options in the URL must be integers") from None
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=parsed.netloc,
+            group_id=group,
+            client_id=member,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **options,
+        )
+
+        async def nothing() -> None:
+            await anyio.lowlevel.checkpoint()
+
+        return KafkaCoordinator(consumer, path[0], partitions, member), nothing
     raise typer.BadParameter(
-        f"unsupported feed {url!r}: use redis://HOST:PORT/KEY or nats://HOST:PORT/STREAM/SUBJECT"
+        f"unsupported feed {url!r}: use redis://HOST:PORT/KEY, nats://HOST:PORT/STREAM/SUBJECT "
+        "or kafka://HOST:PORT/TOPIC"
     )
 
 
@@ -158,6 +187,15 @@ async def open_publisher(url: str, partitions: int) -> tuple[Any, Any]:
         stream, subject = path
         await NatsPartitions(nc, stream, subject, "lance-async", partitions).ensure_stream()
         return NatsPublisher(nc, subject, partitions), nc.close
+    if parsed.scheme == "kafka":
+        from aiokafka import AIOKafkaProducer
+
+        if len(path) != 1:
+            raise typer.BadParameter("a Kafka target is kafka://HOST:PORT/TOPIC (N partitions)")
+        producer = AIOKafkaProducer(bootstrap_servers=parsed.netloc, acks="all")
+        await producer.start()
+        return KafkaPublisher(producer, path[0], partitions), producer.stop
     raise typer.BadParameter(
-        f"unsupported target {url!r}: use redis://HOST:PORT/KEY or nats://HOST:PORT/STREAM/SUBJECT"
+        f"unsupported target {url!r}: use redis://HOST:PORT/KEY, nats://HOST:PORT/STREAM/SUBJECT "
+        "or kafka://HOST:PORT/TOPIC"
     )

@@ -62,8 +62,9 @@ async def _health(port: int, worker: Worker) -> None:
 def worker(
     feed: str = typer.Argument(
         ...,
-        help="The partitioned feed: redis://HOST:PORT/KEY (streams KEY:0..N-1) or "
-        "nats://HOST:PORT/STREAM/SUBJECT (subjects SUBJECT.0..N-1); N = the table's buckets.",
+        help="The partitioned feed: redis://HOST:PORT/KEY (streams KEY:0..N-1), "
+        "nats://HOST:PORT/STREAM/SUBJECT (subjects SUBJECT.0..N-1) or "
+        "kafka://HOST:PORT/TOPIC[?session_timeout_ms=...] (N partitions); N = the table's buckets.",
     ),
     table_uri: str = typer.Argument(..., help="The Lance table (MemWAL bucket-sharded)."),
     group: str = typer.Option("lance-async", "--group", help="The worker group's name."),
@@ -105,10 +106,10 @@ def worker(
                 f"lance-async init-wal {table_uri} --num-buckets N"
             )
         partitions = (await Partitioner.for_dataset(ds)).num_partitions
-        feeds, leases, close = await open_partitioned(
+        coordinator, close = await open_partitioned(
             feed, group, name, partitions, lease_ttl, ack_wait
         )
-        w = Worker(ds, feeds, leases)
+        w = Worker(ds, coordinator=coordinator)
         try:
             async with anyio.create_task_group() as tg:
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from ..feeds.base import Feed
 
 __all__ = [
+    "KafkaPublisher",
     "NatsPartitions",
     "NatsPublisher",
     "PartitionedFeed",
@@ -273,3 +274,40 @@ class NatsPublisher:
     async def aclose(self) -> None:
         if self._owns:
             await self._client.close()
+
+
+# -- Kafka -----------------------------------------------------------------------------
+
+
+class KafkaPublisher:
+    """aiokafka produce to partition ``p`` of one topic, acknowledged by the broker.
+
+    Parameters
+    ----------
+    producer : aiokafka.AIOKafkaProducer
+        Started by the caller (``acks="all"`` recommended).
+    topic : str
+    num_partitions : int
+    owns_producer : bool
+        Stop ``producer`` in :meth:`aclose`.
+    """
+
+    def __init__(
+        self, producer: Any, topic: str, num_partitions: int, *, owns_producer: bool = False
+    ) -> None:
+        self._producer = producer
+        self.topic = topic
+        self.num_partitions = num_partitions
+        self._owns = owns_producer
+
+    def publish(self, partition: int, payload: bytes) -> Awaitable[Any]:
+        if not 0 <= partition < self.num_partitions:
+            raise ValueError(f"partition {partition} is not in 0..{self.num_partitions - 1}")
+        result: Awaitable[Any] = self._producer.send_and_wait(
+            self.topic, payload, partition=partition
+        )
+        return result
+
+    async def aclose(self) -> None:
+        if self._owns:
+            await self._producer.stop()
