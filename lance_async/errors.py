@@ -187,11 +187,14 @@ class DecodeError(InvalidInputError):
     ----------
     offset : object
         The message's offset or id in its feed (stream sequence, entry id, ...).
+    field : str or None
+        The field whose value does not fit the column, when one can be named.
     """
 
-    def __init__(self, message: str, *, offset: object = None) -> None:
+    def __init__(self, message: str, *, offset: object = None, field: str | None = None) -> None:
         super().__init__(message)
         self.offset = offset
+        self.field = field
 
 
 class ConflictError(LanceAsyncError):

@@ -71,7 +71,7 @@ from .errors import (
     map_engine_error,
     raise_mapped,
 )
-from .sources import SourceMode, WriteSource, resolve_source
+from .sources import SourceMode, WriteSource, resolve_source, rows_schema
 
 if TYPE_CHECKING:
     from .dataset import AsyncDataset
@@ -290,7 +290,9 @@ class AsyncMergeInsertBuilder:
                 )
 
     async def _prepare(self, source: Any, schema: pa.Schema | None) -> WriteSource:
-        src = await resolve_source(source, schema=schema)
+        src = await resolve_source(
+            source, schema=schema or rows_schema(source, self._dataset.schema)
+        )
         self._check_source(src)
         if self._duplicates == "keep_last" and src.mode is not SourceMode.MATERIALIZED:
             src = await _materialize(src)

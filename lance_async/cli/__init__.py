@@ -2,6 +2,9 @@
 
 Commands
 --------
+``create TABLE_URI (--from FILE | --schema SPEC) --key COLUMN``
+    A new table from a file (or ``-``, stdin) or a schema, with its primary
+    key (refused without one unless ``--no-key``).
 ``demo [--dir PATH]``
     The main job: the whole mission on the 2013 NYC flights (see
     :mod:`lance_async.demo`). Exit code 0 only when every check holds.
@@ -10,12 +13,15 @@ Commands
     ``redis://host:port/STREAM`` into the table's MemWAL; every message is
     acknowledged once its rows are durable. A file is checked whole first
     (it is replayable), so a bad line writes nothing.
-``merge SOURCE TABLE_URI --on KEY``
-    Upsert a file into the table (merge_insert on a replayable source).
+``merge SOURCE TABLE_URI [--on KEY [--allow-non-key]]``
+    Upsert a file (or ``-``, stdin, copied to a temporary file first) into
+    the table (merge_insert on a replayable source); ``--on`` a column that
+    is not the primary key is refused unless ``--allow-non-key``.
 ``scan TABLE_URI [--filter EXPR] [--columns A,B] [--format table|ndjson|ipc]``
     Stream rows to standard output.
 ``info TABLE_URI``
-    Versions, rows, MemWAL shards and their generations.
+    Versions, rows (base table, flushed generations, unflushed WAL, the LSM
+    view), MemWAL shards and their generations.
 ``serve [--root DIR]``
     The example FastAPI app (``fastapi`` extra).
 
@@ -25,7 +31,14 @@ cannot parse, a missing file, no table at the URI -- and with 1 for anything
 else (bad data, conflicts, a table in the wrong state, a broker or engine
 failure). "Nothing was written" is said only when it is true: a file checked
 whole before the first write (``ingest``'s default), or a ``merge`` (which
-commits all or nothing).
+commits all or nothing). Every error is one line on standard error.
+
+Progress goes to standard error: bars with a total where one is known (a
+file's bytes, a file's rows counted by its check) on a terminal, and plain
+lines every few seconds when standard error is a file or a pipe.
+
+Start-up: the command modules import only typer, rich and anyio; pylance and
+pyarrow are imported by the commands that run, so ``--help`` stays fast.
 
 Output is encoded and written, and input decoded, on the library's worker
 threads (``stream`` limiter), never on the event loop.
@@ -40,7 +53,7 @@ import os
 # It reads LANCE_LOG once, when pylance is imported: so before any import of it.
 os.environ.setdefault("LANCE_LOG", "critical")
 
-from . import demo, ingest, scan, serve, tables, worker  # noqa: F401  (they register commands)
+from . import create, demo, ingest, scan, serve, tables, worker  # noqa: F401  (they register commands)
 from .common import app
 
 __all__ = ["app", "main"]

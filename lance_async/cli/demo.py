@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import typer
-from rich.progress import Progress, TaskID
-from rich.table import Table
 
 from .common import (
     app,
+    err,
     out,
-    progress_bar,
     run_command,
 )
 
 
 class _RichDemoProgress:
-    def __init__(self, progress: Progress) -> None:
+    """The demo's stages as rich bars (standard error is a terminal)."""
+
+    def __init__(self, progress: Any) -> None:
         self.progress = progress
-        self.tasks: dict[str, TaskID] = {}
+        self.tasks: dict[str, Any] = {}
 
     def stage(self, name: str, total: float | None) -> None:
         if name not in self.tasks:
@@ -37,15 +40,71 @@ class _RichDemoProgress:
             self.progress.update(self.tasks[name], total=1, completed=1)
 
 
+class _PlainDemoProgress:
+    """The demo's stages as plain lines (standard error is a log or a pipe):
+    one when a stage starts and ends, and at most one every ``interval``
+    seconds while it runs."""
+
+    def __init__(self, interval: float = 5.0) -> None:
+        self.interval = interval
+        self.totals: dict[str, float | None] = {}
+        self.done_so_far: dict[str, float] = {}
+        self.last = time.monotonic()
+
+    def _print(self, line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def stage(self, name: str, total: float | None) -> None:
+        if name not in self.totals:
+            self.totals[name] = total
+            self.done_so_far[name] = 0.0
+            self._print(f"{name}: started")
+
+    def advance(self, name: str, amount: float) -> None:
+        if name not in self.totals:
+            return
+        self.done_so_far[name] += amount
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            total = self.totals[name]
+            of = f" of {total:,.0f}" if total else ""
+            self._print(f"{name}: {self.done_so_far[name]:,.0f}{of}")
+
+    def log(self, message: str) -> None:
+        self._print(f"  {message}")
+
+    def done(self, name: str) -> None:
+        if name in self.totals:
+            self._print(f"{name}: done")
+
+
 @app.command()
 def demo(
-    dir: str = typer.Option("lance_async_demo", "--dir", help="Where the demo's tables go."),
+    dir: str = typer.Option(
+        "lance_async_demo", "--dir", metavar="DIR", help="Where the demo's tables go."
+    ),
 ) -> None:
     """Run the whole mission on the 2013 NYC flights (336,776 rows)."""
+    from rich.table import Table
+
     from ..demo import run_demo
 
-    with progress_bar() as progress:
-        report = run_command(lambda: run_demo(Path(dir), _RichDemoProgress(progress)))
+    if sys.stderr.isatty():
+        from rich import progress as rp
+
+        bar = rp.Progress(
+            rp.SpinnerColumn(),
+            rp.TextColumn("[bold]{task.description}"),
+            rp.BarColumn(),
+            rp.MofNCompleteColumn(),
+            rp.TimeElapsedColumn(),
+            console=err,
+        )
+        with bar:
+            report = run_command(lambda: run_demo(Path(dir), _RichDemoProgress(bar)))
+    else:
+        report = run_command(lambda: run_demo(Path(dir), _PlainDemoProgress()))
     summary = Table(title="lance-async demo", show_header=False)
     summary.add_row("rows ingested (durable, acked)", f"{report.rows_ingested:,}")
     summary.add_row("engine puts (group commit)", f"{report.engine_puts:,}")

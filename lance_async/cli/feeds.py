@@ -13,27 +13,14 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
 import anyio
-import pyarrow as pa
 import typer
 
-from .._threads import run_sync, stream_limiter
-from ..cluster import (
-    KafkaPublisher,
-    NatsLeaseTable,
-    NatsPartitions,
-    NatsPublisher,
-    RedisLeaseTable,
-    RedisPartitions,
-    RedisPublisher,
-)
-from ..cluster.balancer import LeaseCoordinator
-from ..cluster.kafka import KafkaCoordinator
-from ..feeds import IterableFeed
-from ..sources.decoders import make_decoder
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["open_feed", "open_partitioned", "open_publisher", "stdin_batches"]
 
@@ -41,6 +28,9 @@ __all__ = ["open_feed", "open_partitioned", "open_publisher", "stdin_batches"]
 async def stdin_batches(fmt: str, schema: pa.Schema) -> AsyncIterator[pa.RecordBatch]:
     """Standard input decoded as it arrives (``read1``: whatever the pipe
     holds, up to 1 MiB); the decoder runs on a worker thread."""
+    from .._threads import run_sync, stream_limiter
+    from ..sources.decoders import make_decoder
+
     decoder = make_decoder(fmt, schema)
     stdin = anyio.wrap_file(sys.stdin.buffer)
     limiter = stream_limiter()
@@ -54,6 +44,8 @@ async def stdin_batches(fmt: str, schema: pa.Schema) -> AsyncIterator[pa.RecordB
 def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> Any:
     """An async context manager (or plain feed) for SOURCE."""
     if source == "-":
+        from ..feeds import IterableFeed
+
         return IterableFeed(stdin_batches(fmt or "ndjson", schema))
     url = urlparse(source)
     query = {k: v[-1] for k, v in parse_qs(url.query).items()}
@@ -106,6 +98,10 @@ async def open_partitioned(
     url: str, group: str, member: str, partitions: int, ttl: float, ack_wait: float
 ) -> tuple[Any, Any]:
     """(coordinator, closer) for a ``redis://``, ``nats://`` or ``kafka://`` URL."""
+    from ..cluster import NatsLeaseTable, NatsPartitions, RedisLeaseTable, RedisPartitions
+    from ..cluster.balancer import LeaseCoordinator
+    from ..cluster.kafka import KafkaCoordinator
+
     parsed = urlparse(url)
     path = [p for p in parsed.path.split("/") if p]
     query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
@@ -167,6 +163,8 @@ async def open_partitioned(
 
 async def open_publisher(url: str, partitions: int) -> tuple[Any, Any]:
     """(publisher, closer) of a partitioned feed's URL (see the module notes)."""
+    from ..cluster import KafkaPublisher, NatsPartitions, NatsPublisher, RedisPublisher
+
     parsed = urlparse(url)
     path = [p for p in parsed.path.split("/") if p]
     if parsed.scheme in ("redis", "rediss"):

@@ -4,35 +4,44 @@ from __future__ import annotations
 
 import os
 import uuid
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import anyio
-import pyarrow as pa
 import typer
 
-from .. import errors
-from ..feeds import Feed, IngestStats, ingest
-from ..sources.files import file_source
 from .common import (
     STORAGE_OPTION,
+    Progress,
     Writes,
     app,
+    check_format,
     count,
-    err,
+    fail,
+    file_size,
     format_of,
     open_table,
     out,
-    progress_bar,
+    require_mem_wal,
     run_command,
 )
-from .feeds import open_feed
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ..feeds import Feed, IngestStats
 
 
 async def _validate_file(source: str, fmt: str | None, schema: pa.Schema) -> int:
     """Decode the whole file once (it is replayable); count its rows."""
+    from ..sources.files import file_source
+
     rows = 0
-    async for batch in file_source(source, format=fmt, schema=schema).open():
-        rows += batch.num_rows
+    size = await file_size(source)
+    with Progress("check", size, unit="bytes") as progress:
+        src = file_source(source, format=fmt, schema=schema, on_read=progress.update)
+        async for batch in src.open():
+            rows += batch.num_rows
     return rows
 
 
@@ -40,7 +49,7 @@ async def _validate_file(source: str, fmt: str | None, schema: pa.Schema) -> int
 def ingest_cmd(
     source: str = typer.Argument(
         ...,
-        help="A file (.ndjson/.jsonl/.json, .csv, .arrow/.arrows/.ipc), '-' for stdin, "
+        help="A file (.ndjson/.jsonl, .json, .csv, .arrow/.arrows/.ipc), '-' for stdin, "
         "nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME] or "
         "redis://HOST:PORT/STREAM[?group=G&field=F].",
     ),
@@ -51,11 +60,13 @@ def ingest_cmd(
         None,
         "--format",
         "-f",
-        help="ndjson, csv or ipc (default: from the extension; stdin: ndjson).",
+        metavar="FORMAT",
+        help="ndjson, json, csv or ipc (default: from the extension; stdin: ndjson).",
     ),
     shard: str | None = typer.Option(
         None,
         "--shard",
+        metavar="UUID",
         help="Write only this shard (UUID); rows of other shards are refused. Default: every "
         "row goes to its own shard by the table's sharding spec (a table with manual shards: "
         "to lance_async's one default shard).",
@@ -68,13 +79,15 @@ def ingest_cmd(
         "(--no-validate: rows before a bad line are written and acknowledged).",
     ),
     idle_timeout: float | None = typer.Option(
-        None, "--idle-timeout", help="Stop after this many seconds without a message."
+        None,
+        "--idle-timeout",
+        metavar="SECONDS",
+        help="Stop after this many seconds without a message.",
     ),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Stream SOURCE into TABLE_URI's MemWAL; ack each message once durable."""
-    if format is not None and format not in ("ndjson", "csv", "ipc"):
-        raise typer.BadParameter("--format must be ndjson, csv or ipc")
+    check_format(format)
     if shard is not None:
         try:
             uuid.UUID(shard)
@@ -88,34 +101,33 @@ def ingest_cmd(
         )
     is_file = source != "-" and not scheme
     if is_file and not os.path.exists(source):
-        err.print(f"[red]error:[/red] no such file: {source}")
-        raise typer.Exit(2)
+        fail(f"no such file: {source}", 2)
     if is_file and format is None:
         format = format_of(source)
 
     writes = Writes()
 
     async def run() -> tuple[str, IngestStats]:
+        from ..feeds import ingest
+        from .feeds import open_feed
+
         ds = await open_table(table_uri, storage_option)
-        if await ds.mem_wal_index_details() is None:
-            raise errors.InvalidInputError(
-                f"{table_uri} has no MemWAL; initialize it first: lance-async init-wal {table_uri}"
-            )
+        await require_mem_wal(ds, table_uri)
         sharding = await ds.sharding()
         shard_id = shard
         if shard_id is None and not sharding.sharded:
             shard_id = sharding.default_shard()
         target = "every shard by key" if shard_id is None else f"shard {shard_id}"
+        total = None
         if is_file and validate:
-            await _validate_file(source, format, ds.schema)
+            total = await _validate_file(source, format, ds.schema)
         feed_or_cm = open_feed(source, format, ds.schema, follow)
         if hasattr(feed_or_cm, "__await__"):
             feed_or_cm = await feed_or_cm
-        with progress_bar() as progress:
-            task = progress.add_task("ingest", total=None)
+        with Progress("ingest", None if follow else total, unit="rows") as progress:
 
             def tick(stats: IngestStats) -> None:
-                progress.update(task, completed=stats.rows)
+                progress.update(stats.rows)
 
             async with ds.mem_wal_writer(shard_id) as writer:
                 feed: Feed = feed_or_cm

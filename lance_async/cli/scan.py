@@ -7,14 +7,11 @@ import os
 import sys
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import typer
-from rich.table import Table
 
 from .. import errors
-from .._threads import run_sync, stream_limiter
 from .common import (
     STORAGE_OPTION,
     app,
@@ -24,6 +21,9 @@ from .common import (
     out,
     run_command,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def _json_default(value: Any) -> Any:
@@ -37,13 +37,16 @@ def _json_default(value: Any) -> Any:
 @app.command()
 def scan(
     table_uri: str = typer.Argument(..., help="The Lance table."),
-    filter: str | None = typer.Option(None, "--filter", help="Lance SQL filter."),
-    columns: str | None = typer.Option(None, "--columns", help="Comma-separated columns."),
-    limit: int | None = typer.Option(None, "--limit", help="At most this many rows."),
+    filter: str | None = typer.Option(None, "--filter", metavar="EXPR", help="Lance SQL filter."),
+    columns: str | None = typer.Option(
+        None, "--columns", metavar="A,B,...", help="Comma-separated columns."
+    ),
+    limit: int | None = typer.Option(None, "--limit", metavar="N", help="At most this many rows."),
     format: str | None = typer.Option(
         None,
         "--format",
         "-f",
+        metavar="FORMAT",
         help="table, ndjson or ipc (default: table on a terminal, ndjson in a pipe).",
     ),
     lsm: bool = typer.Option(False, "--lsm", help="Include flushed MemWAL generations."),
@@ -96,6 +99,8 @@ def _ndjson_out(batch: pa.RecordBatch) -> None:
 
 
 async def _write_ndjson(stream: Any) -> None:
+    from .._threads import run_sync, stream_limiter
+
     limiter = stream_limiter()
     async for batch in stream:
         await run_sync(partial(_ndjson_out, batch), limiter=limiter)
@@ -106,6 +111,10 @@ async def _write_ipc(stream: Any) -> None:
     """The stream as an Arrow IPC stream on standard output. Its end-of-stream
     marker is written only after the last batch, so a scan that fails half
     way leaves a stream its reader sees as cut short."""
+    import pyarrow as pa
+
+    from .._threads import run_sync, stream_limiter
+
     sink = sys.stdout.buffer
     limiter = stream_limiter()
     writer = await run_sync(partial(pa.ipc.new_stream, sink, stream.schema), limiter=limiter)
@@ -130,6 +139,8 @@ class _Preview:
 
 async def _preview(stream: Any, most: int = 1_000) -> _Preview:
     """Up to ``most`` rows as Python values (converted on a worker thread)."""
+    from .._threads import run_sync, stream_limiter
+
     preview = _Preview(list(stream.schema.names))
     async for batch in stream:
         preview.total += batch.num_rows
@@ -142,6 +153,8 @@ async def _preview(stream: Any, most: int = 1_000) -> _Preview:
 
 def _print_preview(preview: _Preview) -> None:
     """A table when narrow, one block per row when wide (after the event loop ended)."""
+    from rich.table import Table
+
     names, rows = preview.names, preview.rows
     if len(names) <= 8:
         table = Table(*names)

@@ -15,17 +15,31 @@ __all__ = ["serve"]
 @cli.command()
 def serve(
     root: str | None = typer.Option(
-        None, "--root", help="Directory or object-store prefix of <name>.lance tables (default .)."
+        None,
+        "--root",
+        metavar="DIR",
+        help="Directory or object-store prefix of <name>.lance tables (default .).",
     ),
-    host: str | None = typer.Option(None, "--host", help="Interface (default 127.0.0.1)."),
-    port: int | None = typer.Option(None, "--port", help="TCP port (default 8000)."),
+    host: str | None = typer.Option(
+        None, "--host", metavar="HOST", help="Interface (default 127.0.0.1)."
+    ),
+    port: int | None = typer.Option(
+        None, "--port", metavar="PORT", help="TCP port (default 8000)."
+    ),
     allow_raw_sql: bool | None = typer.Option(
         None, "--allow-raw-sql/--no-raw-sql", help="Accept raw SQL filters."
     ),
-    max_body_bytes: int | None = typer.Option(None, "--max-body-bytes"),
-    spool_dir: str | None = typer.Option(None, "--spool-dir", help="Where replay spools go."),
+    max_body_bytes: int | None = typer.Option(
+        None, "--max-body-bytes", metavar="BYTES", help="Largest request body (default 1 GiB)."
+    ),
+    spool_dir: str | None = typer.Option(
+        None, "--spool-dir", metavar="DIR", help="Where replay spools go."
+    ),
     config: str | None = typer.Option(
-        None, "--config", help="A JSON or TOML file of settings (see lance_async.web.settings)."
+        None,
+        "--config",
+        metavar="FILE",
+        help="A JSON or TOML file of settings (see lance_async.web.settings).",
     ),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:

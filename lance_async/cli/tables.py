@@ -1,49 +1,90 @@
-"""The table commands: ``merge``, ``init-wal``, ``compact``, ``info``."""
+"""The table commands: ``merge``, ``init-wal``, ``compact``, ``info``, ``check``."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
-from ..dataset import AsyncDataset
-from ..memwal.check import ShardCheck
-from ..memwal.sharding import DEFAULT_NUM_BUCKETS, Sharding
-from ..sources.files import file_source
 from .common import (
     STORAGE_OPTION,
+    Progress,
     Writes,
     app,
     check_columns,
+    check_format,
     count,
     err,
+    fail,
+    file_size,
     format_of,
     open_table,
     out,
-    progress_bar,
+    require_mem_wal,
     run_command,
 )
+from .create import spooled_stdin
+
+if TYPE_CHECKING:
+    from ..dataset import AsyncDataset
+    from ..memwal.check import ShardCheck
+    from ..memwal.sharding import Sharding
+
+_DEFAULT_NUM_BUCKETS = 4  # memwal.sharding.DEFAULT_NUM_BUCKETS (a test keeps them equal)
+
+
+def non_key_reason(on: list[str], key: list[str]) -> str:
+    """Why merging on columns other than the primary key is refused by default."""
+    return (
+        f"{', '.join(on)} is not the table's primary key ({', '.join(key)}): every table row "
+        "whose value matches a file row would be overwritten with that whole row, its key "
+        "included, so rows sharing a value end up with one key; pass --allow-non-key if that "
+        "is what you want"
+    )
 
 
 @app.command()
 def merge(
-    source: str = typer.Argument(..., help="A file (ndjson, csv, ipc)."),
+    source: str = typer.Argument(
+        ..., help="A file (.ndjson/.jsonl, .json, .csv, .arrow/.arrows/.ipc), or '-' for stdin."
+    ),
     table_uri: str = typer.Argument(..., help="The Lance table."),
-    on: list[str] = typer.Option(None, "--on", help="Join column(s); default the primary key."),
-    format: str | None = typer.Option(None, "--format", "-f", help="ndjson, csv or ipc."),
+    on: list[str] = typer.Option(
+        None, "--on", metavar="COLUMN", help="Join column(s); default the primary key."
+    ),
+    allow_non_key: bool = typer.Option(
+        False,
+        "--allow-non-key",
+        help="Join on --on columns that are not the primary key (matched rows are overwritten, "
+        "key included).",
+    ),
+    format: str | None = typer.Option(
+        None,
+        "--format",
+        "-f",
+        metavar="FORMAT",
+        help="ndjson, json, csv or ipc (default: from the extension; stdin: ndjson).",
+    ),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
-    """Upsert SOURCE into TABLE_URI (conflicts are retried by re-reading the file)."""
-    if not os.path.exists(source):
-        err.print(f"[red]error:[/red] no such file: {source}")
-        raise typer.Exit(2)
+    """Upsert SOURCE into TABLE_URI: matched rows are updated, the others inserted.
+
+    The merge commits all or nothing; a conflict with another writer is
+    retried by reading the file again (standard input is first copied to a
+    temporary file, so it can be read again).
+    """
+    check_format(format)
+    if source != "-" and not os.path.exists(source):
+        fail(f"no such file: {source}", 2)
+    fmt = format or ("ndjson" if source == "-" else format_of(source))
 
     async def run() -> Any:
+        from ..sources.files import file_source
+
         ds = await open_table(table_uri, storage_option)
         keys = on or ds.primary_key
         if not keys:
@@ -51,20 +92,22 @@ def merge(
                 "the table has no primary key; name the join column(s)", param_hint="'--on'"
             )
         check_columns(ds, keys, "--on")
-        schema = ds.schema
-        fmt = format or format_of(source)
-        if fmt in ("ndjson", "csv"):
-            src = file_source(source, format=fmt, schema=schema)
-        else:
-            src = file_source(source, format=fmt)
-        with progress_bar() as progress:
-            progress.add_task(f"merge {Path(source).name}", total=None)
-            return await (
-                ds.merge_insert(keys)
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .execute(src)
-            )
+        if on and ds.primary_key and sorted(on) != sorted(ds.primary_key) and not allow_non_key:
+            raise typer.BadParameter(non_key_reason(on, ds.primary_key), param_hint="'--on'")
+        async with spooled_stdin(source) as path:
+            size = await file_size(path)
+            label = "stdin" if source == "-" else Path(source).name
+            with Progress(f"merge {label}", size, unit="bytes") as progress:
+                options: dict[str, Any] = {"on_read": progress.update}
+                if fmt != "ipc":
+                    options["schema"] = ds.schema
+                src = file_source(path, format=fmt, **options)
+                return await (
+                    ds.merge_insert(keys)
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .execute(src)
+                )
 
     result = run_command(run, Writes())  # a merge commits all or nothing
     out.print(
@@ -78,13 +121,19 @@ def merge(
 def init_wal(
     table_uri: str = typer.Argument(..., help="The Lance table."),
     bucket_column: str | None = typer.Option(
-        None, "--bucket-column", help="Hash-bucket shards on this column (default: the key)."
+        None,
+        "--bucket-column",
+        metavar="COLUMN",
+        help="Hash-bucket shards on this column (default: the key).",
     ),
     num_buckets: int | None = typer.Option(
-        None, "--num-buckets", help=f"Buckets, one shard each (default {DEFAULT_NUM_BUCKETS})."
+        None,
+        "--num-buckets",
+        metavar="N",
+        help=f"Buckets, one shard each (default {_DEFAULT_NUM_BUCKETS}).",
     ),
     identity_column: str | None = typer.Option(
-        None, "--identity-column", help="A shard per value of this column."
+        None, "--identity-column", metavar="COLUMN", help="A shard per value of this column."
     ),
     unsharded: bool = typer.Option(False, "--unsharded", help="One shard for every row."),
     manual_shards: bool = typer.Option(
@@ -116,18 +165,28 @@ def init_wal(
         )
 
     async def run() -> Sharding:
+        from .. import errors
+        from ..memwal.sharding import DEFAULT_NUM_BUCKETS
+
         ds = await open_table(table_uri, storage_option)
         if bucket_column:
             check_columns(ds, [bucket_column], "--bucket-column")
         if identity_column:
             check_columns(ds, [identity_column], "--identity-column")
+        if await ds.mem_wal_index_details() is not None:
+            now = describe_sharding(await ds.sharding())
+            raise errors.InvalidInputError(
+                f"the MemWAL of {table_uri} is already initialized ({now}); "
+                f"see it with: lance-async info {table_uri}"
+            )
+        if not ds.primary_key:
+            raise errors.InvalidInputError(
+                f"{table_uri} has no primary key, and a MemWAL needs one: create the table "
+                "with one (lance-async create --key COLUMN)"
+            )
         options: dict[str, Any] = {}
         if bucket_column is not None or num_buckets is not None:
-            column = bucket_column or next(iter(ds.primary_key), None)
-            if column is None:
-                raise typer.BadParameter(
-                    "the table has no primary key; name the column", param_hint="'--bucket-column'"
-                )
+            column = bucket_column or ds.primary_key[0]
             options.update(bucket_column=column, num_buckets=num_buckets or DEFAULT_NUM_BUCKETS)
         if identity_column:
             options["identity_column"] = identity_column
@@ -162,8 +221,10 @@ def compact(
 
     async def run() -> Any:
         ds = await open_table(table_uri, storage_option)
-        with progress_bar() as progress:
-            progress.add_task("compact", total=None)
+        await require_mem_wal(ds, table_uri)
+        snaps = await ds.shard_snapshots()
+        gens = sum(len(s.sstables) for s in snaps)
+        with Progress(f"compact {count(gens, 'generation')}", None, unit="rows"):
             return await ds.compact_mem_wal()
 
     result = run_command(run)
@@ -175,29 +236,71 @@ def compact(
     )
 
 
-async def _info(ds: AsyncDataset) -> dict[str, Any]:
+async def table_info(ds: AsyncDataset) -> dict[str, Any]:
+    """What ``info`` prints: versions, rows, schema and the MemWAL's figures.
+
+    Rows are counted in three places: the base table, the flushed MemWAL
+    generations not compacted yet (from the shard manifests), and the WAL
+    entries no generation holds yet (a writer that did not close left them;
+    the shard's next writer replays them). ``lsm_rows`` is what an LSM scan
+    sees: the newest row per key over the base table and the flushed
+    generations (counted only when there are flushed generations).
+    """
+    from .._threads import run_sync
+    from ..memwal.manifest import read_shard_manifest, unflushed_wal_rows
+
     versions = await ds.versions()
     details = await ds.mem_wal_index_details()
-    snaps = await ds.shard_snapshots()
-    return {
+    base_rows = await ds.count_rows()
+    data: dict[str, Any] = {
         "uri": ds.uri,
         "version": ds.version,
         "versions": len(versions),
-        "rows": await ds.count_rows(),
+        "rows": base_rows,
+        "base_rows": base_rows,
+        "primary_key": list(ds.primary_key),
         "schema": [
             f"{f.name}: {f.type}{' (key)' if f.name in ds.primary_key else ''}" for f in ds.schema
         ],
         "mem_wal": details is not None,
-        "shards": [
-            {
-                "shard_id": s.shard_id,
-                "current_generation": s.current_generation,
-                "flushed_generations": [g for g, _ in s.sstables],
-                "compacted_through": s.compacted_generation,
-            }
-            for s in snaps
-        ],
+        "sharding": None,
+        "shards": [],
     }
+    if details is None:
+        return data
+    data["sharding"] = describe_sharding(await ds.sharding())
+    storage = ds.storage_options
+
+    def figures(shard_id: str, current: int, flushed: list[int]) -> tuple[int, int]:
+        manifest = read_shard_manifest(ds.uri, shard_id, storage)
+        rows = {e.generation: e.rows or 0 for e in manifest.sstables} if manifest else {}
+        unflushed = unflushed_wal_rows(ds.uri, shard_id, current, storage)
+        return sum(rows.get(g, 0) for g in flushed), unflushed
+
+    for snap in await ds.shard_snapshots():
+        flushed = [g for g, _ in snap.sstables]
+        flushed_rows, unflushed = await run_sync(
+            partial(figures, snap.shard_id, snap.current_generation, flushed)
+        )
+        data["shards"].append(
+            {
+                "shard_id": snap.shard_id,
+                "current_generation": snap.current_generation,
+                "flushed_generations": flushed,
+                "flushed_rows": flushed_rows,
+                "unflushed_rows": unflushed,
+                "compacted_through": snap.compacted_generation,
+            }
+        )
+    data["flushed_rows"] = sum(s["flushed_rows"] for s in data["shards"])
+    data["unflushed_rows"] = sum(s["unflushed_rows"] for s in data["shards"])
+    data["generations"] = sum(len(s["flushed_generations"]) for s in data["shards"])
+    if data["generations"] and ds.primary_key:
+        lsm = await ds.lsm_scan(columns=list(ds.primary_key)).to_table()
+        data["lsm_rows"] = lsm.num_rows
+    else:
+        data["lsm_rows"] = base_rows
+    return data
 
 
 @app.command()
@@ -206,22 +309,34 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
-    """Versions, rows, MemWAL shards and generations of TABLE_URI."""
+    """Versions, rows, schema and the MemWAL (shards, generations, rows) of TABLE_URI."""
 
     async def run() -> dict[str, Any]:
-        return await _info(await open_table(table_uri, storage_option))
+        return await table_info(await open_table(table_uri, storage_option))
 
     data = run_command(run)
     if as_json:
         out.print_json(json.dumps(data))
         return
     out.print(f"[bold]{data['uri']}[/bold]  version {data['version']} of {data['versions']}")
-    out.print(f"rows: {data['rows']:,}")
-    out.print("schema: " + ", ".join(data["schema"]))
+    out.print("schema: " + ", ".join(data["schema"]), highlight=False)
     if not data["mem_wal"]:
-        out.print("MemWAL: not initialized")
+        out.print(f"rows: {data['rows']:,}")
+        out.print(f"MemWAL: not initialized (lance-async init-wal {table_uri})")
         return
-    table = Table("shard", "current generation", "flushed (not compacted)", "compacted through")
+    out.print(
+        f"rows: {data['base_rows']:,} in the base table, {data['flushed_rows']:,} in "
+        f"{count(data['generations'], 'flushed generation')}, {data['unflushed_rows']:,} "
+        f"unflushed (in the WAL); an LSM scan sees {data['lsm_rows']:,} (newest per key)"
+    )
+    out.print(f"MemWAL: {data['sharding']}, {count(len(data['shards']), 'shard')}")
+    if data["unflushed_rows"]:
+        out.print("  (unflushed rows come back when their shard's writer opens again)")
+    from rich.table import Table
+
+    table = Table(
+        "shard", "generation now", "flushed (not compacted)", "flushed rows", "unflushed rows"
+    )
     table.columns[0].no_wrap = True
     table.columns[0].min_width = 36
     for s in data["shards"]:
@@ -229,7 +344,8 @@ def info(
             s["shard_id"],
             str(s["current_generation"]),
             ", ".join(map(str, s["flushed_generations"])) or "-",
-            str(s["compacted_through"]),
+            f"{s['flushed_rows']:,}",
+            f"{s['unflushed_rows']:,}",
         )
     out.print(table)
 
@@ -247,10 +363,14 @@ def check(
     """
 
     async def run() -> ShardCheck:
-        return await (await open_table(table_uri, storage_option)).check_shards()
+        ds = await open_table(table_uri, storage_option)
+        await require_mem_wal(ds, table_uri)
+        return await ds.check_shards()
 
     report = run_command(run)
     if as_json:
+        import dataclasses
+
         out.print_json(json.dumps(dataclasses.asdict(report) | {"ok": report.ok}, default=str))
     else:
         out.print(

@@ -8,21 +8,15 @@ import os
 import signal
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import typer
 
-from .. import errors
-from ..cluster import (
-    Worker,
-    WorkerStats,
-)
-from ..cluster.partitions import Partitioner
-from ..cluster.repartition import RepartitionWriter
-from ..feeds import ingest
-from .common import STORAGE_OPTION, app, err, open_table, out, run_command
-from .feeds import open_feed, open_partitioned, open_publisher
+from .common import STORAGE_OPTION, app, err, open_table, out, require_mem_wal, run_command
+
+if TYPE_CHECKING:
+    from ..cluster import Worker, WorkerStats
 
 __all__ = ["repartition", "worker"]
 
@@ -67,9 +61,14 @@ def worker(
         "kafka://HOST:PORT/TOPIC[?session_timeout_ms=...] (N partitions); N = the table's buckets.",
     ),
     table_uri: str = typer.Argument(..., help="The Lance table (MemWAL bucket-sharded)."),
-    group: str = typer.Option("lance-async", "--group", help="The worker group's name."),
+    group: str = typer.Option(
+        "lance-async", "--group", metavar="NAME", help="The worker group's name."
+    ),
     member: str | None = typer.Option(
-        None, "--member", help="This worker's name in the group (default: HOST-PID)."
+        None,
+        "--member",
+        metavar="NAME",
+        help="This worker's name in the group (default: HOST-PID).",
     ),
     lease_ttl: float = typer.Option(
         10.0,
@@ -83,7 +82,10 @@ def worker(
         5.0, "--stats-interval", help="Seconds between stats lines on stderr (0: none)."
     ),
     health_port: int | None = typer.Option(
-        None, "--health-port", help="Serve the stats as JSON over HTTP on 127.0.0.1:PORT."
+        None,
+        "--health-port",
+        metavar="PORT",
+        help="Serve the stats as JSON over HTTP on 127.0.0.1:PORT.",
     ),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
@@ -99,12 +101,12 @@ def worker(
     name = member or f"{socket.gethostname()}-{os.getpid()}".replace(".", "-")
 
     async def run() -> WorkerStats:
+        from ..cluster import Worker
+        from ..cluster.partitions import Partitioner
+        from .feeds import open_partitioned
+
         ds = await open_table(table_uri, storage_option)
-        if await ds.mem_wal_index_details() is None:
-            raise errors.InvalidInputError(
-                f"{table_uri} has no MemWAL; initialize it first: "
-                f"lance-async init-wal {table_uri} --num-buckets N"
-            )
+        await require_mem_wal(ds, table_uri, " --num-buckets N")
         partitions = (await Partitioner.for_dataset(ds)).num_partitions
         coordinator, close = await open_partitioned(
             feed, group, name, partitions, lease_ttl, ack_wait
@@ -154,7 +156,9 @@ def repartition(
         "nats://HOST:PORT/STREAM/SUBJECT.",
     ),
     table_uri: str = typer.Argument(..., help="The table whose buckets are the partitions."),
-    format: str | None = typer.Option(None, "--format", "-f", help="ndjson, csv or ipc."),
+    format: str | None = typer.Option(
+        None, "--format", "-f", metavar="FORMAT", help="ndjson, json, csv or ipc."
+    ),
     idle_timeout: float | None = typer.Option(
         None, "--idle-timeout", help="Stop after this many seconds without a message."
     ),
@@ -167,6 +171,11 @@ def repartition(
     """
 
     async def run() -> tuple[int, int]:
+        from ..cluster.partitions import Partitioner
+        from ..cluster.repartition import RepartitionWriter
+        from ..feeds import ingest
+        from .feeds import open_feed, open_publisher
+
         ds = await open_table(table_uri, storage_option)
         partitioner = await Partitioner.for_dataset(ds)
         publisher, close = await open_publisher(target, partitioner.num_partitions)

@@ -92,7 +92,7 @@ class FileFeed:
     ----------
     path : str or PathLike
         The file.
-    format : {"ndjson", "csv", "ipc"}, optional
+    format : {"ndjson", "json", "csv", "ipc"}, optional
         Default: from the extension (see :func:`lance_async.files.guess_format`).
         "ipc" reads both the Arrow IPC stream and file formats.
     schema : pa.Schema, optional
@@ -293,7 +293,12 @@ class FileFeed:
                 "(it was truncated or replaced)"
             )
         prologue = 0
-        if self.format != "ndjson":
+        if self.format == "json" and start > 0:
+            raise ValueError(
+                "a JSON array cannot be resumed at an offset (its elements are read from the "
+                "opening bracket); write NDJSON (.ndjson) to follow or resume a file"
+            )
+        if self.format not in ("ndjson", "json"):
             # CSV: the header line; IPC: the file magic and the schema message.
             while True:
                 if self.format == "csv":

@@ -35,7 +35,7 @@ from .._loop import aclose_shielded
 from .._schema import TableFit
 from .._threads import run_sync, stream_limiter
 from ..errors import BackpressureTimeoutError, ClosedError, InvalidInputError, SchemaMismatchError
-from ..sources import SourceMode, resolve_source
+from ..sources import SourceMode, resolve_source, rows_schema
 from .acks import Ack
 
 __all__ = ["Accumulator", "Item", "Kind"]
@@ -263,7 +263,9 @@ class Accumulator:
         # fast path: one batch or table, checked before anything is queued
         batches = self.in_memory(data, conform) if schema is None else None
         if batches is None:
-            source = await resolve_source(data, schema=schema)
+            source = await resolve_source(
+                data, schema=schema or rows_schema(data, self.fit.schema, kind is Kind.PUT)
+            )
             if source.mode is not SourceMode.MATERIALIZED:
                 await self._submit_stream(kind, source.open(), ack, deadline, conform, routed)
                 return

@@ -47,6 +47,7 @@ __all__ = [
     "compacted_generations",
     "list_shards",
     "read_shard_manifest",
+    "unflushed_wal_rows",
 ]
 
 _U64_MAX = (1 << 64) - 1
@@ -243,6 +244,54 @@ def read_shard_manifest(
         result: ShardManifest = _remember(_decoded, key, manifest)
         return result
     raise ManifestFormatError("no shard manifest decodes: " + "; ".join(errors))
+
+
+def unflushed_wal_rows(
+    uri: str,
+    shard_id: str,
+    current_generation: int,
+    storage_options: Mapping[str, str] | None = None,
+) -> int:
+    """Rows in a shard's WAL that no flushed generation holds yet (blocking).
+
+    A shard's WAL is ``<table>/_mem_wal/<shard>/wal/<64 binary digits>.arrow``,
+    one Arrow IPC stream per durable write, named by its position written in
+    binary, least significant bit first (as the manifests); each stream's
+    schema metadata says the ``generation`` its rows went to (a fencing
+    writer's entry has ``fence_sentinel`` and no rows). Rows of generations at
+    or past ``current_generation`` were not flushed: a writer that was
+    killed left them, and the next writer of the shard replays them.
+
+    Entries are read newest first and the read stops at the first entry of
+    an older generation, so only the unflushed tail is read.
+
+    Raises
+    ------
+    ManifestFormatError
+        A WAL entry that is not an Arrow IPC stream.
+    """
+    import pyarrow as pa
+
+    fs, root = _fs(uri, storage_options)
+    entries = []
+    for info in _children(fs, f"{root}/_mem_wal/{shard_id}/wal"):
+        position = _manifest_version(info.base_name.replace(".arrow", ".binpb"))
+        if position is not None and info.base_name.endswith(".arrow"):
+            entries.append((position, info.path))
+    rows = 0
+    for _position, path in sorted(entries, reverse=True):
+        try:
+            with pa.ipc.open_stream(pa.py_buffer(_read(fs, path))) as reader:
+                meta = reader.schema.metadata or {}
+                if meta.get(b"fence_sentinel") == b"true":
+                    continue
+                generation = int(meta.get(b"generation", b"0"))
+                if generation < current_generation:
+                    break
+                rows += sum(batch.num_rows for batch in reader)
+        except (pa.ArrowInvalid, ValueError) as exc:
+            raise ManifestFormatError(f"{path}: not a WAL entry ({exc})") from exc
+    return rows
 
 
 # -- compaction progress --------------------------------------------------------

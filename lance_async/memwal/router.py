@@ -30,7 +30,7 @@ from .._loop import aclose_shielded, unwrap_groups
 from .._schema import TableFit, primary_key
 from .._threads import run_sync, stream_limiter
 from ..errors import ClosedError, InvalidInputError, SchemaMismatchError
-from ..sources import SourceMode, resolve_source
+from ..sources import SourceMode, resolve_source, rows_schema
 from ..sources.composed import ComposedBatchStream
 from .accumulator import Kind
 from .acks import Ack, PutSummary
@@ -201,7 +201,9 @@ class ShardRouter:
             source = None
             in_memory = [data] if isinstance(data, pa.RecordBatch) else data.to_batches()
         else:
-            source = await resolve_source(data, schema=schema)
+            source = await resolve_source(
+                data, schema=schema or rows_schema(data, self._fit.schema, kind is Kind.PUT)
+            )
             in_memory = source.batches() if source.mode is SourceMode.MATERIALIZED else None
         if in_memory is not None:  # checked whole: a bad row anywhere queues nothing
             checked = [conform(b, i) for i, b in enumerate(in_memory) if b.num_rows]

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from .base import ReaderPlan, SourceMode, WriteSource
 from .files import FileSource, file_source, guess_format
+from .jsonrows import rows_schema
 from .registry import coerce_source, resolve_source
 from .replay import replayable
 from .streams import (
@@ -80,4 +81,5 @@ __all__ = [
     "iterate_reader",
     "replayable",
     "resolve_source",
+    "rows_schema",
 ]

@@ -23,6 +23,7 @@ import pyarrow.csv as pcsv
 from .._schema import conform_batch, describe_difference
 from ..errors import DecodeError, SchemaMismatchError
 from .ipc import IpcFramer
+from .jsonarray import JsonTextSplitter, element_error
 from .jsonrows import conform_all, decode_json_rows
 
 __all__ = [
@@ -30,12 +31,13 @@ __all__ = [
     "CsvDecoder",
     "Decoder",
     "IpcStreamDecoder",
+    "JsonDecoder",
     "NdjsonDecoder",
     "csv_record_cut",
     "make_decoder",
 ]
 
-FORMATS = ("ndjson", "csv", "ipc")
+FORMATS = ("ndjson", "json", "csv", "ipc")
 
 
 class Decoder:
@@ -129,6 +131,39 @@ class NdjsonDecoder(Decoder):
         if not rest.strip():
             return []
         return self._decode(rest)
+
+
+class JsonDecoder(Decoder):
+    """JSON text: an array of objects (``application/json``), or objects.
+
+    The text is cut into NDJSON as it arrives
+    (:class:`~lance_async.sources.jsonarray.JsonTextSplitter`) and decoded by
+    :class:`NdjsonDecoder`, so values follow the same coercion rule; an error
+    names the array element (``object 3 of the array``).
+    """
+
+    def __init__(self, schema: pa.Schema, *, extra_fields: str = "error") -> None:
+        super().__init__(schema)
+        self._splitter = JsonTextSplitter()
+        self._rows = NdjsonDecoder(schema, extra_fields=extra_fields)
+
+    @property
+    def pending(self) -> int:
+        """Bytes of the incomplete last element."""
+        return self._rows.pending
+
+    def feed(self, chunk: bytes) -> list[pa.RecordBatch]:
+        try:
+            return self._rows.feed(self._splitter.feed(chunk))
+        except DecodeError as exc:
+            raise element_error(exc, self._splitter.mode) from exc
+
+    def finish(self) -> list[pa.RecordBatch]:
+        try:
+            self._splitter.finish()
+            return self._rows.finish()
+        except DecodeError as exc:
+            raise element_error(exc, self._splitter.mode) from exc
 
 
 _CSV_TOKENS = re.compile(rb'["\n]')
@@ -439,7 +474,7 @@ class IpcStreamDecoder(Decoder):
 
 
 def make_decoder(fmt: str, schema: pa.Schema | None, **options: object) -> Decoder:
-    """A decoder for ``fmt`` in ``("ndjson", "csv", "ipc")``.
+    """A decoder for ``fmt`` in ``("ndjson", "json", "csv", "ipc")``.
 
     Raises
     ------
@@ -454,4 +489,6 @@ def make_decoder(fmt: str, schema: pa.Schema | None, **options: object) -> Decod
         raise ValueError(f"{fmt} input needs a schema (the target table's)")
     if fmt == "ndjson":
         return NdjsonDecoder(schema, extra_fields=str(options.get("extra_fields", "error")))
+    if fmt == "json":
+        return JsonDecoder(schema, extra_fields=str(options.get("extra_fields", "error")))
     return CsvDecoder(schema, delimiter=str(options.get("delimiter", ",")))

@@ -14,7 +14,7 @@ engine drains :meth:`FileSource.open_reader`.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -32,6 +32,7 @@ from .._threads import run_sync, stream_limiter
 from ..errors import DecodeError, SourceChangedError, SourceError
 from .base import SourceMode, WriteSource, achecked, checked
 from .decoders import FORMATS, Decoder, make_decoder
+from .jsonarray import infer_json_sample
 from .jsonrows import LEADING_NULL, check_json_depth
 
 __all__ = ["FileSource", "file_source", "guess_format", "open_async_file"]
@@ -44,7 +45,7 @@ _EXTENSIONS = {
     ".feather": "ipc",
     ".ndjson": "ndjson",
     ".jsonl": "ndjson",
-    ".json": "ndjson",
+    ".json": "json",
     ".csv": "csv",
 }
 
@@ -96,6 +97,9 @@ class FileSource(WriteSource):
         is inferred from the first chunk when not given (give it to be safe).
     chunk_size : int
         Bytes per read (default 1 MiB).
+    on_read : callable, optional
+        Called with the bytes read so far in the current pass after each
+        chunk (on the thread that reads: a worker thread), for progress.
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class FileSource(WriteSource):
         format: str,
         schema: pa.Schema | None = None,
         chunk_size: int = DEFAULT_CHUNK,
+        on_read: Callable[[int], None] | None = None,
         **options: Any,
     ) -> None:
         if format not in FORMATS:
@@ -115,6 +120,7 @@ class FileSource(WriteSource):
         self.format = format
         self.chunk_size = chunk_size
         self._options = options
+        self._on_read = on_read
         self._fingerprint: tuple[int, int] | None = None
         super().__init__(schema, SourceMode.REPLAYABLE)
 
@@ -159,6 +165,8 @@ class FileSource(WriteSource):
             head = f.read(self.chunk_size)
         cut = head.rfind(b"\n")
         sample = head[: cut + 1] if cut >= 0 else head
+        if self.format == "json":
+            sample = infer_json_sample(head)
         if not sample.strip():
             raise SourceError(f"{self.path!r} is empty; pass schema=")
         if self.format != "csv" and LEADING_NULL.match(sample):  # pyarrow would crash
@@ -180,8 +188,12 @@ class FileSource(WriteSource):
 
     def _blocking_batches(self) -> Iterator[pa.RecordBatch]:
         decoder = self._decoder()
+        done = 0
         with open(self.path, "rb") as f:
             while chunk := f.read(self.chunk_size):
+                done += len(chunk)
+                if self._on_read is not None:
+                    self._on_read(done)
                 yield from decoder.feed(chunk)
         yield from decoder.finish()
         self._check_fingerprint("while it was read")
@@ -210,11 +222,15 @@ class FileSource(WriteSource):
     async def _async_batches(self) -> AsyncIterator[pa.RecordBatch]:
         await run_sync(lambda: self._check_fingerprint("between passes"), limiter=stream_limiter())
         decoder = self._decoder()
+        done = 0
         async with open_async_file(self.path) as f:
             while True:
                 chunk = await f.read(self.chunk_size)
                 if not chunk:
                     break
+                done += len(chunk)
+                if self._on_read is not None:
+                    self._on_read(done)
                 batches = await run_sync(partial(decoder.feed, chunk), limiter=stream_limiter())
                 for batch in batches:
                     yield batch
@@ -232,6 +248,7 @@ def file_source(
     format: str | None = None,
     schema: pa.Schema | None = None,
     chunk_size: int = DEFAULT_CHUNK,
+    on_read: Callable[[int], None] | None = None,
     **options: Any,
 ) -> FileSource:
     """A replayable source reading one file in chunks.
@@ -240,14 +257,18 @@ def file_source(
     ----------
     path : str or PathLike
         The file. Its size and mtime must not change while it is a source.
-    format : {"ipc", "ndjson", "csv"}, optional
+    format : {"ipc", "ndjson", "json", "csv"}, optional
         Default: from the extension (see :func:`guess_format`). "ipc" reads
-        both the Arrow IPC file and stream formats.
+        both the Arrow IPC file and stream formats; "json" (``.json``) an
+        array of objects, or objects one per line.
     schema : pa.Schema, optional
         Target schema. JSON values are coerced to it; CSV columns are parsed
         as its types (matched by header name).
     chunk_size : int
         Bytes per read (default 1 MiB).
+    on_read : callable, optional
+        Called with the bytes read so far in the pass after each chunk (on
+        the reading thread), for progress.
     **options
         ``extra_fields="error"|"ignore"`` (NDJSON), ``delimiter`` (CSV).
 
@@ -265,5 +286,10 @@ def file_source(
     Does not touch the file; it is opened on the first pass.
     """
     return FileSource(
-        path, format=format or guess_format(path), schema=schema, chunk_size=chunk_size, **options
+        path,
+        format=format or guess_format(path),
+        schema=schema,
+        chunk_size=chunk_size,
+        on_read=on_read,
+        **options,
     )

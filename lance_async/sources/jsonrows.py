@@ -1,13 +1,25 @@
 """JSON rows: newline-delimited JSON objects decoded into record batches of a schema.
 
-One coercion rule for JSON everywhere in lance_async: values are parsed with
-the table's schema; when that fails (for example a number sent as a string),
-the chunk is parsed with inferred types and each column is cast to the
-table's type with ``safe=True`` casts, which parse strings into numbers and
-timestamps but refuse anything that would lose data; a JSON boolean is never
-taken for a number, nor a number for a boolean (``true`` is not the key 1).
-What still does not fit raises :class:`~lance_async.errors.DecodeError`
-naming the line and field.
+One coercion rule for JSON everywhere in lance_async (HTTP bodies, files,
+feeds, the command line; Python rows given to a writer or a merge follow it
+too, see :func:`rows_table`). A value goes into a column when the conversion
+cannot change what it means:
+
+* a number into an integer column when it is a whole number in range
+  (``2.0`` is 2; ``1.5`` does not fit), into a float column as the nearest
+  float, as any JSON parser reads it (``5`` into float64 is 5.0);
+* a string into a number, decimal, date or timestamp column when it parses
+  as one (JSON carries int64 beyond 2**53, decimals and dates as strings);
+* a number into a timestamp column as a count of the column's unit;
+* nothing else changes kind: a number is never a string (send ``"5"``), a
+  boolean is never a number, nor a number a boolean (``true`` is not the
+  key 1).
+
+Values are parsed with the table's schema first; when that fails, the chunk
+is parsed with inferred types and each column is cast to the table's type
+with ``safe=True`` casts under the rule above. What does not fit raises
+:class:`~lance_async.errors.DecodeError` naming the line and the field
+(``.field``).
 
 Nesting is limited (:data:`MAX_JSON_DEPTH` levels). pyarrow's JSON reader
 with an explicit schema stops at the first value that does not fit, so deep
@@ -34,9 +46,12 @@ __all__ = [
     "LEADING_NULL",
     "MAX_JSON_DEPTH",
     "check_json_depth",
+    "coerce_columns",
     "conform_all",
     "decode_json_rows",
     "json_depth",
+    "rows_schema",
+    "rows_table",
 ]
 
 MAX_JSON_DEPTH = 64
@@ -152,27 +167,76 @@ def check_json_depth(data: bytes, *, first_line: int = 1, max_depth: int = MAX_J
         )
 
 
-def _coerce_table(table: pa.Table, schema: pa.Schema, extra: str) -> pa.Table:
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t))
+
+
+def _refusal(have: pa.DataType, want: pa.DataType) -> str | None:
+    """Why a column of inferred type ``have`` may not become ``want`` (None: it may try)."""
+    if pa.types.is_null(have) or have.equals(want):
+        return None
+    if pa.types.is_boolean(have) != pa.types.is_boolean(want) and not _is_text(have):
+        return "JSON true and false are not numbers, nor numbers booleans"
+    if _is_text(want) and not _is_text(have):
+        kind = "a number" if _is_number(have) else str(have)
+        return f"{kind} is not a string (send it as a JSON string)"
+    return None
+
+
+def coerce_columns(table: pa.Table, schema: pa.Schema, extra: str = "error") -> pa.Table:
+    """Cast a table of inferred types to ``schema`` by the module's rule.
+
+    Parameters
+    ----------
+    table : pa.Table
+        Values as parsed, with inferred types (``pyarrow.json`` or
+        ``pa.Table.from_pylist``).
+    schema : pa.Schema
+        The table's schema; a column ``table`` lacks is all nulls.
+    extra : {"error", "ignore"}
+        What to do with a column ``schema`` does not have.
+
+    Returns
+    -------
+    pa.Table
+        With exactly ``schema``.
+
+    Raises
+    ------
+    DecodeError
+        A value does not fit its column (``.field`` names it), or an unknown
+        column with ``extra="error"``.
+
+    Notes
+    -----
+    Blocking, O(rows) (Arrow casts); run it on a worker thread.
+    """
     unknown = [n for n in table.column_names if n not in schema.names]
     if unknown and extra == "error":
-        raise DecodeError(f"unknown field {unknown[0]!r} (the table has {schema.names})")
+        raise DecodeError(
+            f"unknown field {unknown[0]!r} (the table has {schema.names})", field=unknown[0]
+        )
     columns = []
     for field in schema:
         if field.name in table.column_names:
             col = table.column(field.name)
             if not col.type.equals(field.type):
-                if pa.types.is_boolean(col.type) != pa.types.is_boolean(field.type) and not (
-                    pa.types.is_null(col.type) or pa.types.is_string(col.type)
-                ):
+                why = _refusal(col.type, field.type)
+                if why is not None:
                     raise DecodeError(
-                        f"field {field.name!r}: cannot convert {col.type} to {field.type}: "
-                        "JSON true and false are not numbers, nor numbers booleans"
+                        f"field {field.name!r}: cannot convert {col.type} to {field.type}: {why}",
+                        field=field.name,
                     )
                 try:
                     col = pc.cast(col, field.type, safe=True)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                     raise DecodeError(
-                        f"field {field.name!r}: cannot convert {col.type} to {field.type}: {exc}"
+                        f"field {field.name!r}: cannot convert {col.type} to {field.type}: {exc}",
+                        field=field.name,
                     ) from exc
         else:
             col = pa.nulls(table.num_rows, field.type)
@@ -181,13 +245,15 @@ def _coerce_table(table: pa.Table, schema: pa.Schema, extra: str) -> pa.Table:
 
 
 def conform_all(table: pa.Table, schema: pa.Schema) -> list[pa.RecordBatch]:
+    """The non-empty batches of ``table`` checked against ``schema`` (nulls in
+    non-nullable columns refused as :class:`DecodeError` naming the field)."""
     out = []
     for batch in table.combine_chunks().to_batches():
         if batch.num_rows:
             try:
                 out.append(conform_batch(batch, schema))
             except SchemaMismatchError as exc:
-                raise DecodeError(str(exc)) from exc
+                raise DecodeError(str(exc), field=exc.field) from exc
     return out
 
 
@@ -227,12 +293,12 @@ def decode_json_rows(
     try:
         return _decode_json(data, schema, extra_fields, first_line)
     except _LineError as exc:
-        raise DecodeError(str(exc)) from None  # it names its line already
+        raise DecodeError(str(exc), field=exc.field) from None  # it names its line already
     except DecodeError as exc:
         where = _first_bad_line(data, schema, extra_fields, first_line)
         if where is None:
             raise
-        raise DecodeError(where) from exc
+        raise DecodeError(where[0], field=where[1] or exc.field) from exc
 
 
 # pyarrow's JSON reader (26.0.1 here) crashes the process (SIGSEGV) when the first value
@@ -342,7 +408,7 @@ def _decode_json(data: bytes, schema: pa.Schema, extra_fields: str, first_line: 
         except pa.ArrowInvalid as exc:
             raise DecodeError(f"malformed JSON: {exc}") from exc
         _refuse_null_rows(inferred, data, first_line)
-        table = _coerce_table(inferred, schema, extra_fields)
+        table = coerce_columns(inferred, schema, extra_fields)
     else:
         _refuse_null_rows(table, data, first_line)
     try:
@@ -354,12 +420,13 @@ def _decode_json(data: bytes, schema: pa.Schema, extra_fields: str, first_line: 
 
 def _first_bad_line(
     data: bytes, schema: pa.Schema, extra_fields: str, first_line: int
-) -> str | None:
-    """Find the first line that fails, and say why (only on the error path)."""
+) -> tuple[str, str | None] | None:
+    """Find the first line that fails, and say why and in which field (only
+    on the error path)."""
     try:
         check_json_depth(data, first_line=first_line)  # before Python's recursive parser
     except _LineError as exc:
-        return str(exc)
+        return str(exc), None
     for number, line in enumerate(data.split(b"\n"), first_line):
         if not line.strip():
             continue
@@ -368,20 +435,100 @@ def _first_bad_line(
         except ValueError as exc:
             non_object = _first_non_object(line, number)
             if non_object is not None:
-                return non_object
-            return f"line {number}: malformed JSON ({getattr(exc, 'msg', exc)})"
+                return non_object, None
+            return f"line {number}: malformed JSON ({getattr(exc, 'msg', exc)})", None
         if not isinstance(obj, dict):
-            return f"line {number}: expected a JSON object, got {_json_kind(obj)}"
+            return f"line {number}: expected a JSON object, got {_json_kind(obj)}", None
         unknown = [k for k in obj if k not in schema.names]
         if unknown and extra_fields == "error":
-            return f"line {number}: unknown field {unknown[0]!r} (the table has {schema.names})"
+            return (
+                f"line {number}: unknown field {unknown[0]!r} (the table has {schema.names})",
+                unknown[0],
+            )
         missing = [f.name for f in schema if not f.nullable and obj.get(f.name) is None]
         if missing:
-            return f"line {number}: field {missing[0]!r} is missing or null, and it is required"
+            return (
+                f"line {number}: field {missing[0]!r} is missing or null, and it is required",
+                missing[0],
+            )
         try:
             _decode_json(line, schema, extra_fields, number)
         except _LineError as exc:
-            return str(exc)
+            return str(exc), exc.field
         except DecodeError as exc:
-            return f"line {number}: {exc}"
+            return f"line {number}: {exc}", exc.field
     return None
+
+
+def rows_schema(data: object, schema: pa.Schema, values: bool = True) -> pa.Schema | None:
+    """The part of a table's ``schema`` that Python rows fill, or None when
+    ``data`` is not Python rows (or ``values`` is False: keys of a delete
+    follow the strict key rule of :mod:`lance_async.memwal.keys` instead).
+
+    Python rows are a column dict (``{"id": [1, 2]}``) or a non-empty list or
+    tuple of row dicts (``[{"id": 1}]``). Their values follow the JSON rule
+    (:func:`rows_table`), so a writer or a merge hands them the table's schema
+    rather than letting pyarrow infer one (``5`` would be int64 and not fit a
+    float64 column). A column dict holding Arrow arrays is Arrow data, never
+    cast. Columns the rows lack are left out (a merge may update
+    some columns); names the table lacks are kept out too, and
+    :func:`rows_table` refuses them by name.
+    """
+    if not values:
+        return None
+    if isinstance(data, dict):
+        if any(isinstance(v, (pa.Array, pa.ChunkedArray)) for v in data.values()):
+            return None  # Arrow arrays are typed already: never cast
+        names = set(data)
+    elif isinstance(data, (list, tuple)) and data and all(isinstance(r, dict) for r in data):
+        names = set().union(*data)
+    else:
+        return None
+    if not names:
+        return None
+    present = [f for f in schema if f.name in names]
+    return pa.schema(present, metadata=schema.metadata)
+
+
+def rows_table(data: object, schema: pa.Schema) -> pa.Table:
+    """Python rows (a column dict, or a list of row dicts) as a table of ``schema``.
+
+    The values are read as pyarrow infers them, then cast by the module's
+    rule -- the rule JSON text follows: ``5`` into float64 is 5.0, ``1.5``
+    into int64, ``True`` into a number or ``5`` into a string column do not
+    fit. pyarrow's own conversion with a schema would take ``True`` as 1.0
+    and truncate ``1.5`` to 1, silently.
+
+    Parameters
+    ----------
+    data : dict of str to sequence, or sequence of dict
+    schema : pa.Schema
+        The target schema (every column; see :func:`rows_schema` for the part
+        of a table's schema some rows fill).
+
+    Returns
+    -------
+    pa.Table
+        With exactly ``schema``.
+
+    Raises
+    ------
+    SchemaMismatchError
+        A value does not fit its column, a name is not a column, a required
+        value is missing, or the values cannot be read at all; ``.field``
+        names the column when one can be named.
+
+    Notes
+    -----
+    Blocking, O(rows); lance_async's entry points run it on a worker thread.
+    """
+    try:
+        rows = data if isinstance(data, dict) else None
+        inferred = pa.table(rows) if rows is not None else pa.Table.from_pylist(list(data))  # type: ignore[call-overload]
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+        raise SchemaMismatchError(f"cannot read the rows: {exc}") from exc
+    try:
+        table = coerce_columns(inferred, schema)
+        return pa.Table.from_batches(conform_all(table, schema), schema=schema)
+    except DecodeError as exc:
+        raise SchemaMismatchError(str(exc), field=exc.field) from exc

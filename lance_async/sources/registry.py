@@ -20,6 +20,7 @@ from .._threads import run_sync, stream_limiter
 from ..errors import SchemaMismatchError, UnsupportedSourceError
 from .base import WriteSource
 from .files import file_source
+from .jsonrows import rows_table
 from .kinds import (
     ArrowDatasetSource,
     AsyncIteratorSource,
@@ -203,8 +204,11 @@ def _(obj: list[Any] | tuple[Any, ...], *, schema: pa.Schema | None = None) -> W
     if all(isinstance(i, pa.Table) for i in items):
         return _from_table(pa.concat_tables(items), schema=schema)
     if all(isinstance(i, Mapping) for i in items):
+        if schema is not None:  # the JSON rule (jsonrows.py), never pyarrow's lax conversion
+            table = rows_table([dict(i) for i in items], schema)
+            return MaterializedSource(_table_batches(table), table.schema)
         try:
-            table = pa.Table.from_pylist(items, schema=schema)
+            table = pa.Table.from_pylist(items)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise SchemaMismatchError(f"cannot convert the rows: {exc}") from exc
         return MaterializedSource(_table_batches(table), table.schema)
@@ -216,8 +220,11 @@ def _(obj: list[Any] | tuple[Any, ...], *, schema: pa.Schema | None = None) -> W
 
 @coerce_source.register(dict)
 def _(obj: dict[str, Any], *, schema: pa.Schema | None = None) -> WriteSource:
+    if schema is not None:  # the JSON rule (jsonrows.py), never pyarrow's lax conversion
+        table = rows_table(obj, schema)
+        return MaterializedSource(_table_batches(table), table.schema)
     try:
-        table = pa.table(obj, schema=schema)
+        table = pa.table(obj)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
         raise SchemaMismatchError(f"cannot convert the columns: {exc}") from exc
     return MaterializedSource(_table_batches(table), table.schema)

@@ -1,0 +1,257 @@
+"""The ``create`` command (a table from a file or a schema, with its primary key),
+the schema spec it reads, and standard input spooled for commands that must
+read their rows twice."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import typer
+
+from .common import (
+    STORAGE_OPTION,
+    Progress,
+    Writes,
+    app,
+    check_format,
+    fail,
+    file_size,
+    format_of,
+    out,
+    parse_storage_options,
+    run_command,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["create", "parse_schema_spec", "spooled_stdin", "with_primary_key"]
+
+_ALIASES = {
+    "int": "int64",
+    "integer": "int64",
+    "long": "int64",
+    "float": "float64",
+    "double": "float64",
+    "str": "string",
+    "text": "string",
+    "boolean": "bool",
+    "bytes": "binary",
+    "timestamp": "timestamp[us]",
+    "datetime": "timestamp[us]",
+    "date": "date32",
+}
+_VECTOR = re.compile(r"^(?P<item>[a-z0-9_]+)\[(?P<size>\d+)\]$")
+
+
+def _parse_type(text: str, column: str) -> pa.DataType:
+    import pyarrow as pa
+
+    name = _ALIASES.get(text.strip().lower(), text.strip().lower())
+    match = _VECTOR.match(name)
+    if match and not name.startswith(("timestamp", "time", "duration")):
+        item = _parse_type(match["item"], column)
+        return pa.list_(item, int(match["size"]))
+    try:
+        return pa.type_for_alias(name)
+    except ValueError:
+        raise typer.BadParameter(
+            f"column {column!r}: unknown type {text!r} (int64, float64, string, bool, "
+            "timestamp[ms], date32, binary, float32[128] for a vector, ...)",
+            param_hint="'--schema'",
+        ) from None
+
+
+def parse_schema_spec(spec: str) -> pa.Schema:
+    """A schema from ``NAME:TYPE,NAME:TYPE`` (``id:int64,name:string,emb:float32[8]``).
+
+    Types are pyarrow's aliases (``int64``, ``float64``, ``string``, ``bool``,
+    ``timestamp[ms]``, ``date32``, ``binary``, ...) plus ``int``, ``float``,
+    ``str``, ``date``, ``timestamp`` (microseconds), and ``TYPE[N]`` for a
+    fixed-size list (a vector). A ``!`` after the type makes the column
+    non-nullable (key columns always are).
+
+    Raises
+    ------
+    typer.BadParameter
+        An item without ``:``, an unknown type, or a repeated name (exit 2).
+    """
+    import pyarrow as pa
+
+    fields = []
+    seen: set[str] = set()
+    for item in (i.strip() for i in spec.split(",")):
+        if not item:
+            continue
+        name, sep, kind = item.partition(":")
+        name = name.strip()
+        if not sep or not name or not kind.strip():
+            raise typer.BadParameter(f"expected NAME:TYPE, got {item!r}", param_hint="'--schema'")
+        if name in seen:
+            raise typer.BadParameter(f"column {name!r} is named twice", param_hint="'--schema'")
+        seen.add(name)
+        required = kind.strip().endswith("!")
+        fields.append(pa.field(name, _parse_type(kind.strip().rstrip("!"), name), not required))
+    if not fields:
+        raise typer.BadParameter("no columns", param_hint="'--schema'")
+    return pa.schema(fields)
+
+
+def with_primary_key(schema: pa.Schema, key: list[str]) -> pa.Schema:
+    """``schema`` with ``key`` marked as Lance's primary key (non-nullable,
+    ``lance-schema:unenforced-primary-key`` and its position for composite keys)."""
+    import pyarrow as pa
+
+    from .._schema import PRIMARY_KEY_META
+
+    fields = []
+    for f in schema:
+        if f.name in key:
+            meta = dict(f.metadata or {})
+            meta[PRIMARY_KEY_META] = b"true"
+            if len(key) > 1:
+                meta[PRIMARY_KEY_META + b"-position"] = str(key.index(f.name)).encode()
+            f = pa.field(f.name, f.type, False, metadata=meta)
+        fields.append(f)
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+@asynccontextmanager
+async def spooled_stdin(source: str) -> AsyncIterator[str]:
+    """``source`` itself, or for ``-`` a temporary file holding standard input.
+
+    A merge may read its rows twice (a conflict is retried by reading the
+    source again), so standard input is copied to a file first, on a worker
+    thread; the file is deleted afterwards.
+    """
+    if source != "-":
+        yield source
+        return
+    folder = tempfile.mkdtemp(prefix="lance-async-stdin-")
+    path = os.path.join(folder, "stdin")
+
+    def copy() -> None:
+        with open(path, "wb") as f:
+            shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+
+    try:
+        await anyio.to_thread.run_sync(copy)
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@app.command()
+def create(
+    table_uri: str = typer.Argument(..., help="Where the new Lance table goes."),
+    source: str | None = typer.Option(
+        None,
+        "--from",
+        metavar="FILE",
+        help="Rows to start with: a file (.ndjson/.jsonl, .json, .csv, .arrow/.ipc) or '-' "
+        "for stdin; the columns and types come from it unless --schema is given.",
+    ),
+    schema_spec: str | None = typer.Option(
+        None,
+        "--schema",
+        metavar="SPEC",
+        help="Columns as NAME:TYPE,... e.g. id:int64,name:string,emb:float32[8] "
+        "(TYPE! for not null).",
+    ),
+    key: list[str] = typer.Option(
+        None,
+        "--key",
+        "-k",
+        metavar="COLUMN",
+        help="The primary key column (repeat for a composite key); merges and the MemWAL need one.",
+    ),
+    no_key: bool = typer.Option(
+        False, "--no-key", help="Create the table without a primary key (not recommended)."
+    ),
+    format: str | None = typer.Option(
+        None,
+        "--format",
+        "-f",
+        metavar="FORMAT",
+        help="ndjson, json, csv or ipc (default: from the extension; stdin: ndjson).",
+    ),
+    storage_option: list[str] | None = STORAGE_OPTION,
+) -> None:
+    """Create TABLE_URI from a file (--from) or a schema (--schema), with its primary key.
+
+    Without --key the command refuses (exit 2): a table without a declared
+    key cannot take a MemWAL, and concurrent merges cannot detect two
+    inserts of the same new key in it. Pass --no-key to create one anyway.
+    """
+    check_format(format)
+    if source is None and schema_spec is None:
+        raise typer.BadParameter("give --from FILE or --schema SPEC (or both)")
+    if key and no_key:
+        raise typer.BadParameter("--key and --no-key exclude each other", param_hint="'--no-key'")
+    if not key and not no_key:
+        raise typer.BadParameter(
+            "name the primary key (merges match on it, and the MemWAL needs it), "
+            "or pass --no-key to create a table without one",
+            param_hint="'--key'",
+        )
+    if source not in (None, "-") and not os.path.exists(str(source)):
+        fail(f"no such file: {source}", 2)
+    declared = parse_schema_spec(schema_spec) if schema_spec else None
+    fmt = format or ("ndjson" if source in (None, "-") else format_of(str(source)))
+    storage = parse_storage_options(storage_option)
+    writes = Writes()
+
+    async def run() -> tuple[int, list[str]]:
+        from .. import errors
+        from ..dataset import open_dataset, write_dataset
+        from ..sources.files import file_source
+
+        try:
+            await open_dataset(table_uri, storage_options=storage)
+        except errors.DatasetNotFoundError:
+            pass
+        else:
+            raise errors.InvalidInputError(
+                f"a table exists at {table_uri} already; see it with: lance-async info {table_uri}"
+            )
+        if source is None:
+            assert declared is not None
+            schema = _keyed(declared, key)
+            ds = await write_dataset(schema.empty_table(), table_uri, storage_options=storage)
+            return await ds.count_rows(), ds.primary_key
+        async with spooled_stdin(source) as path:
+            probe = file_source(path, format=fmt, schema=declared)
+            schema = _keyed(await probe.resolve_schema(), key)
+            size = await file_size(path)
+            label = "stdin" if source == "-" else Path(source).name
+            with Progress(f"create from {label}", size, unit="bytes") as progress:
+                rows = file_source(path, format=fmt, schema=schema, on_read=progress.update)
+                ds = await write_dataset(rows, table_uri, schema=schema, storage_options=storage)
+            return await ds.count_rows(), ds.primary_key
+
+    rows, pk = run_command(run, writes)
+    what = f"primary key {', '.join(pk)}" if pk else "no primary key"
+    out.print(
+        f"created {table_uri}: {rows:,} rows, {what}; "
+        f"next: lance-async merge FILE {table_uri}, or lance-async init-wal {table_uri}"
+    )
+
+
+def _keyed(schema: pa.Schema, key: list[str] | None) -> pa.Schema:
+    """The table schema: ``key`` checked against the columns and marked."""
+    unknown = [k for k in key or [] if k not in schema.names]
+    if unknown:
+        raise typer.BadParameter(
+            f"no column {unknown[0]!r} (the columns are {', '.join(schema.names)})",
+            param_hint="'--key'",
+        )
+    return with_primary_key(schema, list(key or [])) if key else schema
