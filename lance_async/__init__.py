@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._memory import MemoryLimits, configure_memory, memory_limits
+    from ._metrics import configure_metrics
     from ._threads import ThreadLimits, configure_threads
     from .dataset import AsyncDataset, open_dataset, write_dataset
     from .errors import (
@@ -75,6 +76,7 @@ _LOCATIONS: dict[str, str] = {
     "coerce_source": ".sources",
     "CompactionResult": ".memwal",
     "configure_memory": "._memory",
+    "configure_metrics": "._metrics",
     "configure_threads": "._threads",
     "memory_limits": "._memory",
     "MemoryLimits": "._memory",
@@ -162,6 +164,7 @@ __all__ = [
     "bridge_reader",
     "coerce_source",
     "configure_memory",
+    "configure_metrics",
     "configure_threads",
     "file_source",
     "ingest",

@@ -27,6 +27,7 @@ import pyarrow as pa
 from lance.dataset import LanceDataset
 
 from ._filters import check_filter
+from ._metrics import record_lookup, record_scan
 from ._schema import primary_key
 from ._threads import run_sync
 from .errors import DatasetNotFoundError, SchemaMismatchError, raise_mapped
@@ -224,6 +225,7 @@ class AsyncDataset:
             nothing else holds the stream (see :class:`AsyncBatchStream`).
         """
         ds = self._ds
+        record_scan(self.uri, "base")
         if isinstance(columns, (list, tuple)):
             unknown = [c for c in columns if c not in ds.schema.names]
             if unknown:
@@ -468,7 +470,7 @@ class AsyncDataset:
         limit: int | None = None,
     ) -> AsyncBatchStream:
         """Scan base table and flushed SSTables, newest row per primary key."""
-
+        record_scan(self.uri, "lsm")
         return lsm_scan(self, snapshots=snapshots, columns=columns, filter=filter, limit=limit)
 
     async def lsm_point_lookup(
@@ -478,7 +480,7 @@ class AsyncDataset:
         snapshots: ShardSnapshots | None = None,
     ) -> pa.Table:
         """The newest row for one primary key (a table of 0 or 1 row)."""
-
+        record_lookup(self.uri, "lsm")
         return await lsm_point_lookup(self, key, columns=columns, snapshots=snapshots)
 
     async def lsm_vector_search(

@@ -63,6 +63,7 @@ import pyarrow as pa
 from lance.dataset import LanceDataset
 
 from ._keys import DUPLICATE_POLICIES, KeyTracker, check_unique_keys, keep_last
+from ._metrics import record_merge
 from ._threads import run_sync
 from .errors import (
     ConflictError,
@@ -379,6 +380,7 @@ class AsyncMergeInsertBuilder:
     ) -> MergeResult:
         ins, upd, dele = _stats(stats)
         result = MergeResult(ins, upd, dele, attempts, mode, int(target.version))
+        record_merge(self._dataset.uri, attempts)
         self.last_result = result
         self._dataset._replace(target)
         return result

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, int]] = [
     ("lance_async._keys", 0),
     ("lance_async._filters", 0),
     ("lance_async._memory", 0),
+    ("lance_async._metrics", 0),
     ("lance_async.sources", 1),
     ("lance_async.merge", 2),
     ("lance_async.memwal", 2),

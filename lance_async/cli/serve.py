@@ -35,6 +35,14 @@ def serve(
     spool_dir: str | None = typer.Option(
         None, "--spool-dir", metavar="DIR", help="Where replay spools go."
     ),
+    metrics: bool | None = typer.Option(
+        None,
+        "--metrics/--no-metrics",
+        help="Serve GET /metrics for Prometheus (pip install 'lance-async[metrics]').",
+    ),
+    lance_metrics: bool | None = typer.Option(
+        None, "--lance-metrics", help="With --metrics, pylance's object-store metrics too."
+    ),
     config: str | None = typer.Option(
         None,
         "--config",
@@ -61,11 +69,16 @@ def serve(
         "allow_raw_sql": allow_raw_sql,
         "max_body_bytes": max_body_bytes,
         "spool_dir": spool_dir,
+        "metrics": metrics,
+        "lance_metrics": lance_metrics,
         "storage_options": parse_storage_options(storage_option),
     }
     try:
         settings = ServeSettings.load(config, **overrides)
         serve_main(settings)
+    except ImportError as exc:  # --metrics without the extra
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
     except ValueError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

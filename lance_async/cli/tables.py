@@ -334,9 +334,7 @@ def info(
         out.print("  (unflushed rows come back when their shard's writer opens again)")
     from rich.table import Table
 
-    table = Table(
-        "shard", "generation now", "flushed (not compacted)", "flushed rows", "unflushed rows"
-    )
+    table = Table("shard", "gen", "flushed gens", "flushed rows", "unflushed")
     table.columns[0].no_wrap = True
     table.columns[0].min_width = 36
     for s in data["shards"]:

@@ -30,18 +30,23 @@ def _line(stats: WorkerStats) -> str:
     )
 
 
-async def _health(port: int, worker: Worker) -> None:
-    """Answer every HTTP request on ``port`` with the worker's stats as JSON."""
+async def _health(port: int, worker: Worker, export: Any = None) -> None:
+    """Answer HTTP requests on ``port``: ``GET /metrics`` with the Prometheus
+    text when ``export`` is given, anything else with the worker's stats as JSON."""
 
     async def handle(stream: Any) -> None:
         async with stream:
             try:
                 with anyio.fail_after(5):
-                    await stream.receive(4096)
-                stats = worker.stats()
-                body = json.dumps({"status": "ok", **stats.__dict__}).encode()
+                    request = await stream.receive(4096)
+                if export is not None and request.startswith(b"GET /metrics"):
+                    body, media = export(), export.content_type
+                else:
+                    stats = worker.stats()
+                    body = json.dumps({"status": "ok", **stats.__dict__}).encode()
+                    media = "application/json"
                 head = (
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    f"HTTP/1.1 200 OK\r\nContent-Type: {media}\r\n"
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
                 ).encode()
                 await stream.send(head + body)
@@ -87,6 +92,11 @@ def worker(
         metavar="PORT",
         help="Serve the stats as JSON over HTTP on 127.0.0.1:PORT.",
     ),
+    metrics: bool = typer.Option(
+        False,
+        "--metrics",
+        help="Serve GET /metrics for Prometheus on --health-port (the 'metrics' extra).",
+    ),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Ingest the partitions of FEED this worker is given into TABLE_URI.
@@ -98,6 +108,16 @@ def worker(
     """
     if lease_ttl <= 0 or ack_wait <= 0:
         raise typer.BadParameter("--lease-ttl and --ack-wait must be > 0")
+    if metrics and health_port is None:
+        raise typer.BadParameter("--metrics needs --health-port", param_hint="'--metrics'")
+    export = None
+    if metrics:
+        from .._metrics import prometheus_export
+
+        try:
+            export = prometheus_export()
+        except ImportError as exc:
+            raise typer.BadParameter(str(exc), param_hint="'--metrics'") from None
     name = member or f"{socket.gethostname()}-{os.getpid()}".replace(".", "-")
 
     async def run() -> WorkerStats:
@@ -130,7 +150,7 @@ def worker(
                 if stats_interval > 0:
                     tg.start_soon(report)
                 if health_port is not None:
-                    tg.start_soon(_health, health_port, w)
+                    tg.start_soon(_health, health_port, w, export)
                 err.print(f"worker {name}: {partitions} partitions in group {group!r}")
                 stats = await w.run()
                 tg.cancel_scope.cancel()

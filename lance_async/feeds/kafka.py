@@ -78,6 +78,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+from .._metrics import metrics_enabled, set_feed_lag
 from ..errors import DecodeError
 from ._common import BrokerFeed, FeedState, call_maybe_async, check_open
 from .base import Message
@@ -418,6 +419,7 @@ class KafkaFeed(BrokerFeed):
         for tp, items in taken:
             part = self._partition(tp)
             last = items[-1][0].offset
+            _feed_lag(self._consumer, tp, last)
             for where, payload, headers in items:
                 part.pending[where.offset] = False
                 out.append(
@@ -466,3 +468,14 @@ class KafkaFeed(BrokerFeed):
                 self._state = FeedState.CLOSED
                 if self._stop_consumer:
                     await self._consumer.stop()
+
+
+def _feed_lag(consumer: Any, tp: Any, last: int) -> None:
+    """Report the partition's lag the fetch told (high watermark minus the
+    next offset), when metrics are on."""
+    if not metrics_enabled():
+        return
+    highwater = getattr(consumer, "highwater", None)
+    end = highwater(tp) if highwater is not None else None
+    if end is not None:
+        set_feed_lag(f"kafka:{tp.topic}", tp.partition, end - (last + 1))

@@ -48,6 +48,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
+from .._metrics import set_feed_lag
 from ._common import BrokerFeed, FeedState, check_open, require_asyncio
 from .base import Message
 
@@ -292,6 +293,7 @@ class JetStreamFeed(BrokerFeed):
     # -- the Feed protocol --------------------------------------------------------
     def _message(self, msg: Msg) -> Message:
         sequence = msg.metadata.sequence.stream
+        set_feed_lag(f"nats:{self.stream}/{self.subject}", 0, msg.metadata.num_pending)
 
         async def ack() -> None:
             check_open(self._state, repr(self))

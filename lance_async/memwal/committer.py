@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import pyarrow as pa
 
+from .._metrics import record_settled
 from .._schema import TableFit
 from .._threads import run_sync
 from ..errors import (
@@ -227,6 +228,7 @@ class Committer:
                 item.ack._part_done(deletes=item.rows, put_id=put)
         if rows or nbytes:
             self._acc.release(rows, nbytes)
+        record_settled(self._shard_id, run, now)
 
     def fail_writer(self, exc: BaseException) -> WriterFailedError:
         """Mark the writer failed (once); returns the error every ack gets."""

@@ -27,6 +27,7 @@ import pyarrow as pa
 from anyio.abc import TaskGroup
 
 from .._loop import aclose_shielded, unwrap_groups
+from .._metrics import record_lookup, record_scan
 from .._schema import TableFit, primary_key
 from .._threads import run_sync, stream_limiter
 from ..errors import ClosedError, InvalidInputError, SchemaMismatchError
@@ -315,6 +316,7 @@ class ShardRouter:
         and flushed generations.
         """
         self._check_open()
+        record_lookup(self._dataset.uri, "writer")
         shard_id = await run_sync(
             lambda: self.sharding.shard_of_key(self.schema, self._keys, key),
             limiter=stream_limiter(),
@@ -337,6 +339,7 @@ class ShardRouter:
         generations. Since every key has one shard, the parts never overlap.
         """
         self._check_open()
+        record_scan(self._dataset.uri, "writer")
         names = list(columns) if columns is not None else list(self.schema.names)
         out_schema = pa.schema([self.schema.field(c) for c in names], metadata=self.schema.metadata)
         router = self

@@ -43,6 +43,7 @@ from ..errors import (
 from ..sources import WriteSource, replayable
 from ..sources.decoders import CsvDecoder, Decoder, NdjsonDecoder
 from ..sources.ipc import IpcFramer
+from ..sources.jsonarray import JsonTextSplitter, element_error
 from ..sources.jsonrows import check_json_depth
 from .limits import (
     FEED_BYTES,
@@ -64,7 +65,7 @@ class BodyBatches:
     chunks : async iterable of bytes
         The body as it arrives (for Starlette, ``request.stream()``; see
         :func:`lance_async.fastapi.request_batches`). Closed by :meth:`aclose`.
-    format : {"ipc", "ndjson", "csv"}
+    format : {"ipc", "ndjson", "json", "csv"}
         The body's format (see :func:`body_format`).
     table_schema : pa.Schema
         The target table's schema.
@@ -115,10 +116,13 @@ class BodyBatches:
         spool_dir: str | None = None,
         slice_rows: int = SLICE_ROWS,
     ) -> None:
-        if format not in ("ipc", "ndjson", "csv"):
-            raise ValueError(f"unknown body format {format!r}; expected ipc, ndjson or csv")
+        if format not in ("ipc", "ndjson", "json", "csv"):
+            raise ValueError(f"unknown body format {format!r}; expected ipc, ndjson, json or csv")
         self._chunks = chunks.__aiter__()
-        self._format = format
+        self._media = format
+        # JSON text is cut into NDJSON as it arrives, then read as NDJSON
+        self._splitter = JsonTextSplitter() if format == "json" else None
+        self._format = "ndjson" if format == "json" else format
         self._table = table_schema
         self._limits = limits or BodyLimits()
         if slice_rows < 1:
@@ -165,8 +169,8 @@ class BodyBatches:
     # -- properties ---------------------------------------------------------
     @property
     def format(self) -> str:
-        """``"ipc"``, ``"ndjson"`` or ``"csv"``."""
-        return self._format
+        """``"ipc"``, ``"ndjson"``, ``"json"`` or ``"csv"``."""
+        return self._media
 
     @property
     def schema(self) -> pa.Schema:
@@ -193,7 +197,7 @@ class BodyBatches:
 
     def statistics(self) -> BodyStats:
         """Bytes, batches and rows read so far (does not block)."""
-        return BodyStats(self._format, self._bytes, self._batches, self._rows, self._complete)
+        return BodyStats(self._media, self._bytes, self._batches, self._rows, self._complete)
 
     # -- reading ------------------------------------------------------------
     async def start(self) -> pa.Schema:
@@ -514,6 +518,17 @@ class BodyBatches:
         return [str(k) for k in first]
 
     def _process_text(self, data: bytes, final: bool) -> list[pa.RecordBatch]:
+        if self._splitter is None:
+            return self._process_lines(data, final)
+        try:
+            text = self._splitter.feed(data)
+            if final:
+                self._splitter.finish()
+            return self._process_lines(text, final)
+        except DecodeError as exc:
+            raise element_error(exc, self._splitter.mode) from exc
+
+    def _process_lines(self, data: bytes, final: bool) -> list[pa.RecordBatch]:
         if self._decoder is None:
             assert self._head is not None
             if not self._head and data.startswith(b"\xef\xbb\xbf"):

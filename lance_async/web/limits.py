@@ -6,6 +6,8 @@ media type                             format      body schema
 application/vnd.apache.arrow.stream    ``ipc``     the stream's schema message
 application/vnd.apache.arrow.file      ``ipc``     (the file format is read as a stream)
 application/x-ndjson (jsonl, ndjson)   ``ndjson``  the keys of the first non-blank line
+application/json                       ``json``    the keys of the first object (an array
+                                                   of objects, or objects one per line)
 text/csv                               ``csv``     the header line
 =====================================  ==========  =====================================
 
@@ -53,6 +55,7 @@ __all__ = [
 IPC_STREAM = "application/vnd.apache.arrow.stream"
 IPC_FILE = "application/vnd.apache.arrow.file"
 NDJSON = "application/x-ndjson"
+JSON = "application/json"
 CSV = "text/csv"
 
 #: Request media types and the decoder each one gets.
@@ -63,6 +66,7 @@ MEDIA_TYPES: dict[str, str] = {
     "application/ndjson": "ndjson",
     "application/jsonl": "ndjson",
     "application/x-jsonlines": "ndjson",
+    JSON: "json",
     CSV: "csv",
 }
 #: Response media type of each encoder.
@@ -146,7 +150,7 @@ class BodyStats:
     Attributes
     ----------
     format : str
-        ``"ipc"``, ``"ndjson"`` or ``"csv"``.
+        ``"ipc"``, ``"ndjson"``, ``"json"`` or ``"csv"``.
     bytes_received : int
         Body bytes read from the client.
     batches : int

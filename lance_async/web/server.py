@@ -262,6 +262,8 @@ def create_app(
     writer_options: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, str] | None = None,
     max_uploads: int | None = 16,
+    metrics: bool = False,
+    lance_metrics: bool = False,
 ) -> FastAPI:
     """Build the example app.
 
@@ -306,6 +308,13 @@ def create_app(
 
     storage_options : mapping, optional
         Object-store options of ``root`` and its tables.
+    metrics : bool
+        Turn lance_async's OpenTelemetry instruments on with a Prometheus
+        reader and serve them at ``GET /metrics`` (the ``metrics`` extra;
+        see :mod:`lance_async._metrics`).
+    lance_metrics : bool
+        With ``metrics``, pylance's own instruments too (object-store
+        requests, bytes, latency: ``lance.otel.instrument_lance_metrics``).
 
     Returns
     -------
@@ -346,6 +355,15 @@ def create_app(
     )
     install_error_handlers(app)
     app.state.gauges = gauges
+    if metrics:
+        from .._metrics import prometheus_export
+
+        export = prometheus_export(lance=lance_metrics)
+
+        @app.get("/metrics")
+        async def prometheus_metrics() -> Response:
+            """Every instrument of the process in Prometheus' text format."""
+            return Response(export(), media_type=export.content_type)
 
     @app.get("/health")
     async def health() -> Response:
@@ -555,5 +573,7 @@ def main(settings: ServeSettings) -> None:
         spool_dir=settings.spool_dir,
         writer_options=settings.writer_options,
         storage_options=settings.storage_options or None,
+        metrics=settings.metrics,
+        lance_metrics=settings.lance_metrics,
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)

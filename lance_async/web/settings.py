@@ -48,6 +48,10 @@ class ServeSettings(BaseSettings):
         Where merge and ingest bodies are spooled.
     log_level : str
         uvicorn's log level.
+    metrics : bool
+        Serve ``GET /metrics`` for Prometheus (the ``metrics`` extra).
+    lance_metrics : bool
+        With ``metrics``, pylance's own object-store instruments too.
     """
 
     model_config = SettingsConfigDict(env_prefix="LANCE_ASYNC_SERVE_", extra="forbid")
@@ -61,6 +65,8 @@ class ServeSettings(BaseSettings):
     max_body_bytes: int | None = Field(default=None, ge=1)
     spool_dir: str | None = None
     log_level: str = "info"
+    metrics: bool = False
+    lance_metrics: bool = False
 
     @classmethod
     def load(cls, config: str | os.PathLike[str] | None = None, **overrides: Any) -> ServeSettings:
