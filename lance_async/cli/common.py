@@ -288,7 +288,8 @@ class Progress:
     unit : str
         What is counted (``rows``, ``bytes``).
     interval : float
-        Seconds between plain lines (not on a terminal).
+        Seconds between plain lines (not on a terminal); the environment
+        variable ``LANCE_ASYNC_PROGRESS_INTERVAL`` overrides it.
 
     Notes
     -----
@@ -308,7 +309,7 @@ class Progress:
         self.description = description
         self.total = total
         self.unit = unit
-        self.interval = interval
+        self.interval = float(os.environ.get("LANCE_ASYNC_PROGRESS_INTERVAL", interval))
         self.completed = 0.0
         self._stream = stream if stream is not None else sys.stderr
         self._tty = bool(getattr(self._stream, "isatty", lambda: False)())
@@ -349,9 +350,9 @@ class Progress:
     def _line(self, done: bool = False) -> None:
         elapsed = time.monotonic() - self._started
         if self.unit == "bytes":
-            amount = f"{self.completed / (1 << 20):,.1f} MiB"
+            amount = _size(self.completed)
             if self.total is not None:
-                amount += f" of {self.total / (1 << 20):,.1f} MiB"
+                amount += f" of {_size(self.total)}"
         else:
             amount = f"{self.completed:,.0f}"
             if self.total is not None:
@@ -366,8 +367,19 @@ class Progress:
             if exc[0] is None and self.total is not None:
                 self._bar.update(self._task, completed=self.total)
             self._bar.__exit__(*exc)
-        elif exc[0] is None and time.monotonic() - self._started >= self.interval:
+        elif exc[0] is None and (
+            self.interval == 0 or time.monotonic() - self._started >= self.interval
+        ):
             self._line(done=True)
+
+
+def _size(n: float) -> str:
+    """``512 B``, ``1.5 KiB``, ``152.3 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} GiB"  # pragma: no cover
 
 
 async def file_size(path: str) -> int:

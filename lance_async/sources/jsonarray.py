@@ -67,15 +67,19 @@ class JsonTextSplitter:
         self._backslashes = 0  # trailing backslashes of the last chunk, inside a string
         self._max = max_depth
         self._bom = True
+        self._head = bytearray()  # bytes before the mode is known
 
     def _start(self, chunk: bytes) -> bytes:
-        """Decide the mode from the first non-blank byte; drop a byte-order mark."""
+        """Decide the mode from the first non-blank byte; drop a byte-order mark.
+        Returns the text to process (empty while undecided)."""
+        self._head += chunk
         if self._bom:
-            if len(chunk) < len(_BOM) and _BOM.startswith(chunk):
-                return chunk  # decide on the next chunk  # pragma: no cover - 1-2 byte chunks
-            chunk = chunk.removeprefix(_BOM)
+            if len(self._head) < len(_BOM) and _BOM.startswith(self._head):
+                return b""  # perhaps a byte-order mark: decide on the next chunk
+            self._head = bytearray(bytes(self._head).removeprefix(_BOM))
             self._bom = False
-        head = chunk.lstrip(_WS)
+        head = bytes(self._head).lstrip(_WS)
+        self._head = bytearray()
         if head:
             if head[:1] == b"[":
                 self.mode = "array"
@@ -86,13 +90,14 @@ class JsonTextSplitter:
                 raise DecodeError(
                     f"expected a JSON array of objects (or objects), got {shown!r}..."
                 )
-        return chunk
+        return head
 
     def feed(self, chunk: bytes) -> bytes:
-        """The NDJSON text of ``chunk`` (same length unless a BOM was dropped)."""
+        """The NDJSON text of ``chunk`` (the same length, but for leading blanks,
+        a byte-order mark and what follows the array)."""
         if self.mode is None:
             chunk = self._start(chunk)
-            if self.mode is None:
+            if self.mode is None or not chunk:
                 return b""
         if self.closed:
             if chunk.strip(_WS):

@@ -74,6 +74,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
+from .._metrics import record_lookup, record_scan
 from .._storage import filesystem, join
 from .._threads import ThreadLimits, run_sync, stream_limiter
 from ..dataset import open_dataset
@@ -83,6 +84,7 @@ from ..errors import (
     SchemaMismatchError,
     ServerBusyError,
 )
+from ..memwal.router import ShardRouter
 from . import (
     BatchStreamResponse,
     BodyBatches,
@@ -511,6 +513,8 @@ def create_app(
         if table.writer is not None:
             if offset is not None:
                 raise InvalidInputError("offset is not supported on MemWAL tables")
+            if not isinstance(table.writer, ShardRouter):  # a router counts its own
+                record_scan(dataset.uri, "writer")
             stream = table.writer.lsm_scan(columns=cols, filter=sql, limit=limit)
         else:
             await dataset.refresh()
@@ -537,6 +541,8 @@ def create_app(
             )
         value = _parse_key(key, dataset.schema.field(keys[0]))
         if table.writer is not None:
+            if not isinstance(table.writer, ShardRouter):  # a router counts its own
+                record_lookup(dataset.uri, "writer")
             found = await table.writer.lsm_point_lookup(value)
         else:
             await dataset.refresh()
