@@ -96,8 +96,8 @@ class JsonTextSplitter:
         """The NDJSON text of ``chunk`` (the same length, but for leading blanks,
         a byte-order mark and what follows the array)."""
         if self.mode is None:
-            chunk = self._start(chunk)
-            if self.mode is None or not chunk:
+            chunk = self._start(chunk)  # empty while the mode is not known
+            if not chunk:
                 return b""
         if self.closed:
             if chunk.strip(_WS):
