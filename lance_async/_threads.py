@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.threads")
 
 
 @dataclass

@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncMergeInsertBuilder", "MergeResult", "backoff_delay"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.merge")
 T = TypeVar("T")
 
 BASE_BACKOFF = 0.05
@@ -397,6 +397,7 @@ class AsyncMergeInsertBuilder:
                     "task was cancelled; see AsyncMergeInsertBuilder.last_result",
                     result.version,
                     self._dataset.uri,
+                    extra={"table": self._dataset.uri},
                 )
 
         return handle
@@ -450,6 +451,7 @@ class AsyncMergeInsertBuilder:
             log.info(
                 "lance_async: merge_insert into %s: the source held no rows; nothing was committed",
                 self._dataset.uri,
+                extra={"table": self._dataset.uri},
             )
             result = MergeResult(0, 0, 0, attempts, src.mode, self._dataset.version, False)
             self.last_result = result
@@ -506,6 +508,7 @@ class AsyncMergeInsertBuilder:
                     "lance_async: merge_insert attempt %d conflicted; replaying in %.3f s",
                     attempts,
                     delay,
+                    extra={"table": self._dataset.uri},
                 )
             await anyio.sleep(delay)
 
@@ -593,6 +596,7 @@ def _insert_lock(uri: str) -> threading.Lock:
                 "new key twice; declare the key (field metadata "
                 "lance-schema:unenforced-primary-key)",
                 uri,
+                extra={"table": uri},
             )
         return lock
 

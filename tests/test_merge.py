@@ -748,3 +748,5 @@ async def test_regression_concurrent_inserts_without_a_declared_key_do_not_dupli
     assert final.num_rows == 150, "a new key was inserted twice"
     assert sorted(final.column("id").to_pylist()) == list(range(150))
     assert "declares no primary key" in caplog.text
+    (record,) = [r for r in caplog.records if "declares no primary key" in r.getMessage()]
+    assert record.name == "lance_async.merge" and record.table == uri  # type: ignore[attr-defined]

@@ -36,7 +36,7 @@ from .leases import LeaseTable
 
 __all__ = ["Coordinator", "LeaseBalancer", "LeaseCoordinator"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.cluster")
 
 Assign = Callable[[int], Awaitable[None]]
 Revoke = Callable[[int, bool], Awaitable[None]]
@@ -131,7 +131,11 @@ class LeaseBalancer:
         self._dropped.clear()
         for p in sorted(self.owned):
             if not await table.renew(p):
-                log.warning("lance_async: lost the lease on partition %d; stopping it", p)
+                log.warning(
+                    "lance_async: lost the lease on partition %d; stopping it",
+                    p,
+                    extra={"partition": p},
+                )
                 self.owned.discard(p)
                 self.lost += 1
                 await self._revoke(p, True)
@@ -141,7 +145,12 @@ class LeaseBalancer:
         share = math.ceil(self.num_partitions / self.members)
         if len(self.owned) > share:
             p = max(self.owned)
-            log.info("lance_async: handing partition %d back (share %d)", p, share)
+            log.info(
+                "lance_async: handing partition %d back (share %d)",
+                p,
+                share,
+                extra={"partition": p},
+            )
             await self._revoke(p, False)
             self.owned.discard(p)
             await table.release(p)
@@ -158,7 +167,12 @@ class LeaseBalancer:
                     try:
                         await self._assign(p)
                     except Exception as exc:
-                        log.error("lance_async: starting partition %d failed: %r", p, exc)
+                        log.error(
+                            "lance_async: starting partition %d failed: %r",
+                            p,
+                            exc,
+                            extra={"partition": p},
+                        )
                         self.owned.discard(p)
                         await table.release(p)
                     except BaseException:

@@ -40,7 +40,7 @@ __all__ = [
     "RedisPublisher",
 ]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.cluster")
 
 
 class PartitionedFeed(Protocol):

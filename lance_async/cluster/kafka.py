@@ -37,7 +37,7 @@ from .balancer import Assign, Revoke
 
 __all__ = ["KafkaCoordinator"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.cluster")
 
 
 class _PartitionFeed:

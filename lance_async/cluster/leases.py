@@ -44,7 +44,7 @@ import anyio
 
 __all__ = ["LeaseTable", "NatsLeaseTable", "RedisLeaseTable"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.cluster")
 
 SAFETY = 0.6
 """Fraction of the ttl, since a renewal was sent, during which the holder

@@ -40,7 +40,7 @@ from .partitions import Partitioner
 
 __all__ = ["RepartitionWriter"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.cluster")
 
 
 def _json_default(value: Any) -> Any:

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Worker", "WorkerStats"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.cluster")
 
 
 @dataclass
@@ -297,7 +297,11 @@ class Worker:
                 await result
             return
         log.warning(
-            "lance_async worker %s: message %r refused: %s", self.member, message.offset, error
+            "lance_async worker %s: message %r refused: %s",
+            self.member,
+            message.offset,
+            error,
+            extra=self._fields(offset=message.offset),
         )
 
     async def _assign(self, partition: int) -> None:
@@ -316,7 +320,11 @@ class Worker:
         self._stats.assigned += 1
         self._tg.start_soon(self._ingest, partition, running)
         log.info(
-            "lance_async worker %s: took partition %d (shard %s)", self.member, partition, shard
+            "lance_async worker %s: took partition %d (shard %s)",
+            self.member,
+            partition,
+            shard,
+            extra=self._fields(partition),
         )
 
     async def _ingest(self, partition: int, running: _Running) -> None:
@@ -337,11 +345,21 @@ class Worker:
                 )
         except FencedError as exc:
             log.warning(
-                "lance_async worker %s: partition %d fenced: %s", self.member, partition, exc
+                "lance_async worker %s: partition %d fenced: %s",
+                self.member,
+                partition,
+                exc,
+                extra=self._fields(partition),
             )
             coordinator.drop(partition)
         except (LanceAsyncError, OSError, ConnectionError) as exc:
-            log.error("lance_async worker %s: partition %d failed: %r", self.member, partition, exc)
+            log.error(
+                "lance_async worker %s: partition %d failed: %r",
+                self.member,
+                partition,
+                exc,
+                extra=self._fields(partition),
+            )
             coordinator.drop(partition)
         finally:
             running.done.set()
@@ -373,14 +391,36 @@ class Worker:
             try:
                 await running.feed.aclose()
             except Exception as exc:  # a broken connection: the lease is what matters
-                log.debug("lance_async worker: closing partition %d's feed: %r", partition, exc)
+                log.debug(
+                    "lance_async worker: closing partition %d's feed: %r",
+                    partition,
+                    exc,
+                    extra=self._fields(partition),
+                )
             try:
                 await running.writer.aclose()
             except LanceAsyncError as exc:  # fenced: a new owner has the shard
-                log.info("lance_async worker: closing partition %d's writer: %s", partition, exc)
+                log.info(
+                    "lance_async worker: closing partition %d's writer: %s",
+                    partition,
+                    exc,
+                    extra=self._fields(partition),
+                )
         log.info(
             "lance_async worker %s: %s partition %d",
             self.member,
             "lost" if lost else "handed back",
             partition,
+            extra=self._fields(partition),
         )
+
+    def _fields(self, partition: int | None = None, **more: object) -> dict[str, object]:
+        """The structured fields of a log record (``extra=``): table, member,
+        partition and its shard."""
+        fields: dict[str, object] = {"table": self._dataset.uri, "member": self.member}
+        if partition is not None:
+            fields["partition"] = partition
+            if self._partitioner is not None:
+                fields["shard"] = self._partitioner.shard_of(partition)
+        fields.update(more)
+        return fields

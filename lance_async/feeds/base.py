@@ -44,7 +44,7 @@ __all__ = [
     "ingest",
 ]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.feeds")
 
 AckFn = Callable[[], Awaitable[None]]
 

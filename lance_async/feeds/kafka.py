@@ -85,7 +85,7 @@ from .base import Message
 
 __all__ = ["FeedRebalanceListener", "KafkaFeed", "KafkaOffset"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.feeds")
 
 
 class KafkaOffset(NamedTuple):
@@ -285,7 +285,11 @@ class KafkaFeed(BrokerFeed):
             if part is None or part.epoch != epoch or offset not in part.pending:
                 self.fenced_acks += 1
                 log.debug(
-                    "%r: %s@%d was fetched before a revocation; not committed", self, tp, offset
+                    "%r: %s@%d was fetched before a revocation; not committed",
+                    self,
+                    tp,
+                    offset,
+                    extra={"feed": f"kafka:{tp.topic}", "partition": tp.partition},
                 )
                 return
             part.pending[offset] = True
@@ -315,7 +319,10 @@ class KafkaFeed(BrokerFeed):
                 if tp not in assigned:
                     self.skipped_commits += 1
                     log.info(
-                        "%r: %s is no longer assigned; its offsets are not committed", self, tp
+                        "%r: %s is no longer assigned; its offsets are not committed",
+                        self,
+                        tp,
+                        extra={"feed": f"kafka:{tp.topic}", "partition": tp.partition},
                     )
                     continue
                 offsets[tp] = OffsetAndMetadata(part.watermark, self._metadata)
@@ -331,6 +338,7 @@ class KafkaFeed(BrokerFeed):
                     self,
                     sorted(offsets),
                     exc,
+                    extra={"feed": "kafka"},
                 )
                 return {}
             for tp, om in offsets.items():
@@ -354,6 +362,7 @@ class KafkaFeed(BrokerFeed):
                     left,
                     tp,
                     self.revoke_timeout,
+                    extra={"feed": f"kafka:{tp.topic}", "partition": tp.partition},
                 )
         self._notify()
 

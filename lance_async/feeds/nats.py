@@ -54,7 +54,7 @@ from .base import Message
 
 __all__ = ["JetStreamFeed"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.feeds")
 
 #: The shortest fetch wait sent to the server (seconds); nats-py needs > 0.
 MIN_FETCH_TIMEOUT = 0.01

@@ -66,7 +66,7 @@ from .base import Message
 
 __all__ = ["RedisStreamFeed"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.feeds")
 
 
 class _Phase(enum.Enum):
@@ -322,7 +322,12 @@ class RedisStreamFeed(BrokerFeed):
             self._last_claim = time.monotonic()
         fresh = [e for e in entries if _text(e[0]) not in self._inflight]
         if fresh:
-            log.info("%r: claimed %d idle entries from other consumers", self, len(fresh))
+            log.info(
+                "%r: claimed %d idle entries from other consumers",
+                self,
+                len(fresh),
+                extra={"feed": f"redis:{self.stream}"},
+            )
             self.claimed += len(fresh)
         return entries
 

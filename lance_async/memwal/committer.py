@@ -39,7 +39,7 @@ from .sharding import Sharding, sharding_of
 
 __all__ = ["DEFAULT_MAX_MEMTABLE_ROWS", "LATENCY_SAMPLES", "Committer", "open_engine"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.memwal")
 
 LATENCY_SAMPLES = 20_000
 """Ack latencies kept for the percentiles of :class:`~lance_async.WriterStats`."""

@@ -37,7 +37,7 @@ __all__ = [
     "with_snapshots",
 ]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.memwal")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ __all__ = [
     "iterate_reader",
 ]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.sources")
 
 ReaderLike: TypeAlias = "pa.RecordBatchReader | Iterable[pa.RecordBatch]"
 #: How long aclose() waits for a reader thread stuck in a blocking read.

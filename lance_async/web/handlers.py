@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["error_payload", "http_status", "install_error_handlers", "lance_error_handler"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.web")
 
 _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (PayloadTooLargeError, 413),
@@ -107,10 +107,13 @@ async def lance_error_handler(request: Request, exc: Exception) -> Response:
     ``retry_after`` seconds, rounded up; 1 by default).
     """
     status = http_status(exc)
+    fields = {"table": request.path_params.get("name"), "status": status}
     if status == 499:
-        log.info("lance_async: %s %s: %s", request.method, request.url.path, exc)
+        log.info("lance_async: %s %s: %s", request.method, request.url.path, exc, extra=fields)
     elif status >= 500:
-        log.error("lance_async: %s %s failed: %r", request.method, request.url.path, exc)
+        log.error(
+            "lance_async: %s %s failed: %r", request.method, request.url.path, exc, extra=fields
+        )
     headers = {}
     if status == 503 or getattr(exc, "retryable", False):
         headers["Retry-After"] = str(max(1, math.ceil(getattr(exc, "retry_after", 1))))

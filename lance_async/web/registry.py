@@ -50,7 +50,7 @@ __all__ = [
     "lance_lifespan",
 ]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.web")
 
 REGISTRY_STATE_KEY = "lance_registry"
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")

@@ -109,7 +109,7 @@ from .settings import ServeSettings
 
 __all__ = ["create_app", "discover_tables", "main"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.web")
 
 #: Rows per batch of a ``/rows`` scan unless ``batch_size`` says otherwise.
 DEFAULT_SCAN_BATCH = 8192
@@ -170,7 +170,9 @@ async def discover_tables(
         try:
             dataset = await open_dataset(path, storage_options=options)
         except DatasetNotFoundError:
-            log.warning("lance_async.serve: %s holds no Lance dataset; skipped", path)
+            log.warning(
+                "lance_async.serve: %s holds no Lance dataset; skipped", path, extra={"table": path}
+            )
             continue
         if await dataset.mem_wal_index_details() is None:
             specs[name] = TableSpec(path, storage_options=options)
