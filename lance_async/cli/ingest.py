@@ -58,7 +58,8 @@ def ingest_cmd(
         ...,
         help="A file (.ndjson/.jsonl/.json, .csv, .arrow/.arrows/.ipc), '-' for stdin, "
         "nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME&ack_wait=S] or "
-        "redis://HOST:PORT/STREAM[?group=G&consumer=NAME&min_idle=S]. Exit status 3: stopped idle with messages out of reach.",
+        "redis://HOST:PORT/STREAM[?group=G&consumer=NAME&min_idle=S]. "
+        "Exit status 3: stopped idle with messages out of reach.",
     ),
     table_uri: str = typer.Argument(
         ..., help="The Lance table; its MemWAL must be initialized (lance-async init-wal)."
