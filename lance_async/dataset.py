@@ -31,7 +31,8 @@ from ._threads import run_sync
 from .errors import DatasetNotFoundError, SchemaMismatchError, raise_mapped
 from .memwal import retired
 from .memwal.compaction import compact_mem_wal
-from .memwal.reads import lsm_point_lookup, lsm_scan
+from .memwal.compactor import CompactionPolicy, Compactor
+from .memwal.reads import lsm_point_lookup, lsm_point_lookups, lsm_scan
 from .memwal.router import ShardRouter
 from .memwal.sharding import Sharding, read_sharding, sharding_options
 from .memwal.snapshots import shard_snapshots
@@ -401,16 +402,29 @@ class AsyncDataset:
         shards are divided among processes. With a ``shard_id``: an
         :class:`~lance_async.AsyncShardWriter` of that one shard, which refuses
         rows of other shards (:class:`~lance_async.errors.WrongShardError`).
-        ``options`` are the writer's (see :class:`~lance_async.AsyncShardWriter`).
+        ``options`` are the writer's (see :class:`~lance_async.AsyncShardWriter`);
+        the router also takes ``compaction=CompactionPolicy(...)`` to compact
+        flushed generations in the background while it is open (for one
+        shard writer, run a :class:`~lance_async.memwal.Compactor` beside it).
         """
         if shard_id is None:
             return ShardRouter(self, **options)
+        if "compaction" in options:
+            raise TypeError(
+                "compaction= is for the routing writer (mem_wal_writer() with no shard id); "
+                "beside one shard writer, use `async with lance_async.memwal.Compactor(ds, policy)`"
+            )
         return AsyncShardWriter(self, shard_id, **options)
 
     def shard_router(self, **options: Any) -> ShardRouter:
         """The routing writer, as ``mem_wal_writer()`` with no shard id (``async with``)."""
 
         return ShardRouter(self, **options)
+
+    def compactor(self, policy: CompactionPolicy | None = None) -> Compactor:
+        """A background :class:`~lance_async.memwal.Compactor` of this table (``async with``)."""
+
+        return Compactor(self, policy)
 
     # -- LSM reads (memwal) ------------------------------------------------
     async def shard_snapshots(self) -> ShardSnapshots:
@@ -424,10 +438,20 @@ class AsyncDataset:
         columns: Sequence[str] | None = None,
         filter: str | None = None,
         limit: int | None = None,
+        *,
+        batch_size: int | None = None,
     ) -> AsyncBatchStream:
-        """Scan base table and flushed SSTables, newest row per primary key."""
+        """Scan base table and flushed SSTables, newest row per primary key, streamed
+        (see :func:`lance_async.memwal.lsm_scan`)."""
 
-        return lsm_scan(self, snapshots=snapshots, columns=columns, filter=filter, limit=limit)
+        return lsm_scan(
+            self,
+            snapshots=snapshots,
+            columns=columns,
+            filter=filter,
+            limit=limit,
+            batch_size=batch_size,
+        )
 
     async def lsm_point_lookup(
         self,
@@ -435,9 +459,21 @@ class AsyncDataset:
         columns: Sequence[str] | None = None,
         snapshots: ShardSnapshots | None = None,
     ) -> pa.Table:
-        """The newest row for one primary key (a table of 0 or 1 row)."""
+        """The newest row for one primary key (a table of 0 or 1 row); concurrent
+        lookups are answered in batches (see :func:`lance_async.memwal.lsm_point_lookup`)."""
 
         return await lsm_point_lookup(self, key, columns=columns, snapshots=snapshots)
+
+    async def lsm_point_lookups(
+        self,
+        keys: Any,
+        columns: Sequence[str] | None = None,
+        snapshots: ShardSnapshots | None = None,
+    ) -> pa.Table:
+        """The newest row of each of many primary keys, in one batch, in the order
+        of ``keys`` (see :func:`lance_async.memwal.lsm_point_lookups`)."""
+
+        return await lsm_point_lookups(self, keys, columns=columns, snapshots=snapshots)
 
     async def lsm_vector_search(
         self,
@@ -445,12 +481,13 @@ class AsyncDataset:
         *,
         column: str,
         k: int = 10,
-        nprobes: int = 20,
+        nprobes: int | None = 20,
         filter: str | None = None,
         snapshots: ShardSnapshots | None = None,
         **options: Any,
     ) -> pa.Table:
-        """k nearest rows across the LSM levels, with ``_distance``."""
+        """k nearest rows across the LSM levels, with ``_distance`` (see
+        :func:`lance_async.memwal.lsm_vector_search`)."""
 
         return await lsm_vector_search(
             self,
@@ -469,18 +506,23 @@ class AsyncDataset:
         *,
         chunk_rows: int = 65_536,
         optimize_indices: bool = True,
+        max_generations: int | None = None,
     ) -> CompactionResult:
         """Merge flushed MemWAL generations into the base table.
 
         Every flushed, not yet compacted generation of each shard (all shards,
-        or ``shard_ids``), oldest first, is merged with merge_insert and marked
-        compacted in the same commit; conflicts replay the immutable SSTable.
+        or ``shard_ids``) is merged with merge_insert and marked compacted in
+        the same commit; conflicts replay the immutable SSTables.
         See :func:`lance_async.memwal.compact_mem_wal` for the parameters, the
         result and the errors.
         """
 
         return await compact_mem_wal(
-            self, shard_ids, chunk_rows=chunk_rows, optimize_indices=optimize_indices
+            self,
+            shard_ids,
+            chunk_rows=chunk_rows,
+            optimize_indices=optimize_indices,
+            max_generations=max_generations,
         )
 
 

@@ -13,7 +13,6 @@ import lance_async as la
 
 from ..helpers import PK, kv_table, rows_by_key
 
-
 SHARDING = ("bucket_column", "identity_column", "unsharded")
 
 
