@@ -173,7 +173,7 @@ class AsyncDataset:
         batch_size: int | None = None,
         with_row_id: bool = False,
         nearest: Mapping[str, Any] | None = None,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         **scanner_options: Any,
     ) -> AsyncBatchStream:
         """Scan the dataset as an ``async for`` stream of record batches.
@@ -196,8 +196,10 @@ class AsyncDataset:
         nearest : dict, optional
             Vector search, as in ``LanceDataset.scanner(nearest=...)``; adds
             ``_distance``.
-        prefetch : int
-            Batches read ahead by the worker thread (default 4).
+        prefetch : int, optional
+            Batches read ahead by the worker thread (default 4; 16 when
+            ``batch_size`` is at most 4,096 rows, so small batches reach the
+            loop several per wake-up).
 
         Returns
         -------
@@ -239,6 +241,8 @@ class AsyncDataset:
         schema = None
         if not scanner_options:
             schema = _projected_schema(ds.schema, columns, with_row_id, nearest)  # type: ignore[arg-type]
+        if prefetch is None:
+            prefetch = 16 if batch_size is not None and batch_size <= 4096 else 4
         return AsyncBatchStream(opener, schema=schema, prefetch=prefetch)
 
     async def to_table(self, **scanner_options: Any) -> pa.Table:

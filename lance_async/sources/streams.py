@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
@@ -47,6 +48,10 @@ log = logging.getLogger("lance_async")
 ReaderLike: TypeAlias = "pa.RecordBatchReader | Iterable[pa.RecordBatch]"
 #: How long aclose() waits for a reader thread stuck in a blocking read.
 CLOSE_TIMEOUT = 10.0
+#: A batch that took longer than this to read, or is this large, wakes a
+#: waiting consumer at once; faster, smaller ones wake it when the buffer fills.
+EAGER_SECONDS = 0.0005
+EAGER_BYTES = 1 << 20
 
 
 class StreamState(enum.Enum):
@@ -147,10 +152,19 @@ class _ReaderThread:
                     self.schema = source.schema
                     ev, self.waiter = self.waiter, None
                 self._wake(ev)
+            last = time.perf_counter()
             for batch in source:
                 nbytes = batch.nbytes
+                now = time.perf_counter()
+                # Small batches made fast: wake a waiting consumer once per
+                # full buffer, not once per batch (a loop wake-up costs about
+                # as much as reading a 1,024-row batch).
+                eager = now - last > EAGER_SECONDS or nbytes >= EAGER_BYTES or self.schema is None
+                last = now
                 with self.cond:
                     while not self.stop and self._full(nbytes):
+                        ev, self.waiter = self.waiter, None
+                        self._wake(ev)  # never block while the consumer waits
                         self.cond.wait()
                     if self.stop:
                         break
@@ -159,7 +173,9 @@ class _ReaderThread:
                     self.buf.append((batch, nbytes))
                     self.buf_bytes += nbytes
                     self.max_buffered = max(self.max_buffered, len(self.buf))
-                    ev, self.waiter = self.waiter, None
+                    ev = None
+                    if eager or self._full(0):
+                        ev, self.waiter = self.waiter, None
                 self._wake(ev)
         except BaseException as exc:  # handed to the consumer, never lost
             with self.cond:
