@@ -171,7 +171,12 @@ def json_texts(values: pa.Array | pa.ChunkedArray) -> pa.Array:
         finite = pc.is_finite(arr)
         if not pc.all(finite).as_py():
             out = pc.if_else(finite, out, None)
-    elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t) or pa.types.is_decimal(t):
+    elif (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_string_view(t)
+        or pa.types.is_decimal(t)
+    ):
         out = _quoted(pc.cast(arr, pa.string()))
     elif pa.types.is_timestamp(t):  # "2013-01-01 05:17:00.000" (+ "Z" when zoned)
         iso = pc.replace_substring(pc.cast(arr, pa.string()), " ", "T", max_replacements=1)
@@ -341,6 +346,7 @@ def make_encoder(format: str, schema: pa.Schema | None = None) -> BatchEncoder:
 
 
 _ACCEPT: dict[str, str] = {IPC_STREAM: "ipc", NDJSON: "ndjson", "application/jsonl": "ndjson"}
+_CANONICAL = frozenset({IPC_STREAM, NDJSON})
 _FORMAT_NAMES: dict[str, str] = {
     "arrow": "ipc",
     "ipc": "ipc",
@@ -355,10 +361,12 @@ def negotiate_format(
 ) -> str:
     """Choose a response format: ``override`` if given, else the ``Accept`` header.
 
-    The header is parsed and matched by Werkzeug's ``MIMEAccept`` (RFC 9110
-    proactive negotiation: the most specific media range decides a type's
-    quality, ``q=0`` excludes it, equal qualities go to ``default``): so
-    ``application/x-ndjson;q=0, */*`` answers in Arrow IPC, never NDJSON.
+    The header is parsed by Werkzeug's ``MIMEAccept``, which gives each
+    format's media type the quality of the most specific range that matches
+    it (RFC 9110 proactive negotiation): ``q=0`` excludes it, the highest
+    quality wins, a tie goes to ``default``. The alias ``application/jsonl``
+    counts only when named, so ``application/x-ndjson;q=0, */*`` answers in
+    Arrow IPC, never NDJSON.
 
     Parameters
     ----------
@@ -388,13 +396,21 @@ def negotiate_format(
     accept = request.headers.get("accept")
     if not accept or not accept.strip():
         return default
-    offers = sorted(_ACCEPT, key=lambda media: _ACCEPT[media] != default)  # default's first
-    best = parse_accept_header(accept, MIMEAccept).best_match(offers)
-    if best is None:
+    parsed = parse_accept_header(accept, MIMEAccept)
+    named = {value.lower() for value, _quality in parsed}
+    scores: dict[str, float] = {}
+    for media, fmt in _ACCEPT.items():
+        if media not in _CANONICAL and media not in named:
+            continue  # an alias counts only when named, never through a wildcard
+        scores[fmt] = max(scores.get(fmt, 0.0), float(parsed.quality(media)))
+    best = max(scores.values(), default=0.0)
+    if best <= 0:
         raise NotAcceptableError(
             f"cannot answer in {accept[:100]!r}; accept {IPC_STREAM} or {NDJSON}"
         )
-    return _ACCEPT[best]
+    return (
+        default if scores.get(default) == best else next(f for f, q in scores.items() if q == best)
+    )
 
 
 class BatchStreamResponse(StreamingResponse):
