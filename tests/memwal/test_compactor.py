@@ -46,9 +46,9 @@ async def test_compaction_under_concurrent_ingest_and_lookups(table_uri: str) ->
             async with anyio.create_task_group() as tg:
                 for key in probe:
 
-                    async def one(k: int = key) -> None:
+                    async def one(k: int = key, at: int = step) -> None:
                         got = _rows(await router.lsm_point_lookup(k))
-                        assert got == ({k: model[k]} if k in model else {}), (step, k)
+                        assert got == ({k: model[k]} if k in model else {}), (at, k)
 
                     tg.start_soon(one)
             if step % 20 == 0:
@@ -86,7 +86,7 @@ async def test_compactor_standalone_follows_its_policy(table_uri: str) -> None:
     assert result.commits == 0 and quiet.stats().compactions == 0  # 4 <= 10: not due
     async with Compactor(ds, CompactionPolicy(max_generations=2, interval=0.01)) as busy:
         with anyio.fail_after(30):
-            while busy.stats().compactions == 0:
+            while busy.stats().compactions == 0:  # noqa: ASYNC110 - polling a counter
                 await anyio.sleep(0.01)
     assert busy.stats().state is la.WriterState.CLOSED
     assert (await ds.shard_snapshots())[0].sstables == ()

@@ -158,7 +158,7 @@ async def test_a_cancelled_leader_hands_the_batch_to_the_others() -> None:
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(caller, 0)
-            while not calls:
+            while not calls:  # noqa: ASYNC110 - polling a list
                 await anyio.sleep(0.001)
             for key in (1, 2, 3):
                 tg.start_soon(caller, key)

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pyarrow as pa
 import pytest
 
@@ -46,7 +47,7 @@ async def test_an_lsm_scan_streams_in_bounded_memory(
                     batch.column("id").to_pylist(), batch.column("value").to_pylist(), strict=True
                 ):
                     values[i] = v
-                await anyio.sleep(0)  # a slow consumer: the reader waits for it
+                await anyio.lowlevel.checkpoint()  # a slow consumer: the reader waits for it
         assert stream.statistics().max_buffered_batches <= 4
     assert seen == len(values) == 20_500  # every key once
     assert all(values[i] == (1 if i < 6000 else 2 if i >= 30_000 else 0) for i in values)
