@@ -18,6 +18,7 @@ from .. import errors
 from .._threads import run_sync, stream_limiter
 from ..dataset import open_dataset
 from ..feeds import Feed, IngestStats, IterableFeed, ingest
+from ..memwal.compactor import CompactionPolicy, Compactor
 from ..sources.decoders import make_decoder
 from ..sources.files import file_source
 from .common import (
@@ -184,7 +185,7 @@ def ingest_cmd(
             def tick(stats: IngestStats) -> None:
                 progress.update(task, completed=stats.rows)
 
-            async with ds.mem_wal_writer(shard_id) as writer:
+            async with ds.mem_wal_writer(shard_id) as writer, Compactor(ds, CompactionPolicy()):
                 feed: Feed = feed_or_cm
                 writes.started = True
                 try:

@@ -69,6 +69,7 @@ from fastapi import FastAPI, HTTPException, Query, Request, Response
 from .._threads import ThreadLimits, run_sync, stream_limiter
 from ..dataset import open_dataset
 from ..errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
+from ..memwal.compactor import CompactionPolicy
 from . import (
     BatchStreamResponse,
     BodyBatches,
@@ -149,7 +150,9 @@ async def discover_tables(
         sharding = await dataset.sharding()
         options = dict(writer_options or {})
         if sharding.sharded:
-            specs[name] = TableSpec(path, route=True, writer_options=options)
+            specs[name] = TableSpec(
+                path, route=True, writer_options={"compaction": CompactionPolicy(), **options}
+            )
         else:
             specs[name] = TableSpec(path, shard_id=sharding.default_shard(), writer_options=options)
     return specs
