@@ -408,8 +408,14 @@ async def open_view(
             raise InvalidInputError(
                 "LSM reads take lance_async ShardSnapshot objects (dataset.shard_snapshots())"
             )
+        cached: ShardLevels | None = _shard_cache.get_item(
+            (uri, snap.shard_id, tuple(snap.sstables), tuple(keys))
+        )
+        if cached is not None:  # the common case: no thread hop at all
+            shards.append(cached)
+            continue
         gens = []
-        for generation, path in snap.sstables:
+        for generation, path in snap.sstables:  # one generation per hop: cancellable
             gens.append(
                 await run_sync(partial(load_generation, uri, snap.shard_id, generation, path, keys))
             )
