@@ -23,6 +23,7 @@ pylance 14's ``LsmScanner``.
 
 from __future__ import annotations
 
+import operator
 import posixpath
 import threading
 from collections import OrderedDict
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 ROWADDR = "_rowaddr"
-_GENERATIONS = 4096  # generations whose keys are kept (about 17 bytes per row)
+_GENERATIONS = 1024  # generations whose keys are kept (about 17 bytes per row)
 _SHARDS = 256  # resolved shards kept
 _SHADOWS = 8  # combined shadow indexes kept
 
@@ -130,7 +131,12 @@ class Generation:
 
 
 def load_generation(
-    uri: str, shard_id: str, generation: int, path: str, keys: Sequence[str]
+    uri: str,
+    shard_id: str,
+    generation: int,
+    path: str,
+    keys: Sequence[str],
+    storage_options: dict[str, str] | None = None,
 ) -> Generation:
     """The keys, row addresses and tombstones of one generation (blocking; cached).
 
@@ -145,7 +151,7 @@ def load_generation(
         return hit
     import lance
 
-    ds = lance.dataset(gen_uri)
+    ds = lance.dataset(gen_uri, storage_options=storage_options)
     t = ds.to_table(columns=[*keys, TOMBSTONE], with_row_address=True)
     cols = [t.column(k).combine_chunks() for k in keys]
     tomb = np.asarray(t.column(TOMBSTONE).to_numpy(zero_copy_only=False), dtype=bool)
@@ -154,6 +160,12 @@ def load_generation(
     )
     result: Generation = _gen_cache.put((gen_uri, tuple(keys)), gen)
     return result
+
+
+def storage_options_of(ds: Any) -> dict[str, str] | None:
+    """The storage options a ``LanceDataset`` was opened with (for its generations)."""
+    options = getattr(ds, "_storage_options", None)
+    return dict(options) if options else None
 
 
 def _first_occurrence(columns: list[pa.Array], total: int) -> np.ndarray:
@@ -402,6 +414,7 @@ async def open_view(
     snaps = list(snapshots) if snapshots is not None else await shard_snapshots(dataset)
     base = dataset.lance
     uri = dataset.uri
+    options = storage_options_of(base)
     shards: list[ShardLevels] = []
     for snap in snaps:
         if not isinstance(snap, ShardSnapshot):
@@ -417,7 +430,9 @@ async def open_view(
         gens = []
         for generation, path in snap.sstables:  # one generation per hop: cancellable
             gens.append(
-                await run_sync(partial(load_generation, uri, snap.shard_id, generation, path, keys))
+                await run_sync(
+                    partial(load_generation, uri, snap.shard_id, generation, path, keys, options)
+                )
             )
         shards.append(await run_sync(partial(resolve_shard, uri, snap, keys, gens)))
     by_shard = {s.shard_id: s for s in snaps}
@@ -435,5 +450,12 @@ async def open_view(
                 mems.append(resolve_memtable(mirror.shard_id, live, keys))
         return _shadow(shards, key_types), mems
 
-    shadow, mems = await run_sync(finish)
+    hit: tuple[list[ShardLevels], KeyIndex] | None = _shadow_cache.get_item(
+        tuple(id(s) for s in shards)
+    )
+    same = hit is not None and len(hit[0]) == len(shards)
+    if not taken and hit is not None and same and all(map(operator.is_, hit[0], shards)):
+        shadow, mems = hit[1], list[MemLevel]()  # nothing to build: no thread hop
+    else:
+        shadow, mems = await run_sync(finish)
     return LsmView(base, dataset.schema, keys, shards, mems, shadow)
