@@ -191,8 +191,8 @@ class _ReaderThread:
                 self.done = True
                 ev, self.waiter = self.waiter, None
             self._wake(ev)
+            self.loop.call_soon(self.on_finish)  # the slot is free before aclose() returns
             self.loop.call_soon(self.finished.set)
-            self.loop.call_soon(self.on_finish)
 
     def request_stop(self) -> None:
         with self.cond:
