@@ -41,7 +41,7 @@ from ..errors import InvalidInputError
 from .keyindex import KeyIndex, key_codes
 from .mirror import TOMBSTONE, MemPart, MemtableMirror
 from .retired import NO_KEY
-from .snapshots import ShardSnapshot, shard_snapshots
+from .snapshots import ShardSnapshot, discover_latest
 
 if TYPE_CHECKING:
     from ..dataset import AsyncDataset
@@ -411,9 +411,21 @@ async def open_view(
     if not keys:
         raise InvalidInputError(NO_KEY)
     taken = _snapshot_parts(mirrors)
-    snaps = list(snapshots) if snapshots is not None else await shard_snapshots(dataset)
-    base = dataset.lance
     uri = dataset.uri
+    key_types = [dataset.schema.field(k).type for k in keys]
+    if snapshots is None:
+        # one hop: the latest version, the shard manifests, and (when every
+        # shard is resolved already, the common case) the whole view
+        newer, snaps, view = await run_sync(
+            partial(_discover_and_view, dataset.lance, uri, keys, key_types, taken)
+        )
+        if newer is not None:
+            dataset._replace(newer)
+        if view is not None:
+            return view
+    else:
+        snaps = list(snapshots)
+    base = dataset.lance
     options = storage_options_of(base)
     shards: list[ShardLevels] = []
     for snap in snaps:
@@ -424,7 +436,7 @@ async def open_view(
         cached: ShardLevels | None = _shard_cache.get_item(
             (uri, snap.shard_id, tuple(snap.sstables), tuple(keys))
         )
-        if cached is not None:  # the common case: no thread hop at all
+        if cached is not None:  # no thread hop for a resolved shard
             shards.append(cached)
             continue
         gens = []
@@ -435,27 +447,56 @@ async def open_view(
                 )
             )
         shards.append(await run_sync(partial(resolve_shard, uri, snap, keys, gens)))
-    by_shard = {s.shard_id: s for s in snaps}
-    key_types = [dataset.schema.field(k).type for k in keys]
-
-    def finish() -> tuple[KeyIndex, list[MemLevel]]:
-        mems = []
-        for mirror, parts in taken:
-            snap = by_shard.get(mirror.shard_id)
-            flushed = {g for g, _ in snap.sstables} if snap is not None else set()
-            done = snap.compacted_generation if snap is not None else 0
-            live = [p for p in parts if p.generation not in flushed and p.generation > done]
-            mirror.forget({p.generation for p in parts} - {p.generation for p in live})
-            if live:
-                mems.append(resolve_memtable(mirror.shard_id, live, keys))
-        return _shadow(shards, key_types), mems
-
+    finish = partial(_finish, base, dataset.schema, keys, key_types, snaps, shards, taken)
     hit: tuple[list[ShardLevels], KeyIndex] | None = _shadow_cache.get_item(
         tuple(id(s) for s in shards)
     )
     same = hit is not None and len(hit[0]) == len(shards)
     if not taken and hit is not None and same and all(map(operator.is_, hit[0], shards)):
-        shadow, mems = hit[1], list[MemLevel]()  # nothing to build: no thread hop
-    else:
-        shadow, mems = await run_sync(finish)
-    return LsmView(base, dataset.schema, keys, shards, mems, shadow)
+        return LsmView(base, dataset.schema, keys, shards, [], hit[1])  # no thread hop
+    return await run_sync(finish)
+
+
+def _finish(
+    base: Any,
+    schema: pa.Schema,
+    keys: list[str],
+    key_types: list[pa.DataType],
+    snaps: Sequence[ShardSnapshot],
+    shards: list[ShardLevels],
+    taken: list[tuple[MemtableMirror, list[MemPart]]],
+) -> LsmView:
+    """The view, once every shard is resolved: memtables and the shadow index (blocking)."""
+    by_shard = {s.shard_id: s for s in snaps}
+    mems = []
+    for mirror, parts in taken:
+        snap = by_shard.get(mirror.shard_id)
+        flushed = {g for g, _ in snap.sstables} if snap is not None else set()
+        done = snap.compacted_generation if snap is not None else 0
+        live = [p for p in parts if p.generation not in flushed and p.generation > done]
+        mirror.forget({p.generation for p in parts} - {p.generation for p in live})
+        if live:
+            mems.append(resolve_memtable(mirror.shard_id, live, keys))
+    return LsmView(base, schema, keys, shards, mems, _shadow(shards, key_types))
+
+
+def _discover_and_view(
+    ds: Any,
+    uri: str,
+    keys: list[str],
+    key_types: list[pa.DataType],
+    taken: list[tuple[MemtableMirror, list[MemPart]]],
+) -> tuple[Any, list[ShardSnapshot], LsmView | None]:
+    """The latest version and its shards; the view too when every shard is cached (blocking)."""
+    newer, snaps = discover_latest(ds, uri)
+    shards = []
+    for snap in snaps:
+        cached: ShardLevels | None = _shard_cache.get_item(
+            (uri, snap.shard_id, tuple(snap.sstables), tuple(keys))
+        )
+        if cached is None:
+            return newer, snaps, None  # generations to read: one per hop, on the loop's call
+        shards.append(cached)
+    base = newer if newer is not None else ds
+    schema = base.schema
+    return newer, snaps, _finish(base, schema, keys, key_types, snaps, shards, taken)
