@@ -49,6 +49,8 @@ __all__ = [
 ]
 
 Mirrors = Callable[[], Sequence[MemtableMirror]]
+SLICED_BELOW = 16_384
+"""Scans asking for smaller batches read batches of about this size and slice them."""
 
 
 def _no_mirrors() -> Sequence[MemtableMirror]:
@@ -82,13 +84,17 @@ def scan_stream(
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     cols = list(columns) if columns is not None else None
+    read_size, max_rows = batch_size, None
+    if batch_size is not None and batch_size < SLICED_BELOW:  # read large, slice on the loop
+        read_size, max_rows = batch_size * -(-SLICED_BELOW // batch_size), batch_size
 
     async def prepare() -> Callable[[], Any]:
         view = await open_view(dataset, snapshots, mirrors())
-        return partial(scan_view, view, cols, filter, limit, batch_size)
+        return partial(scan_view, view, cols, filter, limit, read_size)
 
+    schema = output_schema(dataset.schema, cols)
     return AsyncBatchStream(
-        None, schema=output_schema(dataset.schema, cols), prepare=prepare, prefetch=prefetch
+        None, schema=schema, prepare=prepare, prefetch=prefetch, max_rows=max_rows
     )
 
 

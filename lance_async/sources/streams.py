@@ -18,7 +18,6 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
@@ -48,10 +47,6 @@ log = logging.getLogger("lance_async")
 ReaderLike: TypeAlias = "pa.RecordBatchReader | Iterable[pa.RecordBatch]"
 #: How long aclose() waits for a reader thread stuck in a blocking read.
 CLOSE_TIMEOUT = 10.0
-#: A batch that took longer than this to read, or is this large, wakes a
-#: waiting consumer at once; faster, smaller ones wake it when the buffer fills.
-EAGER_SECONDS = 0.0005
-EAGER_BYTES = 1 << 20
 
 
 class StreamState(enum.Enum):
@@ -91,15 +86,11 @@ class StreamStatistics:
 
 
 def _has_room(
-    buf: deque[tuple[pa.RecordBatch, int]],
-    buf_bytes: int,
-    nbytes: int,
-    max_batches: int,
-    max_bytes: int | None,
+    buf: deque[Any], buf_bytes: int, nbytes: int, cap: int, max_bytes: int | None
 ) -> bool:
     """Room for one more batch of ``nbytes`` in a bounded buffer (an empty
     buffer takes any batch, so one batch larger than ``max_bytes`` passes)."""
-    if len(buf) >= max_batches:
+    if len(buf) >= cap:
         return False
     return not (max_bytes and buf and buf_bytes + nbytes > max_bytes)
 
@@ -152,19 +143,10 @@ class _ReaderThread:
                     self.schema = source.schema
                     ev, self.waiter = self.waiter, None
                 self._wake(ev)
-            last = time.perf_counter()
             for batch in source:
                 nbytes = batch.nbytes
-                now = time.perf_counter()
-                # Small batches made fast: wake a waiting consumer once per
-                # full buffer, not once per batch (a loop wake-up costs about
-                # as much as reading a 1,024-row batch).
-                eager = now - last > EAGER_SECONDS or nbytes >= EAGER_BYTES or self.schema is None
-                last = now
                 with self.cond:
                     while not self.stop and self._full(nbytes):
-                        ev, self.waiter = self.waiter, None
-                        self._wake(ev)  # never block while the consumer waits
                         self.cond.wait()
                     if self.stop:
                         break
@@ -173,9 +155,7 @@ class _ReaderThread:
                     self.buf.append((batch, nbytes))
                     self.buf_bytes += nbytes
                     self.max_buffered = max(self.max_buffered, len(self.buf))
-                    ev = None
-                    if eager or self._full(0):
-                        ev, self.waiter = self.waiter, None
+                    ev, self.waiter = self.waiter, None
                 self._wake(ev)
         except BaseException as exc:  # handed to the consumer, never lost
             with self.cond:
@@ -226,10 +206,8 @@ class AsyncBatchStream:
     max_bytes : int, optional
         Maximum bytes buffered ahead (a single larger batch still passes).
     max_rows : int, optional
-        Hand the consumer batches of at most this many rows, slicing larger
-        ones on the loop (zero-copy). Reading large batches and slicing them
-        costs one hand-over between threads per large batch instead of one
-        per small batch.
+        Slice larger batches on the loop (zero-copy) to at most this many rows:
+        one hand-over between threads per large batch, not per small one.
 
     Notes
     -----
@@ -368,13 +346,8 @@ class AsyncBatchStream:
         return self
 
     async def __anext__(self) -> pa.RecordBatch:
-        if self._slices:  # the rest of a large batch, sliced
-            if self._state is StreamState.CLOSED:
-                raise ClosedError("the stream is closed")
-            batch = self._slices.popleft()
-            self._batches += 1
-            self._rows += batch.num_rows
-            return batch
+        if self._slices and self._state is not StreamState.CLOSED:
+            return self._counted(self._slices.popleft())  # the rest of a sliced batch
         if self._state is StreamState.EXHAUSTED:
             raise StopAsyncIteration
         await self._start()
@@ -400,6 +373,9 @@ class AsyncBatchStream:
         if step is not None and batch.num_rows > step:
             self._slices.extend(batch.slice(i, step) for i in range(step, batch.num_rows, step))
             batch = batch.slice(0, step)
+        return self._counted(batch)
+
+    def _counted(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         self._batches += 1
         self._rows += batch.num_rows
         return batch
