@@ -21,6 +21,7 @@ import sys as _sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._memory import MemoryLimits, configure_memory, memory_limits
     from ._threads import ThreadLimits, configure_threads
     from .dataset import AsyncDataset, open_dataset, write_dataset
     from .errors import (
@@ -30,8 +31,10 @@ if TYPE_CHECKING:
         ContentionError,
         DatasetNotFoundError,
         DecodeError,
+        DuplicateKeyError,
         InvalidInputError,
         LanceAsyncError,
+        ResourceExhaustedError,
         SchemaMismatchError,
         SourceChangedError,
         SourceConsumedError,
@@ -85,11 +88,16 @@ _LOCATIONS: dict[str, str] = {
     "CompactionResult": ".memwal",
     "Compactor": ".memwal",
     "CompactorStats": ".memwal",
+    "configure_memory": "._memory",
     "configure_threads": "._threads",
+    "memory_limits": "._memory",
+    "MemoryLimits": "._memory",
+    "ResourceExhaustedError": ".errors",
     "ConflictError": ".errors",
     "ContentionError": ".errors",
     "DatasetNotFoundError": ".errors",
     "DecodeError": ".errors",
+    "DuplicateKeyError": ".errors",
     "Feed": ".feeds",
     "file_source": ".sources",
     "FileFeed": ".feeds",
@@ -141,6 +149,7 @@ __all__ = [
     "ContentionError",
     "DatasetNotFoundError",
     "DecodeError",
+    "DuplicateKeyError",
     "Feed",
     "FileFeed",
     "FileSource",
@@ -148,9 +157,11 @@ __all__ = [
     "InvalidInputError",
     "IterableFeed",
     "LanceAsyncError",
+    "MemoryLimits",
     "MergeResult",
     "Message",
     "PutSummary",
+    "ResourceExhaustedError",
     "SchemaMismatchError",
     "ShardRouter",
     "ShardSnapshot",
@@ -168,10 +179,12 @@ __all__ = [
     "WrongEventLoopError",
     "bridge_reader",
     "coerce_source",
+    "configure_memory",
     "configure_threads",
     "file_source",
     "ingest",
     "iterate_reader",
+    "memory_limits",
     "open_dataset",
     "replayable",
     "resolve_source",

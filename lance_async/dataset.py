@@ -26,10 +26,12 @@ import lance
 import pyarrow as pa
 from lance.dataset import LanceDataset
 
+from ._filters import check_filter
 from ._schema import primary_key
 from ._threads import run_sync
 from .errors import DatasetNotFoundError, SchemaMismatchError, raise_mapped
 from .memwal import retired
+from .memwal.check import ShardCheck, check_shards
 from .memwal.compaction import compact_mem_wal
 from .memwal.compactor import CompactionPolicy, Compactor
 from .memwal.reads import lsm_point_lookup, lsm_point_lookups, lsm_scan
@@ -92,10 +94,16 @@ class AsyncDataset:
     ----------
     dataset : lance.LanceDataset
         The pylance dataset to wrap (not copied).
+    storage_options : dict, optional
+        The object-store options it was opened with; every file lance_async
+        reads itself (MemWAL manifests, generations) is read with them.
     """
 
-    def __init__(self, dataset: LanceDataset) -> None:
+    def __init__(
+        self, dataset: LanceDataset, *, storage_options: Mapping[str, str] | None = None
+    ) -> None:
         self._ds = dataset
+        self._storage_options = dict(storage_options) if storage_options else None
 
     def __repr__(self) -> str:
         return f"<AsyncDataset {self.uri!r} version={self.version}>"
@@ -110,6 +118,11 @@ class AsyncDataset:
     def uri(self) -> str:
         """The dataset's URI."""
         return str(self._ds.uri)
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        """The object-store options the dataset was opened with (a copy), or None."""
+        return dict(self._storage_options) if self._storage_options else None
 
     @property
     def version(self) -> int:
@@ -144,7 +157,10 @@ class AsyncDataset:
             No such version.
         """
         try:
-            return AsyncDataset(await _engine(lambda: self._ds.checkout_version(version)))
+            return AsyncDataset(
+                await _engine(lambda: self._ds.checkout_version(version)),
+                storage_options=self._storage_options,
+            )
         except DatasetNotFoundError as exc:
             raise DatasetNotFoundError(
                 f"the Lance dataset at {self.uri!r} has no version {version!r}"
@@ -189,14 +205,13 @@ class AsyncDataset:
         columns : list of str or dict, optional
             Columns to read, or ``{name: SQL expression}``.
         filter : str, optional
-            Lance SQL filter.
+            Lance SQL filter: one expression (see :func:`check_filter`;
+            :class:`~lance_async.errors.FilterError` otherwise, at the call).
         limit, offset : int, optional
             Rows to return / skip.
         batch_size : int, optional
-            Rows per batch at most (Lance's default otherwise). Below
-            16,384 rows the engine reads larger batches and the stream
-            slices them (zero-copy): 1,024-row batches cost about what
-            Lance's default batches do.
+            Rows per batch at most (Lance's default otherwise); smaller than
+            16,384, larger batches are read and sliced on the loop (zero-copy).
         with_row_id : bool
             Add the ``_rowid`` column.
         nearest : dict, optional
@@ -224,7 +239,7 @@ class AsyncDataset:
         options: dict[str, Any] = dict(scanner_options)
         for key, value in (
             ("columns", columns),
-            ("filter", filter),
+            ("filter", check_filter(filter)),
             ("limit", limit),
             ("offset", offset),
             ("batch_size", batch_size),
@@ -257,13 +272,18 @@ class AsyncDataset:
         """Read rows into one table (``LanceDataset.to_table`` on a worker thread).
 
         Keyword arguments are those of ``LanceDataset.scanner`` (columns,
-        filter, limit, offset, nearest, ...).
+        filter, limit, offset, nearest, ...); a string ``filter`` must be
+        one expression (:class:`~lance_async.errors.FilterError`).
         """
+        if "filter" in scanner_options:
+            scanner_options["filter"] = check_filter(scanner_options["filter"])
         return await _engine(lambda: self._ds.to_table(**scanner_options))
 
     async def count_rows(self, filter: str | None = None) -> int:
-        """Number of rows, optionally matching a Lance SQL ``filter``."""
-        return int(await _engine(lambda: self._ds.count_rows(filter)))
+        """Number of rows, optionally matching a Lance SQL ``filter`` (one
+        expression: :class:`~lance_async.errors.FilterError` otherwise)."""
+        checked = check_filter(filter)
+        return int(await _engine(lambda: self._ds.count_rows(checked)))
 
     async def take(self, indices: Sequence[int], columns: Sequence[str] | None = None) -> pa.Table:
         """Rows at the given offsets (0-based, in the given order)."""
@@ -287,8 +307,16 @@ class AsyncDataset:
         return result
 
     async def delete(self, filter: str, **options: Any) -> Any:
-        """Delete rows matching a Lance SQL ``filter``; returns pylance's DeleteResult."""
-        return await self._mutate(lambda d: d.delete(filter, **options))
+        """Delete rows matching a Lance SQL ``filter``; returns pylance's DeleteResult.
+
+        Raises
+        ------
+        FilterError
+            ``filter`` is not one expression (pylance would ignore what
+            follows the first one and delete by that).
+        """
+        checked = check_filter(filter)
+        return await self._mutate(lambda d: d.delete(checked, **options))
 
     async def update(
         self, values: Mapping[str, str], where: str | None = None, **options: Any
@@ -299,8 +327,14 @@ class AsyncDataset:
         -------
         dict
             pylance's result, e.g. ``{"num_rows_updated": n}``.
+
+        Raises
+        ------
+        FilterError
+            ``where`` is not one expression.
         """
-        return dict(await self._mutate(lambda d: d.update(dict(values), where=where, **options)))
+        checked = check_filter(where)
+        return dict(await self._mutate(lambda d: d.update(dict(values), where=checked, **options)))
 
     async def create_index(
         self, column: str | list[str], index_type: str, **options: Any
@@ -378,8 +412,14 @@ class AsyncDataset:
             Conflicting sharding options (raised by pylance).
         """
         chosen = sharding_options(self.schema, options, manual_shards)
-        await self._mutate(lambda d: retired.initialize_mem_wal(d, chosen))
+        storage = self._storage_options
+        await self._mutate(lambda d: retired.initialize_mem_wal(d, chosen, storage))
         return self
+
+    async def check_shards(self) -> ShardCheck:
+        """Find keys in more than one shard, or in the wrong shard (see
+        :func:`lance_async.memwal.check.check_shards`)."""
+        return await check_shards(self)
 
     async def sharding(self) -> Sharding:
         """How the MemWAL maps rows to shards (:class:`~lance_async.memwal.sharding.Sharding`).
@@ -578,7 +618,7 @@ async def open_dataset(
         )
 
     try:
-        return AsyncDataset(await _engine(work))
+        return AsyncDataset(await _engine(work), storage_options=storage_options)
     except DatasetNotFoundError as exc:
         if version is not None and await anyio.Path(path, "_versions").is_dir():
             raise DatasetNotFoundError(
@@ -656,4 +696,4 @@ async def write_dataset(
                 raise_mapped(exc)
             raise
     await anyio.lowlevel.checkpoint()
-    return AsyncDataset(written)
+    return AsyncDataset(written, storage_options=lance_kwargs.get("storage_options"))

@@ -56,6 +56,15 @@ def test_commit_conflict_error_maps_by_type() -> None:
             la.SchemaMismatchError,
         ),
         ("Dataset already exists: /tmp/t.lance, /home/runner/x.rs:1:1", la.InvalidInputError),
+        (
+            "Writer fenced (peer claimed epoch): Writer fenced (peer claimed epoch): local "
+            "epoch 1 < stored epoch 2 for shard aa73adaa, /home/runner/x.rs:1:1",
+            la.errors.FencedError,
+        ),
+        (
+            "Failed to claim shard aa73adaa: another writer claimed epoch 3",
+            la.ConflictError,
+        ),
     ],
 )
 def test_engine_messages_map_to_typed_errors(message: str, expected: type) -> None:

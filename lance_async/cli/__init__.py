@@ -40,7 +40,7 @@ import os
 # It reads LANCE_LOG once, when pylance is imported: so before any import of it.
 os.environ.setdefault("LANCE_LOG", "critical")
 
-from . import demo, ingest, scan, serve, tables  # noqa: F401  (they register the commands)
+from . import demo, ingest, scan, serve, tables, worker  # noqa: F401  (they register commands)
 from .common import app
 
 __all__ = ["app", "main"]

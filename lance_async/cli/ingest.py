@@ -3,98 +3,30 @@
 from __future__ import annotations
 
 import os
-import sys
 import uuid
-from collections.abc import AsyncIterator
-from functools import partial
-from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import urlparse
 
 import anyio
 import pyarrow as pa
 import typer
 
 from .. import errors
-from .._threads import run_sync, stream_limiter
-from ..dataset import open_dataset
-from ..feeds import Feed, IngestStats, IterableFeed, ingest
+from ..feeds import Feed, IngestStats, ingest
 from ..memwal.compactor import CompactionPolicy, Compactor
-from ..sources.decoders import make_decoder
 from ..sources.files import file_source
 from .common import (
+    STORAGE_OPTION,
     Writes,
     app,
     count,
     err,
     format_of,
+    open_table,
     out,
     progress_bar,
     run_command,
 )
-
-
-async def _stdin_batches(fmt: str, schema: pa.Schema) -> AsyncIterator[pa.RecordBatch]:
-    """Standard input decoded as it arrives (``read1``: whatever the pipe
-    holds, up to 1 MiB); the decoder runs on a worker thread."""
-    decoder = make_decoder(fmt, schema)
-    stdin = anyio.wrap_file(sys.stdin.buffer)
-    limiter = stream_limiter()
-    while chunk := await stdin.read1(1 << 20):
-        for batch in await run_sync(partial(decoder.feed, chunk), limiter=limiter):
-            yield batch
-    for batch in await run_sync(decoder.finish, limiter=limiter):
-        yield batch
-
-
-def _open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> Any:
-    """An async context manager (or plain feed) for SOURCE."""
-    if source == "-":
-        return IterableFeed(_stdin_batches(fmt or "ndjson", schema))
-    url = urlparse(source)
-    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-    if url.scheme == "nats":
-        from ..feeds.nats import JetStreamFeed
-
-        parts = [p for p in url.path.split("/") if p]
-        if len(parts) != 2:
-            raise typer.BadParameter("nats source: nats://host:port/STREAM/SUBJECT")
-        stream, subject = parts
-
-        async def quiet(_error: Exception) -> None:
-            return None
-
-        return JetStreamFeed.connect(
-            f"nats://{url.netloc}",
-            stream=stream,
-            subject=subject,
-            durable=query.get("durable", f"lance-async-{stream}"),
-            connect_options={
-                "connect_timeout": 3,
-                "max_reconnect_attempts": 2,
-                "reconnect_time_wait": 0.5,
-                "error_cb": quiet,
-            },
-        )
-    if url.scheme in ("redis", "rediss"):
-        from ..feeds.redis import RedisStreamFeed
-
-        stream = url.path.strip("/")
-        if not stream:
-            raise typer.BadParameter("redis source: redis://host:port/STREAM[?group=G&field=F]")
-        return RedisStreamFeed.connect(
-            f"{url.scheme}://{url.netloc}",
-            stream=stream,
-            group=query.get("group", "lance-async"),
-            field=query.get("field", "data"),
-        )
-    from ..feeds.files import FileFeed
-
-    if url.scheme:
-        raise typer.BadParameter(
-            f"unsupported source {source!r}: use a file, '-', nats://host:port/STREAM/SUBJECT "
-            "or redis://host:port/STREAM (for Kafka, use lance_async.feeds.KafkaFeed in Python)"
-        )
-    return FileFeed(source, format=fmt, schema=schema, follow=follow)
+from .feeds import open_feed
 
 
 async def _validate_file(source: str, fmt: str | None, schema: pa.Schema) -> int:
@@ -139,6 +71,7 @@ def ingest_cmd(
     idle_timeout: float | None = typer.Option(
         None, "--idle-timeout", help="Stop after this many seconds without a message."
     ),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Stream SOURCE into TABLE_URI's MemWAL; ack each message once durable."""
     if format is not None and format not in ("ndjson", "csv", "ipc"):
@@ -164,7 +97,7 @@ def ingest_cmd(
     writes = Writes()
 
     async def run() -> tuple[str, IngestStats]:
-        ds = await open_dataset(table_uri)
+        ds = await open_table(table_uri, storage_option)
         if await ds.mem_wal_index_details() is None:
             raise errors.InvalidInputError(
                 f"{table_uri} has no MemWAL; initialize it first: lance-async init-wal {table_uri}"
@@ -176,7 +109,7 @@ def ingest_cmd(
         target = "every shard by key" if shard_id is None else f"shard {shard_id}"
         if is_file and validate:
             await _validate_file(source, format, ds.schema)
-        feed_or_cm = _open_feed(source, format, ds.schema, follow)
+        feed_or_cm = open_feed(source, format, ds.schema, follow)
         if hasattr(feed_or_cm, "__await__"):
             feed_or_cm = await feed_or_cm
         with progress_bar() as progress:

@@ -263,6 +263,7 @@ async def ingest(
     max_pending_acks: int = 16,
     idle_timeout: float | None = None,
     on_progress: Callable[[IngestStats], None] | None = None,
+    stop: anyio.Event | None = None,
 ) -> IngestStats:
     """Stream a feed into a MemWAL writer; ack each message once its rows are durable.
 
@@ -296,6 +297,11 @@ async def ingest(
     on_progress : callable, optional
         Called with the running :class:`IngestStats` after each acknowledged
         micro-batch.
+    stop : anyio.Event, optional
+        Set it to stop gracefully: no more fetches (a fetch in progress ends
+        within ``fetch_timeout``), the micro-batches sent are acknowledged as
+        their rows become durable, then ``ingest`` returns. A worker handing
+        a partition over uses it.
 
     Returns
     -------
@@ -341,6 +347,7 @@ async def ingest(
                         await m.ack()
                 stats.messages += len(messages)
                 stats.rows += rows
+                stats.seconds = time.monotonic() - started
                 if on_progress is not None:
                     on_progress(stats)
 
@@ -349,7 +356,7 @@ async def ingest(
         async with anyio.create_task_group() as tg:
             tg.start_soon(acker)
             async with to_ack:
-                while not feed.exhausted:
+                while not feed.exhausted and not (stop is not None and stop.is_set()):
                     batch = await feed.fetch(max_batch, fetch_timeout)
                     if not batch:
                         if (

@@ -36,7 +36,7 @@ from .._schema import primary_key
 from .._threads import run_sync
 from ..errors import InvalidInputError
 from ..sources import replayable
-from .levels import load_generation, resolve_shard, storage_options_of
+from .levels import load_generation, resolve_shard
 from .mirror import TOMBSTONE
 from .snapshots import ShardSnapshot, shard_snapshots
 
@@ -128,7 +128,7 @@ async def compact_shard(
         snapshot.shard_id, snapshot.spec_id, snapshot.current_generation, tuple(chosen)
     )
     uri = dataset.uri
-    options = storage_options_of(dataset.lance)
+    options = dataset.storage_options
     gens = [
         await run_sync(partial(load_generation, uri, part.shard_id, g, path, keys, options))
         for g, path in chosen

@@ -140,9 +140,11 @@ class CompactorStats:
     last_version: int = 0
 
 
-def _folder_bytes(uri: str, shard_id: str, path: str) -> int:
+def _folder_bytes(
+    uri: str, shard_id: str, path: str, storage_options: dict[str, str] | None = None
+) -> int:
     """Bytes on disk of one generation folder (blocking; cached, folders never change)."""
-    fs, root = _fs(uri)
+    fs, root = _fs(uri, storage_options)
     folder = posixpath.join(root, "_mem_wal", shard_id, path)
     if folder not in _sizes:
         infos = fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
@@ -279,10 +281,10 @@ class Compactor:
             return True
         if policy.max_bytes is None:
             return False
-        uri, sid = self._dataset.uri, snap.shard_id
+        uri, sid, options = self._dataset.uri, snap.shard_id, self._dataset.storage_options
 
         def size() -> int:
-            return sum(_folder_bytes(uri, sid, path) for _g, path in snap.sstables)
+            return sum(_folder_bytes(uri, sid, path, options) for _g, path in snap.sstables)
 
         return await run_sync(size) > policy.max_bytes
 

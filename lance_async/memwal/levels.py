@@ -162,12 +162,6 @@ def load_generation(
     return result
 
 
-def storage_options_of(ds: Any) -> dict[str, str] | None:
-    """The storage options a ``LanceDataset`` was opened with (for its generations)."""
-    options = getattr(ds, "_storage_options", None)
-    return dict(options) if options else None
-
-
 def _first_occurrence(columns: list[pa.Array], total: int) -> np.ndarray:
     """Mask of the first row of each distinct key (exact, whatever the key type)."""
     codes, exact = key_codes(columns)
@@ -412,12 +406,13 @@ async def open_view(
         raise InvalidInputError(NO_KEY)
     taken = _snapshot_parts(mirrors)
     uri = dataset.uri
+    options = dataset.storage_options
     key_types = [dataset.schema.field(k).type for k in keys]
     if snapshots is None:
         # one hop: the latest version, the shard manifests, and (when every
         # shard is resolved already, the common case) the whole view
         newer, snaps, view = await run_sync(
-            partial(_discover_and_view, dataset.lance, uri, keys, key_types, taken)
+            partial(_discover_and_view, dataset.lance, uri, keys, key_types, taken, options)
         )
         if newer is not None:
             dataset._replace(newer)
@@ -426,7 +421,6 @@ async def open_view(
     else:
         snaps = list(snapshots)
     base = dataset.lance
-    options = storage_options_of(base)
     shards: list[ShardLevels] = []
     for snap in snaps:
         if not isinstance(snap, ShardSnapshot):
@@ -486,9 +480,10 @@ def _discover_and_view(
     keys: list[str],
     key_types: list[pa.DataType],
     taken: list[tuple[MemtableMirror, list[MemPart]]],
+    storage_options: dict[str, str] | None,
 ) -> tuple[Any, list[ShardSnapshot], LsmView | None]:
     """The latest version and its shards; the view too when every shard is cached (blocking)."""
-    newer, snaps = discover_latest(ds, uri)
+    newer, snaps = discover_latest(ds, uri, storage_options=storage_options)
     shards = []
     for snap in snaps:
         cached: ShardLevels | None = _shard_cache.get_item(

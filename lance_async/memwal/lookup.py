@@ -98,15 +98,14 @@ def key_columns(schema: pa.Schema, keys: Sequence[str], values: Any) -> list[pa.
 
 def _in_filter(schema: pa.Schema, keys: Sequence[str], probe: list[pa.Array]) -> str:
     if len(keys) == 1:
-        t = schema.field(keys[0]).type
-        literals = sorted({_sql_literal(v, t) for v in probe[0].to_pylist()})
+        field = schema.field(keys[0])
+        literals = sorted({_sql_literal(v, field) for v in probe[0].to_pylist()})
         return f"`{keys[0]}` IN ({', '.join(literals)})"
     rows = zip(*(c.to_pylist() for c in probe), strict=True)
     return " OR ".join(
         "("
         + " AND ".join(
-            f"`{k}` = {_sql_literal(v, schema.field(k).type)}"
-            for k, v in zip(keys, row, strict=True)
+            f"`{k}` = {_sql_literal(v, schema.field(k))}" for k, v in zip(keys, row, strict=True)
         )
         + ")"
         for row in sorted(set(rows), key=repr)

@@ -90,6 +90,8 @@ class MemtableMirror:
         The table schema.
     keys : list of str
         The primary-key columns.
+    storage_options : dict, optional
+        The table's (an object store's credentials and endpoint).
 
     Notes
     -----
@@ -97,8 +99,16 @@ class MemtableMirror:
     at a time (the writer's gate); :meth:`parts` may run on any thread.
     """
 
-    def __init__(self, uri: str, shard_id: str, schema: pa.Schema, keys: list[str]) -> None:
+    def __init__(
+        self,
+        uri: str,
+        shard_id: str,
+        schema: pa.Schema,
+        keys: list[str],
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
         self.uri = uri
+        self.storage_options = storage_options
         self.shard_id = shard_id
         self.keys = list(keys)
         self.schema = pa.schema(
@@ -170,7 +180,7 @@ class MemtableMirror:
         )
 
     def _forget_flushed(self) -> None:
-        manifest = _manifest.read_shard_manifest(self.uri, self.shard_id)
+        manifest = _manifest.read_shard_manifest(self.uri, self.shard_id, self.storage_options)
         if manifest is not None:
             self.forget({s.generation for s in manifest.sstables})
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pyarrow as pa
 
+from .._filters import check_filter
 from .._schema import primary_key
 from .._threads import run_sync
 from ..errors import InvalidInputError, LanceAsyncError, SchemaMismatchError
@@ -84,6 +85,7 @@ def scan_stream(
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     cols = list(columns) if columns is not None else None
+    filter = check_filter(filter)  # one expression, as on every read path
     read_size, max_rows = batch_size, None
     if batch_size is not None and batch_size < SLICED_BELOW:  # read large, slice on the loop
         read_size, max_rows = batch_size * -(-SLICED_BELOW // batch_size), batch_size

@@ -87,14 +87,17 @@ def _discover(
     shard_ids: Iterable[str] | None = None,
     include_compacted: bool = False,
     retired: frozenset[str] = frozenset(),
+    storage_options: dict[str, str] | None = None,
 ) -> list[ShardSnapshot]:
-    compacted = {} if include_compacted else _manifest.compacted_generations(uri, version)
+    compacted = (
+        {} if include_compacted else _manifest.compacted_generations(uri, version, storage_options)
+    )
     wanted = set(shard_ids) if shard_ids is not None else None
     out: list[ShardSnapshot] = []
-    for sid in _manifest.list_shards(uri):
+    for sid in _manifest.list_shards(uri, storage_options):
         if sid in retired or (wanted is not None and sid not in wanted):
             continue
-        manifest = _manifest.read_shard_manifest(uri, sid)
+        manifest = _manifest.read_shard_manifest(uri, sid, storage_options)
         if manifest is None:
             continue
         done = compacted.get(sid, 0)
@@ -150,8 +153,9 @@ async def shard_snapshots(
         The on-disk layout is not the one pylance 14.0.2 writes.
     """
     ids = list(shard_ids) if shard_ids is not None else None
+    options = dataset.storage_options
     newer, snaps = await run_sync(
-        partial(discover_latest, dataset.lance, dataset.uri, ids, include_compacted)
+        partial(discover_latest, dataset.lance, dataset.uri, ids, include_compacted, options)
     )
     if newer is not None:
         dataset._replace(newer)
@@ -163,6 +167,7 @@ def discover_latest(
     uri: str,
     shard_ids: list[str] | None = None,
     include_compacted: bool = False,
+    storage_options: dict[str, str] | None = None,
 ) -> tuple[Any, list[ShardSnapshot]]:
     """(the latest version of ``ds`` if newer, else None; its shard snapshots) (blocking).
 
@@ -173,7 +178,10 @@ def discover_latest(
     base = newer if newer is not None else ds
     if base.mem_wal_index_details() is None:
         return newer, []  # no MemWAL at this version: folders are an earlier MemWAL's
-    snaps = _discover(uri, int(base.version), shard_ids, include_compacted, retired_shards(base))
+    retired = retired_shards(base)
+    snaps = _discover(
+        uri, int(base.version), shard_ids, include_compacted, retired, storage_options
+    )
     return newer, snaps
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from .._filters import check_filter
 from .._threads import run_sync
 from ..errors import InvalidInputError, SchemaMismatchError, raise_mapped
 from .levels import ROWADDR, LsmView, open_view
@@ -255,6 +256,7 @@ async def lsm_vector_search(
     searched exactly.
     """
     del overfetch_factor
+    filter = check_filter(filter)  # one expression, as on every read path
     if k < 1:
         raise InvalidInputError("k must be >= 1")
     if metric not in _METRICS:

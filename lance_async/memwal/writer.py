@@ -278,7 +278,9 @@ class AsyncShardWriter(WriterReads):
             key_fit=self._key_fit,
             on_failure=self._mark_failed,
             describe=self.__repr__,
-            mirror=MemtableMirror(ds.uri, self.shard_id, self._table_schema, self._keys),
+            mirror=MemtableMirror(
+                ds.uri, self.shard_id, self._table_schema, self._keys, self._dataset.storage_options
+            ),
         )
         if task_group is None:
             self._tg = anyio.create_task_group()

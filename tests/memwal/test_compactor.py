@@ -103,3 +103,15 @@ async def test_compaction_policy_checks_its_values() -> None:
     with pytest.raises(ValueError):
         CompactionPolicy(interval=5, max_backoff=1)
     assert CompactionPolicy(max_bytes=0).max_bytes == 0
+
+
+async def test_generations_holding_only_deletes_are_marked_compacted(table_uri: str) -> None:
+    """The upsert pass has no rows then; its commit must still mark the generations."""
+    ds = await la.write_dataset(kv_table(range(10)), table_uri)
+    await ds.initialize_mem_wal(manual_shards=True)
+    async with ds.mem_wal_writer("6b9c3c0e-5a51-4b5e-9a3f-4a1d5d2b7f10") as w:
+        await w.delete({"id": [1, 2, 3]})
+    result = await ds.compact_mem_wal()
+    assert result.rows_deleted == 3 and result.rows_upserted == 0
+    assert (await ds.shard_snapshots())[0].sstables == ()
+    assert sorted(_rows(await ds.to_table())) == [0, 4, 5, 6, 7, 8, 9]

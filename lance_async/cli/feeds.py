@@ -1,0 +1,201 @@
+"""The feeds the commands read and write, from their URLs.
+
+``SOURCE`` of ``ingest`` and ``repartition``: a file, ``-`` (stdin),
+``nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME]`` or
+``redis://HOST:PORT/STREAM[?group=G&field=F]``. A *partitioned* feed of
+``worker`` and ``repartition``: ``redis://HOST:PORT/KEY`` (streams
+``KEY:0`` .. ``KEY:N-1``) or ``nats://HOST:PORT/STREAM/SUBJECT`` (subjects
+``SUBJECT.0`` .. ``SUBJECT.N-1``), N being the table's buckets.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import anyio
+import pyarrow as pa
+import typer
+
+from .._threads import run_sync, stream_limiter
+from ..cluster import (
+    KafkaPublisher,
+    NatsLeaseTable,
+    NatsPartitions,
+    NatsPublisher,
+    RedisLeaseTable,
+    RedisPartitions,
+    RedisPublisher,
+)
+from ..cluster.balancer import LeaseCoordinator
+from ..cluster.kafka import KafkaCoordinator
+from ..feeds import IterableFeed
+from ..sources.decoders import make_decoder
+
+__all__ = ["open_feed", "open_partitioned", "open_publisher", "stdin_batches"]
+
+
+async def stdin_batches(fmt: str, schema: pa.Schema) -> AsyncIterator[pa.RecordBatch]:
+    """Standard input decoded as it arrives (``read1``: whatever the pipe
+    holds, up to 1 MiB); the decoder runs on a worker thread."""
+    decoder = make_decoder(fmt, schema)
+    stdin = anyio.wrap_file(sys.stdin.buffer)
+    limiter = stream_limiter()
+    while chunk := await stdin.read1(1 << 20):
+        for batch in await run_sync(partial(decoder.feed, chunk), limiter=limiter):
+            yield batch
+    for batch in await run_sync(decoder.finish, limiter=limiter):
+        yield batch
+
+
+def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> Any:
+    """An async context manager (or plain feed) for SOURCE."""
+    if source == "-":
+        return IterableFeed(stdin_batches(fmt or "ndjson", schema))
+    url = urlparse(source)
+    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+    if url.scheme == "nats":
+        from ..feeds.nats import JetStreamFeed
+
+        parts = [p for p in url.path.split("/") if p]
+        if len(parts) != 2:
+            raise typer.BadParameter("nats source: nats://host:port/STREAM/SUBJECT")
+        stream, subject = parts
+
+        async def quiet(_error: Exception) -> None:
+            return None
+
+        return JetStreamFeed.connect(
+            f"nats://{url.netloc}",
+            stream=stream,
+            subject=subject,
+            durable=query.get("durable", f"lance-async-{stream}"),
+            connect_options={
+                "connect_timeout": 3,
+                "max_reconnect_attempts": 2,
+                "reconnect_time_wait": 0.5,
+                "error_cb": quiet,
+            },
+        )
+    if url.scheme in ("redis", "rediss"):
+        from ..feeds.redis import RedisStreamFeed
+
+        stream = url.path.strip("/")
+        if not stream:
+            raise typer.BadParameter("redis source: redis://host:port/STREAM[?group=G&field=F]")
+        return RedisStreamFeed.connect(
+            f"{url.scheme}://{url.netloc}",
+            stream=stream,
+            group=query.get("group", "lance-async"),
+            field=query.get("field", "data"),
+        )
+    from ..feeds.files import FileFeed
+
+    if url.scheme:
+        raise typer.BadParameter(
+            f"unsupported source {source!r}: use a file, '-', nats://host:port/STREAM/SUBJECT "
+            "or redis://host:port/STREAM (for Kafka, use lance_async.feeds.KafkaFeed in Python)"
+        )
+    return FileFeed(source, format=fmt, schema=schema, follow=follow)
+
+
+async def open_partitioned(
+    url: str, group: str, member: str, partitions: int, ttl: float, ack_wait: float
+) -> tuple[Any, Any]:
+    """(coordinator, closer) for a ``redis://``, ``nats://`` or ``kafka://`` URL."""
+    parsed = urlparse(url)
+    path = [p for p in parsed.path.split("/") if p]
+    query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+    if parsed.scheme in ("redis", "rediss"):
+        import redis.asyncio
+
+        if len(path) != 1:
+            raise typer.BadParameter("a Redis feed is redis://HOST:PORT/KEY (streams KEY:0..N-1)")
+        client = redis.asyncio.Redis.from_url(f"{parsed.scheme}://{parsed.netloc}")
+        key = path[0]
+        feeds = RedisPartitions(client, key, group, partitions, field=query.get("field", "data"))
+        leases = RedisLeaseTable(client, f"lance-async:leases:{group}:{key}", member, ttl)
+        return LeaseCoordinator(feeds, leases), client.aclose
+    if parsed.scheme == "nats":
+        import nats
+
+        if len(path) != 2:
+            raise typer.BadParameter(
+                "a NATS feed is nats://HOST:PORT/STREAM/SUBJECT (subjects SUBJECT.0..N-1)"
+            )
+        nc = await nats.connect(f"nats://{parsed.netloc}", connect_timeout=3)
+        stream, subject = path
+        subjects = NatsPartitions(nc, stream, subject, group, partitions, ack_wait=ack_wait)
+        await subjects.ensure_stream()
+        bucket = await NatsLeaseTable.bucket(
+            nc.jetstream(), f"lance-async-leases-{group}-{stream}", ttl
+        )
+        return LeaseCoordinator(subjects, NatsLeaseTable(bucket, member, ttl)), nc.close
+    if parsed.scheme == "kafka":
+        from aiokafka import AIOKafkaConsumer
+
+        if len(path) != 1:
+            raise typer.BadParameter(
+                "a Kafka feed is kafka://HOST:PORT/TOPIC[?session_timeout_ms=...] "
+                "(a topic of N partitions)"
+            )
+        try:
+            options = {k: int(v) for k, v in query.items()}
+        except ValueError:
+            raise typer.BadParameter("Kafka consumer options in the URL must be integers") from None
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=parsed.netloc,
+            group_id=group,
+            client_id=member,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **options,
+        )
+
+        async def nothing() -> None:
+            await anyio.lowlevel.checkpoint()
+
+        return KafkaCoordinator(consumer, path[0], partitions, member), nothing
+    raise typer.BadParameter(
+        f"unsupported feed {url!r}: use redis://HOST:PORT/KEY, nats://HOST:PORT/STREAM/SUBJECT "
+        "or kafka://HOST:PORT/TOPIC"
+    )
+
+
+async def open_publisher(url: str, partitions: int) -> tuple[Any, Any]:
+    """(publisher, closer) of a partitioned feed's URL (see the module notes)."""
+    parsed = urlparse(url)
+    path = [p for p in parsed.path.split("/") if p]
+    if parsed.scheme in ("redis", "rediss"):
+        import redis.asyncio
+
+        if len(path) != 1:
+            raise typer.BadParameter("a Redis target is redis://HOST:PORT/KEY (streams KEY:0..N-1)")
+        client = redis.asyncio.Redis.from_url(f"{parsed.scheme}://{parsed.netloc}")
+        return RedisPublisher(client, path[0], partitions), client.aclose
+    if parsed.scheme == "nats":
+        import nats
+
+        if len(path) != 2:
+            raise typer.BadParameter(
+                "a NATS target is nats://HOST:PORT/STREAM/SUBJECT (subjects SUBJECT.0..N-1)"
+            )
+        nc = await nats.connect(f"nats://{parsed.netloc}", connect_timeout=3)
+        stream, subject = path
+        await NatsPartitions(nc, stream, subject, "lance-async", partitions).ensure_stream()
+        return NatsPublisher(nc, subject, partitions), nc.close
+    if parsed.scheme == "kafka":
+        from aiokafka import AIOKafkaProducer
+
+        if len(path) != 1:
+            raise typer.BadParameter("a Kafka target is kafka://HOST:PORT/TOPIC (N partitions)")
+        producer = AIOKafkaProducer(bootstrap_servers=parsed.netloc, acks="all")
+        await producer.start()
+        return KafkaPublisher(producer, path[0], partitions), producer.stop
+    raise typer.BadParameter(
+        f"unsupported target {url!r}: use redis://HOST:PORT/KEY, nats://HOST:PORT/STREAM/SUBJECT "
+        "or kafka://HOST:PORT/TOPIC"
+    )

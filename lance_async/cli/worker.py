@@ -1,0 +1,190 @@
+"""The scale-out commands: ``worker`` (one of N replicas ingesting a partitioned feed) and
+``repartition`` (a feed's rows republished to their partitions)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import anyio
+import typer
+
+from .. import errors
+from ..cluster import (
+    Worker,
+    WorkerStats,
+)
+from ..cluster.partitions import Partitioner
+from ..cluster.repartition import RepartitionWriter
+from ..feeds import ingest
+from .common import STORAGE_OPTION, app, err, open_table, out, run_command
+from .feeds import open_feed, open_partitioned, open_publisher
+
+__all__ = ["repartition", "worker"]
+
+
+def _line(stats: WorkerStats) -> str:
+    return (
+        f"worker {stats.member}: partitions {stats.partitions}; {stats.rows:,} rows "
+        f"({stats.rows_per_second:,.0f}/s), {stats.messages:,} messages, "
+        f"{stats.dead_letters:,} dead letters; taken {stats.assigned}, handed back "
+        f"{stats.revoked}, lost {stats.lost}"
+    )
+
+
+async def _health(port: int, worker: Worker) -> None:
+    """Answer every HTTP request on ``port`` with the worker's stats as JSON."""
+
+    async def handle(stream: Any) -> None:
+        async with stream:
+            try:
+                with anyio.fail_after(5):
+                    await stream.receive(4096)
+                stats = worker.stats()
+                body = json.dumps({"status": "ok", **stats.__dict__}).encode()
+                head = (
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                ).encode()
+                await stream.send(head + body)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError, OSError):
+                return
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
+    await listener.serve(handle)
+
+
+@app.command()
+def worker(
+    feed: str = typer.Argument(
+        ...,
+        help="The partitioned feed: redis://HOST:PORT/KEY (streams KEY:0..N-1), "
+        "nats://HOST:PORT/STREAM/SUBJECT (subjects SUBJECT.0..N-1) or "
+        "kafka://HOST:PORT/TOPIC[?session_timeout_ms=...] (N partitions); N = the table's buckets.",
+    ),
+    table_uri: str = typer.Argument(..., help="The Lance table (MemWAL bucket-sharded)."),
+    group: str = typer.Option("lance-async", "--group", help="The worker group's name."),
+    member: str | None = typer.Option(
+        None, "--member", help="This worker's name in the group (default: HOST-PID)."
+    ),
+    lease_ttl: float = typer.Option(
+        10.0,
+        "--lease-ttl",
+        help="Seconds without a renewal before a dead worker's partitions are taken over.",
+    ),
+    ack_wait: float = typer.Option(
+        30.0, "--ack-wait", help="NATS: seconds before an unacknowledged message comes again."
+    ),
+    stats_interval: float = typer.Option(
+        5.0, "--stats-interval", help="Seconds between stats lines on stderr (0: none)."
+    ),
+    health_port: int | None = typer.Option(
+        None, "--health-port", help="Serve the stats as JSON over HTTP on 127.0.0.1:PORT."
+    ),
+    storage_option: list[str] | None = STORAGE_OPTION,
+) -> None:
+    """Ingest the partitions of FEED this worker is given into TABLE_URI.
+
+    Run it as N replicas with the same --group: each owns a fair share of
+    the partitions (leases in the broker), writes their shards with
+    ack-after-durable, hands them over on rebalance, and stops cleanly on
+    SIGTERM (exit 0).
+    """
+    if lease_ttl <= 0 or ack_wait <= 0:
+        raise typer.BadParameter("--lease-ttl and --ack-wait must be > 0")
+    name = member or f"{socket.gethostname()}-{os.getpid()}".replace(".", "-")
+
+    async def run() -> WorkerStats:
+        ds = await open_table(table_uri, storage_option)
+        if await ds.mem_wal_index_details() is None:
+            raise errors.InvalidInputError(
+                f"{table_uri} has no MemWAL; initialize it first: "
+                f"lance-async init-wal {table_uri} --num-buckets N"
+            )
+        partitions = (await Partitioner.for_dataset(ds)).num_partitions
+        coordinator, close = await open_partitioned(
+            feed, group, name, partitions, lease_ttl, ack_wait
+        )
+        w = Worker(ds, coordinator=coordinator)
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def signals() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                        async for _ in received:
+                            err.print(f"worker {name}: stopping (handing partitions back)")
+                            w.stop()
+
+                async def report() -> None:
+                    while True:
+                        await anyio.sleep(stats_interval)
+                        print(_line(w.stats()), file=sys.stderr, flush=True)
+
+                tg.start_soon(signals)
+                if stats_interval > 0:
+                    tg.start_soon(report)
+                if health_port is not None:
+                    tg.start_soon(_health, health_port, w)
+                err.print(f"worker {name}: {partitions} partitions in group {group!r}")
+                stats = await w.run()
+                tg.cancel_scope.cancel()
+            return stats
+        finally:
+            with anyio.CancelScope(shield=True):
+                await close()
+
+    stats = run_command(run)
+    out.print(_line(stats))
+
+
+@app.command()
+def repartition(
+    source: str = typer.Argument(
+        ...,
+        help="The feed to read: a file, '-', nats://HOST:PORT/STREAM/SUBJECT or "
+        "redis://HOST:PORT/STREAM[?group=G].",
+    ),
+    target: str = typer.Argument(
+        ...,
+        help="The partitioned feed to publish to: redis://HOST:PORT/KEY or "
+        "nats://HOST:PORT/STREAM/SUBJECT.",
+    ),
+    table_uri: str = typer.Argument(..., help="The table whose buckets are the partitions."),
+    format: str | None = typer.Option(None, "--format", "-f", help="ndjson, csv or ipc."),
+    idle_timeout: float | None = typer.Option(
+        None, "--idle-timeout", help="Stop after this many seconds without a message."
+    ),
+    storage_option: list[str] | None = STORAGE_OPTION,
+) -> None:
+    """Republish SOURCE's rows to their partitions of TARGET (partition = the table's bucket).
+
+    Each source message is acknowledged once the broker stored its rows in
+    the target, so workers reading TARGET own disjoint keys.
+    """
+
+    async def run() -> tuple[int, int]:
+        ds = await open_table(table_uri, storage_option)
+        partitioner = await Partitioner.for_dataset(ds)
+        publisher, close = await open_publisher(target, partitioner.num_partitions)
+        try:
+            feed_or_cm = open_feed(source, format, ds.schema, False)
+            if hasattr(feed_or_cm, "__await__"):
+                feed_or_cm = await feed_or_cm
+            feed = feed_or_cm
+            try:
+                async with RepartitionWriter(publisher, partitioner) as writer:
+                    stats = await ingest(feed, writer, idle_timeout=idle_timeout)
+                return stats.messages, writer.published
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await feed.aclose()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await close()
+
+    messages, published = run_command(run)
+    out.print(f"republished {messages:,} messages as {published:,} partition messages")

@@ -1,0 +1,268 @@
+"""Fair-share lease balancing: :class:`LeaseBalancer` gives each live worker its share.
+
+Each worker runs one balancer over a :class:`~lance_async.cluster.leases.LeaseTable`.
+Every ``interval`` seconds it
+
+1. heartbeats its member key,
+2. renews the leases it holds -- a lease it fails to renew was lost (it
+   expired and was taken): the partition is revoked at once, ``lost=True``;
+3. counts the live members and computes the fair share ``ceil(N / members)``;
+4. over its share, hands one partition back: revokes it (the worker drains
+   and closes what it runs for it) and only then releases the lease; under
+   it, takes free or expired leases (in random order) up to the share, and
+   assigns each once taken.
+
+Amazon KCL balances a stream's shards over its workers the same way (a lease
+table, fair shares, taking expired leases). Take-over after a worker dies
+takes at most ``ttl + interval`` seconds. ``on_assign`` and ``on_revoke``
+run in the balancer's task, one at a time, so a partition is never assigned
+and revoked at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import anyio
+from anyio.abc import TaskStatus
+
+from ..feeds.base import Feed
+from .feeds import PartitionedFeed
+from .leases import LeaseTable
+
+__all__ = ["Coordinator", "LeaseBalancer", "LeaseCoordinator"]
+
+log = logging.getLogger("lance_async")
+
+Assign = Callable[[int], Awaitable[None]]
+Revoke = Callable[[int, bool], Awaitable[None]]
+
+
+class LeaseBalancer:
+    """Divide ``num_partitions`` partitions among live workers with leases.
+
+    Parameters
+    ----------
+    table : LeaseTable
+        The leases (and liveness) of the worker group.
+    num_partitions : int
+        Partitions to divide.
+    on_assign : async callable ``(partition) -> None``
+        Called once this worker holds a partition's lease; start work on it
+        (open the shard writer: that fences any stale writer).
+    on_revoke : async callable ``(partition, lost) -> None``
+        Called before a lease is released (``lost=False``: drain, ack what
+        is durable, close), or after it was found lost (``lost=True``: stop
+        at once; acks are refused already, see ``LeaseTable.valid``).
+    interval : float, optional
+        Seconds between rounds (default ``ttl / 3``).
+    """
+
+    def __init__(
+        self,
+        table: LeaseTable,
+        num_partitions: int,
+        *,
+        on_assign: Assign,
+        on_revoke: Revoke,
+        interval: float | None = None,
+    ) -> None:
+        if num_partitions < 1:
+            raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+        self.table = table
+        self.num_partitions = num_partitions
+        self.interval = interval if interval is not None else table.ttl / 3
+        self._assign = on_assign
+        self._revoke = on_revoke
+        self.owned: set[int] = set()
+        self.members = 1
+        self.rounds = 0
+        self.lost = 0
+        self._stopping = False
+        self._dropped: set[int] = set()
+
+    def valid(self, partition: int) -> bool:
+        """Whether this worker may still act as ``partition``'s owner."""
+        return partition in self.owned and self.table.valid(partition)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Balance until cancelled or :meth:`stop` is called; then revoke and
+        release every partition held (shielded).
+
+        Reports started (``task_status``) after the first round, so a worker
+        started with ``tg.start`` owns its first partitions when it returns.
+        """
+        started = False
+        try:
+            while not self._stopping:
+                try:
+                    await self.round()
+                except (OSError, ConnectionError, TimeoutError) as exc:
+                    # the broker is unreachable: leases we hold run out by themselves
+                    # (acks are refused once they may have), and the next round retries
+                    log.error("lance_async: a balancing round failed: %r; retrying", exc)
+                if not started:
+                    task_status.started()
+                    started = True
+                await anyio.sleep(self.interval * random.uniform(0.8, 1.2))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.release_all()
+
+    def stop(self) -> None:
+        """End :meth:`run` after the current round (it then releases everything)."""
+        self._stopping = True
+
+    async def round(self) -> None:
+        """One balancing round (see the module notes)."""
+        self.rounds += 1
+        table = self.table
+        await table.heartbeat()
+        for p in sorted(self._dropped & self.owned):
+            self.owned.discard(p)
+            try:
+                await self._revoke(p, True)
+            finally:
+                await table.release(p)
+        self._dropped.clear()
+        for p in sorted(self.owned):
+            if not await table.renew(p):
+                log.warning("lance_async: lost the lease on partition %d; stopping it", p)
+                self.owned.discard(p)
+                self.lost += 1
+                await self._revoke(p, True)
+        members = await table.members()
+        members.add(table.member)
+        self.members = len(members)
+        share = math.ceil(self.num_partitions / self.members)
+        if len(self.owned) > share:
+            p = max(self.owned)
+            log.info("lance_async: handing partition %d back (share %d)", p, share)
+            await self._revoke(p, False)
+            self.owned.discard(p)
+            await table.release(p)
+            return
+        if len(self.owned) < share:
+            holders = await table.holders(range(self.num_partitions))
+            free = [p for p, holder in holders.items() if holder is None and p not in self.owned]
+            random.shuffle(free)
+            for p in free:
+                if len(self.owned) >= share or self._stopping:
+                    break
+                if await table.acquire(p):
+                    self.owned.add(p)
+                    try:
+                        await self._assign(p)
+                    except Exception as exc:
+                        log.error("lance_async: starting partition %d failed: %r", p, exc)
+                        self.owned.discard(p)
+                        await table.release(p)
+                    except BaseException:
+                        self.owned.discard(p)
+                        with anyio.CancelScope(shield=True):
+                            await table.release(p)
+                        raise
+
+    async def release_all(self) -> None:
+        """Revoke and release every partition held (a clean shutdown)."""
+        for p in sorted(self.owned):
+            try:
+                await self._revoke(p, False)
+            finally:
+                self.owned.discard(p)
+                await self.table.release(p)
+
+    def drop(self, partition: int) -> None:
+        """Give up ``partition`` at the next round (its work failed or was
+        fenced): it is revoked (``lost=True``) and its lease released, so
+        another worker -- or this one, later -- takes it over."""
+        self._dropped.add(partition)
+
+
+class Coordinator(Protocol):
+    """Who owns which partition: what a :class:`~lance_async.cluster.Worker` runs under.
+
+    :class:`LeaseCoordinator` (leases in Redis or NATS) and
+    :class:`~lance_async.cluster.kafka.KafkaCoordinator` (a Kafka consumer
+    group) are the two.
+    """
+
+    member: str
+    num_partitions: int
+
+    async def run(self, on_assign: Assign, on_revoke: Revoke) -> None:
+        """Assign and revoke partitions until :meth:`stop`; then revoke all."""
+        ...
+
+    async def open_partition(self, partition: int) -> Feed:
+        """The feed of an assigned partition, resuming at its last acknowledged message."""
+        ...
+
+    def valid(self, partition: int) -> bool:
+        """Whether this member may still acknowledge ``partition``'s messages."""
+        ...
+
+    def drop(self, partition: int) -> None:
+        """Give up ``partition`` (its work failed or was fenced)."""
+        ...
+
+    def stop(self) -> None:
+        """End :meth:`run` cleanly."""
+        ...
+
+
+class LeaseCoordinator:
+    """Partitions of a :class:`PartitionedFeed` divided with a :class:`LeaseTable`.
+
+    Parameters
+    ----------
+    feeds : PartitionedFeed
+        The partitions (Redis streams or NATS subjects).
+    leases : LeaseTable
+        The group's leases; its ``member`` names this worker.
+    """
+
+    def __init__(self, feeds: PartitionedFeed, leases: LeaseTable) -> None:
+        self._feeds = feeds
+        self._leases = leases
+        self.member = leases.member
+        self.num_partitions = feeds.num_partitions
+        self._balancer: LeaseBalancer | None = None
+        self._stopping = False
+
+    @property
+    def balancer(self) -> LeaseBalancer | None:
+        """The balancer, while :meth:`run` runs."""
+        return self._balancer
+
+    async def run(self, on_assign: Assign, on_revoke: Revoke) -> None:
+        """Balance leases until :meth:`stop` (see :class:`LeaseBalancer`)."""
+        self._balancer = LeaseBalancer(
+            self._leases, self.num_partitions, on_assign=on_assign, on_revoke=on_revoke
+        )
+        if self._stopping:
+            self._balancer.stop()
+        await self._balancer.run()
+
+    async def open_partition(self, partition: int) -> Feed:
+        """The partition's feed, for this member."""
+        return await self._feeds.open_partition(partition, self.member)
+
+    def valid(self, partition: int) -> bool:
+        """True while the lease is held and not near its end."""
+        return self._balancer is not None and self._balancer.valid(partition)
+
+    def drop(self, partition: int) -> None:
+        """Release the partition at the next round."""
+        if self._balancer is not None:
+            self._balancer.drop(partition)
+
+    def stop(self) -> None:
+        """Hand every partition back, then end :meth:`run`."""
+        self._stopping = True
+        if self._balancer is not None:
+            self._balancer.stop()

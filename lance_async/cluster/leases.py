@@ -1,0 +1,370 @@
+"""Leases held in the broker: who owns which partition, and who is alive.
+
+Workers that read a NATS JetStream or Redis Streams feed have no consumer
+group to assign them partitions (Kafka has). They divide the partitions with
+*leases* kept in the broker they already use, as Amazon KCL divides a
+stream's shards with a lease table:
+
+* a lease on partition ``p`` names its holder; only a free or expired lease
+  can be taken, and only its holder can renew or release it (compare and
+  set);
+* a lease expires when its holder has not renewed it for ``ttl`` seconds;
+* live workers heartbeat a member key, so each can count the others and
+  take its fair share (:mod:`lance_async.cluster.balancer`).
+
+A holder must stop acknowledging messages of a partition before anyone else
+can take its lease: :meth:`LeaseTable.valid` is true only until ``safety``
+(0.6) of the ttl has passed since the last successful renewal was *sent*, a
+margin below the ``ttl`` after which others may take it.
+
+Two implementations:
+
+:class:`RedisLeaseTable`
+    ``SET key holder NX PX ttl`` to take, a Lua compare-and-``PEXPIRE`` to
+    renew, a Lua compare-and-``DEL`` to release; Redis's own clock expires
+    keys. Members are keys with a TTL.
+:class:`NatsLeaseTable`
+    A JetStream key-value bucket. Taking is ``create`` (or a revision-checked
+    ``update`` of an expired lease); renewing is a revision-checked
+    ``update``. There is no per-key TTL in NATS 2.9, so expiry is observed
+    as KCL does it: a lease (or member) whose revision has not changed for
+    ``ttl`` seconds of the observer's own clock is expired. No clocks need
+    to agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+
+__all__ = ["LeaseTable", "NatsLeaseTable", "RedisLeaseTable"]
+
+log = logging.getLogger("lance_async")
+
+SAFETY = 0.6
+"""Fraction of the ttl, since a renewal was sent, during which the holder
+still counts its lease as valid."""
+
+
+class LeaseTable(Protocol):
+    """Partition leases and worker liveness kept in a broker.
+
+    Attributes
+    ----------
+    member : str
+        This worker's name (unique in its group).
+    ttl : float
+        Seconds after the last renewal when a lease (or a member) expires.
+    """
+
+    member: str
+    ttl: float
+
+    async def heartbeat(self) -> None:
+        """Say this member is alive (one broker round trip)."""
+        ...
+
+    async def members(self) -> set[str]:
+        """Live members, this one included once it has heartbeated."""
+        ...
+
+    async def holders(self, partitions: Iterable[int]) -> dict[int, str | None]:
+        """The live holder of each partition's lease (None: free or expired)."""
+        ...
+
+    async def acquire(self, partition: int) -> bool:
+        """Take a free or expired lease; False when another member holds it."""
+        ...
+
+    async def renew(self, partition: int) -> bool:
+        """Extend this member's lease; False when it was lost (expired and taken)."""
+        ...
+
+    async def release(self, partition: int) -> None:
+        """Give the lease up (only if this member holds it)."""
+        ...
+
+    def valid(self, partition: int) -> bool:
+        """Whether this member may still act as the partition's owner (local)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the broker connection the table owns, if any."""
+        ...
+
+
+@dataclass
+class _Held:
+    renewed_at: float  # monotonic time the last successful renewal was sent
+    revision: int = 0  # NATS: the lease entry's revision
+
+
+class _LocalLeases:
+    """What both tables keep locally: leases held and when they were renewed."""
+
+    def __init__(self, member: str, ttl: float) -> None:
+        if not member or any(c in member for c in " .*>:"):
+            raise ValueError(f"a member name must be non-empty without ' .*>:', got {member!r}")
+        if ttl <= 0:
+            raise ValueError(f"ttl must be > 0 seconds, got {ttl}")
+        self.member = member
+        self.ttl = ttl
+        self._held: dict[int, _Held] = {}
+
+    def valid(self, partition: int) -> bool:
+        held = self._held.get(partition)
+        return held is not None and time.monotonic() < held.renewed_at + SAFETY * self.ttl
+
+
+# -- Redis ---------------------------------------------------------------------------
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisLeaseTable(_LocalLeases):
+    """Leases as Redis keys with a TTL (``SET NX PX``, Lua compare-and-set).
+
+    Parameters
+    ----------
+    client : redis.asyncio.Redis
+        A client (``decode_responses=False``).
+    prefix : str
+        Key prefix of this group's leases, e.g. ``lance-async:leases:<group>``.
+    member : str
+        This worker's name.
+    ttl : float
+        Lease and member lifetime in seconds (default 10).
+    owns_client : bool
+        Close ``client`` in :meth:`aclose`.
+    """
+
+    def __init__(
+        self, client: Any, prefix: str, member: str, ttl: float = 10.0, *, owns_client: bool = False
+    ) -> None:
+        super().__init__(member, ttl)
+        self._client = client
+        self._prefix = prefix
+        self._owns = owns_client
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+
+    def _lease(self, partition: int) -> str:
+        return f"{self._prefix}:lease:{partition}"
+
+    @property
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.ttl * 1000))
+
+    async def heartbeat(self) -> None:
+        await self._client.set(f"{self._prefix}:member:{self.member}", b"1", px=self._ttl_ms)
+
+    async def members(self) -> set[str]:
+        out: set[str] = set()
+        cut = len(f"{self._prefix}:member:")
+        async for key in self._client.scan_iter(match=f"{self._prefix}:member:*", count=100):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            out.add(name[cut:])
+        return out
+
+    async def holders(self, partitions: Iterable[int]) -> dict[int, str | None]:
+        parts = list(partitions)
+        if not parts:
+            return {}
+        values = await self._client.mget([self._lease(p) for p in parts])
+        return {
+            p: (v.decode() if isinstance(v, bytes) else v) if v is not None else None
+            for p, v in zip(parts, values, strict=True)
+        }
+
+    async def acquire(self, partition: int) -> bool:
+        sent = time.monotonic()
+        ok = await self._client.set(
+            self._lease(partition), self.member.encode(), nx=True, px=self._ttl_ms
+        )
+        if ok:
+            self._held[partition] = _Held(sent)
+            return True
+        # a restart under the same name finds its own lease still there
+        return await self.renew(partition)
+
+    async def renew(self, partition: int) -> bool:
+        sent = time.monotonic()
+        ok = await self._renew(keys=[self._lease(partition)], args=[self.member, self._ttl_ms])
+        if ok:
+            self._held[partition] = _Held(sent)
+            return True
+        self._held.pop(partition, None)
+        return False
+
+    async def release(self, partition: int) -> None:
+        self._held.pop(partition, None)
+        await self._release(keys=[self._lease(partition)], args=[self.member])
+
+    async def aclose(self) -> None:
+        if self._owns:
+            await self._client.aclose()
+
+
+# -- NATS JetStream key-value -------------------------------------------------------------
+
+
+@dataclass
+class _Seen:
+    revision: int
+    since: float  # monotonic time this revision was first observed
+
+
+class NatsLeaseTable(_LocalLeases):
+    """Leases in a JetStream key-value bucket, expiry observed per revision (as KCL does).
+
+    Parameters
+    ----------
+    kv : nats.js.kv.KeyValue
+        The bucket (create it with :meth:`bucket`).
+    member : str
+        This worker's name.
+    ttl : float
+        Seconds without a change after which a lease or member counts as
+        expired (default 10).
+    """
+
+    def __init__(self, kv: Any, member: str, ttl: float = 10.0) -> None:
+        super().__init__(member, ttl)
+        self._kv = kv
+        self._seen: dict[str, _Seen] = {}
+        self._beats = 0
+
+    @staticmethod
+    async def bucket(js: Any, name: str, ttl: float) -> Any:
+        """The key-value bucket ``name`` (created when missing, history 1;
+        entries older than ``20 * ttl`` are dropped by the server)."""
+        import nats.js.api
+        import nats.js.errors
+
+        try:
+            return await js.key_value(name)
+        except nats.js.errors.BucketNotFoundError:
+            config = nats.js.api.KeyValueConfig(bucket=name, history=1, ttl=20 * ttl)
+            return await js.create_key_value(config=config)
+
+    def _observe(self, key: str, revision: int) -> bool:
+        """True when ``key`` has not changed for ``ttl`` seconds of our clock."""
+        now = time.monotonic()
+        seen = self._seen.get(key)
+        if seen is None or seen.revision != revision:
+            self._seen[key] = _Seen(revision, now)
+            return False
+        return now - seen.since >= self.ttl
+
+    async def _entry(self, key: str) -> Any:
+        import nats.js.errors
+
+        try:
+            return await self._kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+
+    async def heartbeat(self) -> None:
+        self._beats += 1
+        await self._kv.put(f"member.{self.member}", str(self._beats).encode())
+
+    async def members(self) -> set[str]:
+        import nats.js.errors
+
+        try:
+            keys = await self._kv.keys()
+        except nats.js.errors.NoKeysError:
+            return set()
+        out = set()
+        for key in keys:
+            if not key.startswith("member."):
+                continue
+            name = key[len("member.") :]
+            entry = await self._entry(key)
+            if entry is None:
+                continue
+            if name == self.member or not self._observe(key, entry.revision):
+                out.add(name)
+        return out
+
+    async def holders(self, partitions: Iterable[int]) -> dict[int, str | None]:
+        out: dict[int, str | None] = {}
+        for p in partitions:
+            key = f"lease.{p}"
+            entry = await self._entry(key)
+            if entry is None or not entry.value:
+                out[p] = None
+                continue
+            holder = entry.value.decode().split("/", 1)[0]
+            expired = holder != self.member and self._observe(key, entry.revision)
+            out[p] = None if expired else holder
+        return out
+
+    def _value(self) -> bytes:
+        return f"{self.member}/{time.time_ns()}".encode()
+
+    async def acquire(self, partition: int) -> bool:
+        import nats.js.errors
+
+        key = f"lease.{partition}"
+        sent = time.monotonic()
+        entry = await self._entry(key)
+        try:
+            if entry is None:
+                revision = await self._kv.create(key, self._value())
+            else:
+                holder = entry.value.decode().split("/", 1)[0] if entry.value else ""
+                if holder and holder != self.member and not self._observe(key, entry.revision):
+                    return False
+                revision = await self._kv.update(key, self._value(), last=entry.revision)
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError):
+            return False
+        self._held[partition] = _Held(sent, revision)
+        return True
+
+    async def renew(self, partition: int) -> bool:
+        import nats.js.errors
+
+        held = self._held.get(partition)
+        if held is None:
+            return False
+        sent = time.monotonic()
+        try:
+            revision = await self._kv.update(
+                f"lease.{partition}", self._value(), last=held.revision
+            )
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError):
+            self._held.pop(partition, None)
+            return False
+        self._held[partition] = _Held(sent, revision)
+        return True
+
+    async def release(self, partition: int) -> None:
+        import nats.js.errors
+
+        held = self._held.pop(partition, None)
+        if held is None:
+            return
+        try:
+            await self._kv.update(f"lease.{partition}", b"", last=held.revision)
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError):
+            log.debug("lance_async: the lease on partition %d was lost already", partition)
+
+    async def aclose(self) -> None:
+        await anyio.lowlevel.checkpoint()

@@ -1,0 +1,96 @@
+"""The Worker in one process: partitions it owns, misrouted rows, a clean stop (real Redis)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio
+
+import lance_async as la
+from lance_async.cluster import (
+    Partitioner,
+    RedisLeaseTable,
+    RedisPartitions,
+    RedisPublisher,
+    Worker,
+)
+
+from ..conftest import broker_or_skip
+from ..helpers import KV_SCHEMA, eventually
+
+pytestmark = pytest.mark.anyio
+URL = "redis://127.0.0.1:6379"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Any]:
+    broker_or_skip("Redis", 6379)
+    c = redis.asyncio.Redis.from_url(URL)
+    yield c
+    await c.aclose()
+
+
+async def test_a_misrouted_row_is_dead_lettered_never_written(tmp_path: Path, client: Any) -> None:
+    ds = await la.write_dataset(
+        KV_SCHEMA.empty_table(), str(tmp_path / "t.lance"), schema=KV_SCHEMA
+    )
+    await ds.initialize_mem_wal(num_buckets=2, bucket_column="id")
+    partitioner = await Partitioner.for_dataset(ds)
+    key = f"w-{uuid.uuid4().hex[:8]}"
+    rows = [{"id": i, "value": 1, "name": "x"} for i in range(20)]
+    parts = partitioner.partition_of_rows(rows)
+    stray = next(r for r, p in zip(rows, parts, strict=True) if p == 1)
+    publisher = RedisPublisher(client, key, 2)
+    for row, p in zip(rows, parts, strict=True):
+        await publisher.publish(p, json.dumps(row).encode())
+    await publisher.publish(0, json.dumps({**stray, "value": 99}).encode())  # wrong partition
+    letters: list[Any] = []
+    worker = Worker(
+        ds,
+        RedisPartitions(client, key, "g", 2),
+        RedisLeaseTable(client, f"{key}:leases", "solo", 2.0),
+        dead_letter=lambda m, e: letters.append((m.offset, str(e))),
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            await eventually(lambda: worker.stats().messages == 21, 30, "every message acked")
+            assert worker.stats().partitions == [0, 1]
+            worker.stop()
+        stats = worker.stats()
+        assert (stats.dead_letters, stats.rows, stats.partitions) == (1, 20, [])
+        assert "came on partition 0" in letters[0][1]
+        assert await client.mget([f"{key}:leases:lease:0", f"{key}:leases:lease:1"]) == [
+            None,
+            None,
+        ]  # a clean stop released the leases
+        table = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+        assert sorted(r["id"] for r in table) == list(range(20))
+        assert {r["value"] for r in table} == {1}
+    finally:
+        for p in range(2):
+            await client.delete(f"{key}:{p}")
+        await client.delete(f"{key}:leases:member:solo")
+
+
+async def test_a_feed_with_other_partitions_than_the_table_is_refused(
+    tmp_path: Path, client: Any
+) -> None:
+    ds = await la.write_dataset(
+        KV_SCHEMA.empty_table(), str(tmp_path / "t.lance"), schema=KV_SCHEMA
+    )
+    await ds.initialize_mem_wal()  # 4 buckets
+    worker = Worker(ds, RedisPartitions(client, "k", "g", 3), RedisLeaseTable(client, "k", "m"))
+    with pytest.raises(la.InvalidInputError, match="partitioned like the table"):
+        await worker.run()
