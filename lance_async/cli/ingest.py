@@ -12,6 +12,7 @@ import typer
 
 from .. import errors
 from ..feeds import Feed, IngestStats, ingest
+from ..memwal.compactor import CompactionPolicy, Compactor
 from ..sources.files import file_source
 from .common import (
     STORAGE_OPTION,
@@ -134,7 +135,7 @@ def ingest_cmd(
             def tick(stats: IngestStats) -> None:
                 progress.update(task, completed=stats.rows)
 
-            async with ds.mem_wal_writer(shard_id) as writer:
+            async with ds.mem_wal_writer(shard_id) as writer, Compactor(ds, CompactionPolicy()):
                 feed: Feed = feed_or_cm
                 writes.started = True
                 try:
