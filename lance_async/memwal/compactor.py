@@ -27,6 +27,7 @@ import logging
 import math
 import posixpath
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -161,8 +162,9 @@ class Compactor:
         The table (moved to each version a compaction commits).
     policy : CompactionPolicy, optional
         Default ``CompactionPolicy()``.
-    shard_ids : iterable of str, optional
-        Only these shards (default every shard).
+    shard_ids : iterable of str, or a callable returning them, optional
+        Only these shards (default every shard). A callable is asked at
+        every pass: a cluster worker passes the shards it owns now.
 
     Notes
     -----
@@ -180,11 +182,13 @@ class Compactor:
         dataset: AsyncDataset,
         policy: CompactionPolicy | None = None,
         *,
-        shard_ids: list[str] | None = None,
+        shard_ids: Iterable[str] | Callable[[], Iterable[str]] | None = None,
     ) -> None:
         self._dataset = dataset
         self.policy = policy or CompactionPolicy()
-        self._shard_ids = list(shard_ids) if shard_ids is not None else None
+        self._shard_ids: list[str] | Callable[[], Iterable[str]] | None = (
+            shard_ids if shard_ids is None or callable(shard_ids) else list(shard_ids)
+        )
         self._stats = CompactorStats(WriterState.NEW)
         self._scope = anyio.CancelScope()
         self._done: anyio.Event | None = None
@@ -305,8 +309,13 @@ class Compactor:
         done: dict[str, list[int]] = {}
         upserted = deleted = commits = attempts = 0
         self._count(passes=1)
+        wanted = self._shard_ids() if callable(self._shard_ids) else self._shard_ids
+        if wanted is not None:
+            wanted = list(wanted)
+            if not wanted:
+                return CompactionResult({}, 0, 0, 0, 0, ds.version)
         async with table_lock(ds.uri):
-            for snap in await shard_snapshots(ds, self._shard_ids):
+            for snap in await shard_snapshots(ds, wanted):
                 if not await self._due(snap):
                     continue
                 started = time.monotonic()

@@ -95,6 +95,30 @@ async def test_compactor_standalone_follows_its_policy(table_uri: str) -> None:
         await busy.start(None)  # type: ignore[arg-type]
 
 
+async def test_a_callable_shard_set_is_asked_at_every_pass(table_uri: str) -> None:
+    """A cluster worker's compactor: only the shards it owns now are compacted."""
+    ds = await la.write_dataset(kv_table([]), table_uri)
+    await ds.initialize_mem_wal(num_buckets=2, bucket_column="id")
+    sharding = await ds.sharding()
+    first, second = sharding.shard_ids()
+    async with ds.mem_wal_writer(max_memtable_rows=5, durable_write=False) as router:
+        for i in range(8):
+            await router.put(kv_table(range(i * 10, i * 10 + 10), 1))
+        await router.flush()
+    owned: list[str] = []
+    compactor = Compactor(ds, CompactionPolicy(max_generations=0), shard_ids=lambda: owned)
+    nothing = await compactor.run_once()
+    assert nothing.commits == 0 and nothing.generations == {}  # owns no shard yet
+    owned.append(first)
+    result = await compactor.run_once()
+    assert set(result.generations) == {first}
+    snaps = {s.shard_id: s for s in await ds.shard_snapshots()}
+    assert snaps[first].sstables == () and snaps[second].sstables != ()
+    owned[:] = [second]
+    assert set((await compactor.run_once()).generations) == {second}
+    assert _rows(await ds.to_table()) == {i: (1, f"n{i}") for i in range(80)}
+
+
 async def test_compaction_policy_checks_its_values() -> None:
     with pytest.raises(ValueError):
         CompactionPolicy(max_generations=-1)
