@@ -123,6 +123,7 @@ def worker(
     async def run() -> WorkerStats:
         from ..cluster import Worker
         from ..cluster.partitions import Partitioner
+        from ..memwal.compactor import CompactionPolicy
         from .feeds import open_partitioned
 
         ds = await open_table(table_uri, storage_option)
@@ -131,7 +132,7 @@ def worker(
         coordinator, close = await open_partitioned(
             feed, group, name, partitions, lease_ttl, ack_wait
         )
-        w = Worker(ds, coordinator=coordinator)
+        w = Worker(ds, coordinator=coordinator, compaction=CompactionPolicy())
         try:
             async with anyio.create_task_group() as tg:
 
