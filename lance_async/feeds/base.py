@@ -32,6 +32,7 @@ from .._loop import unwrap_groups
 from .._threads import run_sync, stream_limiter
 from ..errors import DecodeError, LanceAsyncError
 from ..memwal.acks import Ack
+from ..sources.jsonarray import to_ndjson
 from ..sources.jsonrows import decode_json_rows
 
 __all__ = [
@@ -123,8 +124,9 @@ DeadLetter = Callable[[Message, BaseException], Awaitable[None] | None]
 def decode_json(messages: Sequence[Message], schema: pa.Schema) -> pa.Table:
     """Decode JSON / NDJSON message payloads into one table of ``schema``.
 
-    Each payload is a JSON object or several newline-delimited ones; values
-    are coerced to the schema's types (see :mod:`lance_async.formats`).
+    Each payload is a JSON object, several newline-delimited ones, or a JSON
+    array of objects; values are coerced to the schema's types by the one
+    JSON rule (:mod:`lance_async.sources.jsonrows`).
     Payloads that are already record batches pass through.
 
     Raises
@@ -139,6 +141,8 @@ def decode_json(messages: Sequence[Message], schema: pa.Schema) -> pa.Table:
             tables.append(pa.Table.from_batches([m.payload]))
             continue
         data = bytes(m.payload).strip()
+        if data[:1] == b"[":  # a JSON array of objects (application/json)
+            data = to_ndjson(data).strip()
         if data:
             raw.append(data)
     if raw:

@@ -128,3 +128,19 @@ async def test_a_json_file_source_reads_an_array(tmp_path: Path) -> None:
     assert got == TRICKY
     inferred = la.file_source(path)
     assert (await inferred.resolve_schema()).names == ["id", "value", "name"]
+
+
+def test_a_feed_message_may_be_a_json_array() -> None:
+    from lance_async.feeds import Message
+    from lance_async.feeds.base import decode_json
+
+    async def ack() -> None:
+        return None
+
+    messages = [
+        Message(1, json.dumps(TRICKY[:3]).encode(), {}, _ack=ack),
+        Message(2, json.dumps(TRICKY[3]).encode(), {}, _ack=ack),
+    ]
+    assert decode_json(messages, KV_SCHEMA).to_pylist() == TRICKY[:4]
+    with pytest.raises(DecodeError, match="not closed"):
+        decode_json([Message(3, b'[{"id": 1}', {}, _ack=ack)], KV_SCHEMA)
