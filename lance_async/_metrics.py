@@ -54,7 +54,7 @@ __all__ = [
     "record_scan",
     "record_settled",
     "set_feed_lag",
-    "track_writer",
+    "track_queue",
 ]
 
 
@@ -75,7 +75,7 @@ class _State:
     merges: Any = None
     lookups: Any = None
     scans: Any = None
-    writers: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()
+    queues: ClassVar[weakref.WeakValueDictionary[str, Any]] = weakref.WeakValueDictionary()
     shard_tables: ClassVar[dict[str, str]] = {}
     feed_lag: ClassVar[dict[tuple[str, str], int]] = {}
     lance: bool = False
@@ -194,18 +194,12 @@ def _queue_callback(field: str) -> Any:
     def callback(_options: Any) -> Iterable[Any]:
         from opentelemetry.metrics import Observation
 
-        out = []
-        for writer in list(_S.writers):
-            try:
-                stats = writer.stats()
-            except Exception:  # a writer mid-close: skip it this round
-                continue
-            if stats.state.name in ("CLOSED", "FAILED"):
-                _S.writers.discard(writer)
-                continue
-            attrs = {"table": writer._dataset.uri, "shard": writer.shard_id}
-            out.append(Observation(getattr(stats, field), attrs))
-        return out
+        return [
+            Observation(
+                getattr(queue, field), {"table": _S.shard_tables.get(shard, ""), "shard": shard}
+            )
+            for shard, queue in list(_S.queues.items())
+        ]
 
     return callback
 
@@ -286,12 +280,16 @@ def prometheus_export(*, lance: bool = False) -> PrometheusExport:
 # -- hooks (each returns at once while metrics are off) ---------------------------------
 
 
-def track_writer(writer: Any) -> None:
-    """A shard writer opened: observe its queue; note its table for its puts."""
+def track_queue(shard_id: str, ds_uri: str | None = None, accumulator: Any = None) -> None:
+    """A shard writer is opening: note the shard's table (``ds_uri``) for its
+    puts, and observe its queue (an ``Accumulator``: ``queue_rows``,
+    ``queue_bytes``; the newest of the shard's writers, held weakly)."""
     if not _S.on:
         return
-    _S.writers.add(writer)
-    _S.shard_tables[writer.shard_id] = writer._dataset.uri
+    if ds_uri is not None:
+        _S.shard_tables[shard_id] = ds_uri
+    if accumulator is not None:
+        _S.queues[shard_id] = accumulator
 
 
 def record_settled(shard_id: str, items: Iterable[Any], now: float | None = None) -> None:

@@ -526,7 +526,6 @@ class AsyncDataset:
     ) -> pa.Table:
         """The newest row of each of many primary keys, in one batch, in the order
         of ``keys`` (see :func:`lance_async.memwal.lsm_point_lookups`)."""
-
         record_lookup(self.uri, "lsm", len(keys) if hasattr(keys, "__len__") else 1)
         return await lsm_point_lookups(self, keys, columns=columns, snapshots=snapshots)
 
@@ -543,7 +542,6 @@ class AsyncDataset:
     ) -> pa.Table:
         """k nearest rows across the LSM levels, with ``_distance`` (see
         :func:`lance_async.memwal.lsm_vector_search`)."""
-
         return await lsm_vector_search(
             self,
             query,

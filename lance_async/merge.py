@@ -72,7 +72,7 @@ from .errors import (
     map_engine_error,
     raise_mapped,
 )
-from .sources import SourceMode, WriteSource, resolve_source, rows_schema
+from .sources import SourceMode, WriteSource, resolve_source
 
 if TYPE_CHECKING:
     from .dataset import AsyncDataset
@@ -291,9 +291,7 @@ class AsyncMergeInsertBuilder:
                 )
 
     async def _prepare(self, source: Any, schema: pa.Schema | None) -> WriteSource:
-        src = await resolve_source(
-            source, schema=schema or rows_schema(source, self._dataset.schema)
-        )
+        src = await resolve_source(source, schema=schema, rows_into=self._dataset.schema)
         self._check_source(src)
         if self._duplicates == "keep_last" and src.mode is not SourceMode.MATERIALIZED:
             src = await _materialize(src)

@@ -35,7 +35,7 @@ from .._loop import aclose_shielded
 from .._schema import TableFit
 from .._threads import run_sync, stream_limiter
 from ..errors import BackpressureTimeoutError, ClosedError, InvalidInputError, SchemaMismatchError
-from ..sources import SourceMode, resolve_source, rows_schema
+from ..sources import SourceMode, resolve_source
 from .acks import Ack
 
 __all__ = ["Accumulator", "Item", "Kind"]
@@ -264,7 +264,7 @@ class Accumulator:
         batches = self.in_memory(data, conform) if schema is None else None
         if batches is None:
             source = await resolve_source(
-                data, schema=schema or rows_schema(data, self.fit.schema, kind is Kind.PUT)
+                data, schema=schema, rows_into=self.fit.schema if kind is Kind.PUT else None
             )
             if source.mode is not SourceMode.MATERIALIZED:
                 await self._submit_stream(kind, source.open(), ack, deadline, conform, routed)

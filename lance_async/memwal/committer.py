@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import pyarrow as pa
 
-from .._metrics import record_settled
+from .._metrics import record_settled, track_queue
 from .._schema import TableFit
 from .._threads import run_sync
 from ..errors import (
@@ -66,6 +66,7 @@ def open_engine(ds: Any, shard_id: str, options: dict[str, Any]) -> tuple[Any, i
         The engine's errors, unchanged (the caller maps them).
     """
     latest = ds.checkout_version(ds.latest_version)
+    track_queue(shard_id, ds.uri)
     if shard_id in retired_shards(latest):
         raise InvalidInputError(
             f"shard {shard_id} belongs to a MemWAL that this table replaced "
@@ -126,6 +127,7 @@ class Committer:
         self.mirror = mirror
         self.gate = anyio.Lock()
         self._acc = accumulator
+        track_queue(shard_id, ds_uri=None, accumulator=accumulator)
         self._shard_id = shard_id
         self._fit = fit
         self._key_fit = key_fit

@@ -30,7 +30,7 @@ from .._metrics import record_lookup, record_scan
 from .._schema import TableFit, primary_key
 from .._threads import run_sync, stream_limiter
 from ..errors import ClosedError, InvalidInputError, SchemaMismatchError
-from ..sources import SourceMode, resolve_source, rows_schema
+from ..sources import SourceMode, resolve_source
 from ..sources.streams import AsyncBatchStream
 from .accumulator import Kind
 from .acks import Ack, PutSummary
@@ -222,7 +222,7 @@ class ShardRouter:
             in_memory = [data] if isinstance(data, pa.RecordBatch) else data.to_batches()
         else:
             source = await resolve_source(
-                data, schema=schema or rows_schema(data, self._fit.schema, kind is Kind.PUT)
+                data, schema=schema, rows_into=self._fit.schema if kind is Kind.PUT else None
             )
             in_memory = source.batches() if source.mode is SourceMode.MATERIALIZED else None
         if in_memory is not None:  # checked whole: a bad row anywhere queues nothing

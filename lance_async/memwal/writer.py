@@ -77,7 +77,6 @@ import pyarrow as pa
 from anyio.abc import TaskGroup
 
 from .._loop import LoopHandle, unwrap_groups
-from .._metrics import track_writer
 from .._schema import TableFit, primary_key
 from .._threads import run_sync
 from ..errors import ClosedError, InvalidInputError, raise_mapped
@@ -253,7 +252,6 @@ class AsyncShardWriter(WriterReads):
             raise_mapped(exc)
             raise
         self.sharding = sharding
-        track_writer(self)
         queue_rows, put_rows = self._requested
         self.max_put_rows = min(put_rows or max(1, memtable_rows // 2), memtable_rows)
         self.max_queue_rows = queue_rows or 2 * self.max_put_rows

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +54,9 @@ __all__ = [
     "rows_schema",
     "rows_table",
 ]
+
+ROWS_SLICE = 8_192
+"""Python rows converted per pyarrow call by :func:`rows_table` (a few ms each)."""
 
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects lance_async decodes (a row object is level 1)."""
@@ -522,13 +526,24 @@ def rows_table(data: object, schema: pa.Schema) -> pa.Table:
     -----
     Blocking, O(rows); lance_async's entry points run it on a worker thread.
     """
+    if isinstance(data, dict):
+        parts: list[Any] = [data]
+    else:
+        rows = list(data)  # type: ignore[call-overload]
+        # slices keep each conversion short: the GIL is let go between them
+        parts = [rows[i : i + ROWS_SLICE] for i in range(0, len(rows), ROWS_SLICE)] or [rows]
+    tables = []
+    for part in parts:
+        try:
+            inferred = pa.table(part) if isinstance(part, dict) else pa.Table.from_pylist(part)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+            raise SchemaMismatchError(f"cannot read the rows: {exc}") from exc
+        try:
+            tables.append(coerce_columns(inferred, schema))
+        except DecodeError as exc:
+            raise SchemaMismatchError(str(exc), field=exc.field) from exc
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     try:
-        rows = data if isinstance(data, dict) else None
-        inferred = pa.table(rows) if rows is not None else pa.Table.from_pylist(list(data))  # type: ignore[call-overload]
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
-        raise SchemaMismatchError(f"cannot read the rows: {exc}") from exc
-    try:
-        table = coerce_columns(inferred, schema)
         return pa.Table.from_batches(conform_all(table, schema), schema=schema)
     except DecodeError as exc:
         raise SchemaMismatchError(str(exc), field=exc.field) from exc

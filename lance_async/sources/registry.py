@@ -20,7 +20,7 @@ from .._threads import run_sync, stream_limiter
 from ..errors import SchemaMismatchError, UnsupportedSourceError
 from .base import WriteSource
 from .files import file_source
-from .jsonrows import rows_table
+from .jsonrows import rows_schema, rows_table
 from .kinds import (
     ArrowDatasetSource,
     AsyncIteratorSource,
@@ -284,7 +284,9 @@ def _(obj: AsyncIterable[Any], *, schema: pa.Schema | None = None) -> WriteSourc
     return AsyncIteratorSource(obj, schema)
 
 
-async def resolve_source(obj: Any, *, schema: pa.Schema | None = None) -> WriteSource:
+async def resolve_source(
+    obj: Any, *, schema: pa.Schema | None = None, rows_into: pa.Schema | None = None
+) -> WriteSource:
     """Coerce ``obj`` and make sure its schema is known (peeking if needed).
 
     The async twin of :func:`coerce_source`, used by every lance_async entry
@@ -294,11 +296,18 @@ async def resolve_source(obj: Any, *, schema: pa.Schema | None = None) -> WriteS
     casts to ``schema=``) run on a worker thread; tables, batches, readers,
     datasets and iterators are wrapped on the loop (O(1)).
 
+    ``rows_into``: a table's schema that Python rows (a column dict, a list
+    of row dicts) given without ``schema=`` are read into, by the one JSON
+    rule (:func:`~lance_async.sources.jsonrows.rows_schema`); other sources
+    ignore it.
+
     Returns
     -------
     WriteSource
         With :attr:`WriteSource.schema` available.
     """
+    if schema is None and rows_into is not None:
+        schema = rows_schema(obj, rows_into)
     if _converts_rows(obj, schema):
         source = await run_sync(
             functools.partial(coerce_source, obj, schema=schema), limiter=stream_limiter()

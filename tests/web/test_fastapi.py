@@ -534,7 +534,7 @@ def test_ingest_over_max_ingest_rows_is_413(strict: Server) -> None:
 
 def test_unsupported_media_type_is_415(server: Server) -> None:
     with server.client() as client:
-        response = merge(client, "kv", b'{"id": 1}', "application/json")
+        response = merge(client, "kv", b"<id>1</id>", "application/xml")
         assert response.status_code == 415
         response = merge(client, "kv", b"id\n1\n", "text/csv; charset=latin-1")
         assert response.status_code == 415
