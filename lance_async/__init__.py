@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._memory import MemoryLimits, configure_memory, memory_limits
     from ._threads import ThreadLimits, configure_threads
-    from .dataset import AsyncDataset, open_dataset, write_dataset
+    from .dataset import AsyncDataset, AsyncTags, CommitBatchResult, open_dataset, write_dataset
     from .errors import (
         BackpressureTimeoutError,
         ClosedError,
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         DuplicateKeyError,
         InvalidInputError,
         LanceAsyncError,
+        MergeShapeError,
         ResourceExhaustedError,
         SchemaMismatchError,
         SourceChangedError,
@@ -69,6 +70,9 @@ _LOCATIONS: dict[str, str] = {
     "AsyncDataset": ".dataset",
     "AsyncMergeInsertBuilder": ".merge",
     "AsyncShardWriter": ".memwal",
+    "AsyncTags": ".dataset",
+    "CommitBatchResult": ".dataset",
+    "MergeShapeError": ".errors",
     "BackpressureTimeoutError": ".errors",
     "bridge_reader": ".sources",
     "ClosedError": ".errors",
@@ -124,8 +128,10 @@ __all__ = [
     "AsyncDataset",
     "AsyncMergeInsertBuilder",
     "AsyncShardWriter",
+    "AsyncTags",
     "BackpressureTimeoutError",
     "ClosedError",
+    "CommitBatchResult",
     "CompactionResult",
     "ConflictError",
     "ContentionError",
@@ -141,6 +147,7 @@ __all__ = [
     "LanceAsyncError",
     "MemoryLimits",
     "MergeResult",
+    "MergeShapeError",
     "Message",
     "PutSummary",
     "ResourceExhaustedError",
