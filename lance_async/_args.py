@@ -19,7 +19,7 @@ from collections.abc import Collection
 from datetime import timedelta
 from typing import TypeVar
 
-__all__ = ["check_choice", "check_int", "check_seconds", "check_timedelta"]
+__all__ = ["check_choice", "check_fetch", "check_int", "check_seconds", "check_timedelta"]
 
 T = TypeVar("T")
 
@@ -103,3 +103,15 @@ def check_choice(name: str, value: T, choices: Collection[T]) -> T:
         listed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name} must be one of {listed}; got {value!r}")
     return value
+
+
+def check_fetch(max_messages: object, timeout: object) -> tuple[int, float]:
+    """The arguments of a feed's ``fetch``: ``max_messages`` >= 1 and a
+    ``timeout`` of seconds >= 0.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`check_int` and :func:`check_seconds`.
+    """
+    return check_int("max_messages", max_messages, minimum=1), check_seconds("timeout", timeout)

@@ -35,6 +35,7 @@ import lance
 import pyarrow as pa
 from lance.dataset import LanceDataset
 
+from .._args import check_int
 from .._schema import describe_difference
 from ..errors import DatasetNotFoundError, SchemaMismatchError
 from ..sources import WriteSource, coerce_source
@@ -121,8 +122,12 @@ async def open_dataset(
     Raises
     ------
     DatasetNotFoundError
-        No dataset at ``uri``.
+        No dataset at ``uri``, or no such version.
+    ValueError, TypeError
+        A version number below 1 (at the call).
     """
+    if version is not None and not isinstance(version, str):
+        check_int("version", version, minimum=1)
     path = os.fspath(uri)
 
     def work() -> LanceDataset:

@@ -13,12 +13,24 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import pyarrow as pa
+
 from .._args import check_int, check_timedelta
+from ..errors import SchemaMismatchError
 from ._core import DatasetCore, engine_call
 
 __all__ = ["MaintenanceMixin"]
 
 D = TypeVar("D", bound="MaintenanceMixin")
+
+
+def _check_column(schema: pa.Schema, column: str | list[str]) -> None:
+    """Every indexed column (a nested one by its top-level name) is in the table."""
+    for name in [column] if isinstance(column, str) else list(column):
+        if not isinstance(name, str):
+            raise TypeError(f"a column name is a str, got {type(name).__name__}")
+        if name.split(".", 1)[0] not in schema.names:
+            raise SchemaMismatchError(f"no column {name!r} in the table", field=name)
 
 
 def _index_name(name: object) -> str:
@@ -35,7 +47,14 @@ class MaintenanceMixin(DatasetCore):
     # -- indexes -------------------------------------------------------------
     async def create_index(self: D, column: str | list[str], index_type: str, **options: Any) -> D:
         """Build a vector index (``LanceDataset.create_index``, every pylance 14
-        option accepted); returns ``self`` at the new version."""
+        option accepted); returns ``self`` at the new version.
+
+        Raises
+        ------
+        SchemaMismatchError
+            A column is not in the table (at the call).
+        """
+        _check_column(self.schema, column)
         await self._mutate(lambda d: d.create_index(column, index_type, **options))
         return self
 
@@ -43,7 +62,14 @@ class MaintenanceMixin(DatasetCore):
         self: D, column: str, index_type: Any = "BTREE", **options: Any
     ) -> D:
         """Build a scalar index (``LanceDataset.create_scalar_index``); returns
-        ``self`` at the new version."""
+        ``self`` at the new version.
+
+        Raises
+        ------
+        SchemaMismatchError
+            The column is not in the table (at the call).
+        """
+        _check_column(self.schema, column)
         await self._mutate(lambda d: d.create_scalar_index(column, index_type, **options))
         return self
 

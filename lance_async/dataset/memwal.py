@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import pyarrow as pa
 
-from .._args import check_choice, check_int
+from .._args import check_choice, check_int, check_seconds
 from ..memwal import retired
 from ..memwal.check import ShardCheck, check_shards
 from ..memwal.compaction import compact_mem_wal
@@ -32,6 +32,21 @@ if TYPE_CHECKING:
 __all__ = ["MemWalMixin"]
 
 D = TypeVar("D", bound="MemWalMixin")
+
+
+def _columns(columns: Sequence[str] | None) -> Sequence[str] | None:
+    if isinstance(columns, str):
+        raise TypeError("columns must be a list of column names, not a string")
+    return columns
+
+
+def _writer_options(options: dict[str, Any]) -> None:
+    """Options every writer takes, checked at the call (a writer's own
+    checks run when it is built; a routing writer builds its writers later)."""
+    if "linger" in options:
+        check_seconds("linger", options["linger"])
+    if "close_timeout" in options:
+        check_seconds("close_timeout", options["close_timeout"])
 
 
 class MemWalMixin(DatasetCore):
@@ -114,14 +129,20 @@ class MemWalMixin(DatasetCore):
         :class:`~lance_async.AsyncShardWriter` of that one shard, which refuses
         rows of other shards (:class:`~lance_async.errors.WrongShardError`).
         ``options`` are the writer's (see :class:`~lance_async.AsyncShardWriter`).
+
+        Raises
+        ------
+        ValueError, TypeError
+            A shard id that is not a UUID, an option out of range (at the call).
         """
+        _writer_options(options)
         if shard_id is None:
             return ShardRouter(self._facade(), **options)
         return AsyncShardWriter(self._facade(), shard_id, **options)
 
     def shard_router(self, **options: Any) -> ShardRouter:
         """The routing writer, as ``mem_wal_writer()`` with no shard id (``async with``)."""
-
+        _writer_options(options)
         return ShardRouter(self._facade(), **options)
 
     # -- LSM reads (memwal) ------------------------------------------------
@@ -143,8 +164,9 @@ class MemWalMixin(DatasetCore):
         Raises
         ------
         ValueError, TypeError
-            A negative ``limit`` (at the call).
+            A negative ``limit``, ``columns`` given as one string (at the call).
         """
+        _columns(columns)
         if limit is not None:
             check_int("limit", limit, minimum=0)
         return lsm_scan(
@@ -157,8 +179,17 @@ class MemWalMixin(DatasetCore):
         columns: Sequence[str] | None = None,
         snapshots: ShardSnapshots | None = None,
     ) -> pa.Table:
-        """The newest row for one primary key (a table of 0 or 1 row)."""
+        """The newest row for one primary key (a table of 0 or 1 row; see
+        :func:`lance_async.memwal.reads.lsm_point_lookup`).
 
+        Raises
+        ------
+        TypeError
+            ``columns`` given as one string (at the call).
+        InvalidInputError
+            A key that does not fit the primary key's type.
+        """
+        _columns(columns)
         return await lsm_point_lookup(self._facade(), key, columns=columns, snapshots=snapshots)
 
     async def lsm_vector_search(
@@ -183,6 +214,7 @@ class MemWalMixin(DatasetCore):
             A query the column cannot be searched with.
         """
         check_int("k", k, minimum=1)
+        _columns(options.get("columns"))
         check_int("nprobes", nprobes, minimum=1)
         if "metric" in options:
             check_choice("metric", options["metric"], ("l2", "cosine", "dot"))

@@ -105,12 +105,12 @@ class ReadsMixin(DatasetCore):
         ------
         ValueError, TypeError
             A negative ``limit`` or ``offset``, ``batch_size`` or
-            ``prefetch`` below 1 (at the call).
+            ``prefetch`` below 1, ``columns`` given as one string (at the call).
         SchemaMismatchError
             A listed column is not in the table (at the call).
         """
         ds = self._ds
-        if isinstance(columns, (list, tuple)):
+        if isinstance(columns, (list, tuple, str)):
             _check_columns(ds.schema, columns)
         options: dict[str, Any] = dict(scanner_options)
         for key, value in (

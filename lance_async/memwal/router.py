@@ -18,6 +18,7 @@ process owns the whole table, or the shards are divided among workers (see
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ import anyio
 import pyarrow as pa
 from anyio.abc import TaskGroup
 
+from .._args import check_int
 from .._loop import aclose_shielded, unwrap_groups
 from .._schema import TableFit, primary_key
 from .._threads import run_sync, stream_limiter
@@ -68,12 +70,17 @@ class ShardRouter:
 
     Raises
     ------
+    ValueError, TypeError
+        At the call: a writer option out of range (as :class:`AsyncShardWriter`).
     InvalidInputError
         On entry: the table has no MemWAL, or its shards are manual (name a
         shard: ``dataset.mem_wal_writer(shard_id)``).
     """
 
     def __init__(self, dataset: AsyncDataset, **writer_options: Any) -> None:
+        # the writers open lazily: check their options now, as a writer does
+        # at construction (ValueError / TypeError at the call)
+        AsyncShardWriter(dataset, str(uuid.UUID(int=0)), **writer_options)
         self._dataset = dataset
         self._options = writer_options
         self.durable_write = bool(writer_options.get("durable_write", True))
@@ -311,7 +318,14 @@ class ShardRouter:
         Read through the key's shard writer when this router has it open
         (every row acked through it is visible), else from the base table
         and flushed generations.
+
+        Raises
+        ------
+        TypeError
+            ``columns`` given as one string (at the call).
         """
+        if isinstance(columns, str):
+            raise TypeError("columns must be a list of column names, not a string")
         self._check_open()
         shard_id = await run_sync(
             lambda: self.sharding.shard_of_key(self.schema, self._keys, key),
@@ -333,7 +347,16 @@ class ShardRouter:
         Each open writer contributes the rows of its own shard (its memtable
         included); the other shards come from the base table and flushed
         generations. Since every key has one shard, the parts never overlap.
+
+        Raises
+        ------
+        ValueError, TypeError
+            A negative ``limit``, ``columns`` given as one string (at the call).
         """
+        if isinstance(columns, str):
+            raise TypeError("columns must be a list of column names, not a string")
+        if limit is not None:
+            check_int("limit", limit, minimum=0)
         self._check_open()
         names = list(columns) if columns is not None else list(self.schema.names)
         out_schema = pa.schema([self.schema.field(c) for c in names], metadata=self.schema.metadata)

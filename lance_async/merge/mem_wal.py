@@ -124,6 +124,7 @@ def mem_wal_kind(steps: Sequence[tuple[str, tuple[Any, ...]]]) -> str:
             f"{_BLIND} (an existing key would be overwritten)"
         )
         if delete:
+            clause = "when_matched_delete"
             why = (
                 "deleting matched keys and inserting the others needs to know which exist; "
                 + _BLIND
