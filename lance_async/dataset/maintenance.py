@@ -150,6 +150,24 @@ class MaintenanceMixin(DatasetCore):
             )
         )
 
+    async def explain_cleanup_old_versions(
+        self,
+        older_than: timedelta | None = None,
+        retain_versions: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """What :meth:`cleanup_old_versions` would remove, without removing it
+        (``LanceDataset.explain_cleanup_old_versions``)."""
+        if older_than is not None:
+            check_timedelta("older_than", older_than)
+        if retain_versions is not None:
+            check_int("retain_versions", retain_versions, minimum=1)
+        return await engine_call(
+            lambda: self._ds.explain_cleanup_old_versions(
+                older_than=older_than, retain_versions=retain_versions, **options
+            )
+        )
+
     async def validate(self) -> None:
         """Check the dataset's internal consistency (``LanceDataset.validate``).
 

@@ -221,3 +221,28 @@ class ReadsMixin(DatasetCore):
             return self._ds.sample(count, cols, randomize_order=randomize_order)
 
         return await engine_call(work)
+
+    async def slice(self, start: int, end: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """Rows ``start`` (inclusive) to ``end`` (exclusive) by position
+        (``LanceDataset.slice`` on a worker thread).
+
+        Raises
+        ------
+        ValueError, TypeError
+            A negative ``start``, ``end`` before ``start`` (at the call).
+        """
+        first = check_int("start", start, minimum=0)
+        last = check_int("end", end, minimum=first)
+        cols = _check_columns(self.schema, columns)
+        return await engine_call(lambda: self._ds.slice(first, last, columns=cols))
+
+    async def to_pandas(self, **scanner_options: Any) -> Any:
+        """Rows as a pandas DataFrame (``LanceDataset.to_pandas``): read and
+        converted on a worker thread (the conversion copies every value, so it
+        must not run on the loop). Keyword arguments as :meth:`to_table`."""
+        if "filter" in scanner_options:
+            scanner_options["filter"] = check_filter(scanner_options["filter"])
+        for name in ("limit", "offset"):
+            if scanner_options.get(name) is not None:
+                check_int(name, scanner_options[name], minimum=0)
+        return await engine_call(lambda: self._ds.to_table(**scanner_options).to_pandas())

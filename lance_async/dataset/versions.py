@@ -8,6 +8,8 @@ reads or writes the version files on a worker thread.
 from __future__ import annotations
 
 import builtins
+import os
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from lance.dataset import LanceDataset
@@ -173,3 +175,61 @@ class VersionsMixin(DatasetCore):
 
         self._replace(await engine_call(work))
         return self
+
+    async def read_transaction(self, version: int) -> Any:
+        """The transaction that made ``version`` (``LanceDataset.read_transaction``:
+        a ``lance.Transaction``, or None for versions written without one)."""
+        number = check_int("version", version, minimum=1)
+        return await engine_call(lambda: self._ds.read_transaction(number))
+
+    async def shallow_clone(
+        self: D,
+        target: str | os.PathLike[str],
+        reference: int | str | None = None,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> D:
+        """A new dataset at ``target`` whose versions point at this one's files
+        (``LanceDataset.shallow_clone``: nothing copied); returns it.
+
+        Parameters
+        ----------
+        target : str or PathLike
+            Where the clone lives.
+        reference : int or str, optional
+            The version or tag to clone (default the version this object reads).
+        storage_options : dict, optional
+            The clone's object-store options (default this dataset's).
+        """
+        return await self._clone("shallow_clone", target, reference, storage_options, options)
+
+    async def deep_clone(
+        self: D,
+        target: str | os.PathLike[str],
+        reference: int | str | None = None,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> D:
+        """A new dataset at ``target`` with a copy of one version's files
+        (``LanceDataset.deep_clone``); returns it. Parameters as
+        :meth:`shallow_clone`."""
+        return await self._clone("deep_clone", target, reference, storage_options, options)
+
+    async def _clone(
+        self: D,
+        how: str,
+        target: str | os.PathLike[str],
+        reference: int | str | None,
+        storage_options: Mapping[str, str] | None,
+        options: dict[str, Any],
+    ) -> D:
+        ref = _check_reference(reference)
+        ref = self.version if ref is None else ref
+        store = dict(storage_options) if storage_options else self._storage_options
+        path = os.fspath(target)
+        clone = await engine_call(
+            lambda: getattr(self._ds, how)(path, ref, storage_options=store, **options)
+        )
+        return type(self)(clone, storage_options=store)

@@ -48,6 +48,11 @@ async def test_versions_restore_and_tags(table_uri: str) -> None:
     assert await old.count_rows() == 3
     assert lance.dataset(table_uri).count_rows() == 3
     assert [v["version"] for v in await ds.versions()] == [1, 2, 3]
+    assert type((await ds.read_transaction(2)).operation).__name__ == "Append"
+
+    shallow = await ds.shallow_clone(Path(table_uri).parent / "shallow.lance", "first")
+    deep = await ds.deep_clone(Path(table_uri).parent / "deep.lance", 2)
+    assert (await shallow.count_rows(), await deep.count_rows()) == (3, 5)
 
 
 async def test_schema_evolution_metadata_and_config(table_uri: str) -> None:
@@ -89,6 +94,11 @@ async def test_indexes_and_maintenance(table_uri: str) -> None:
     assert await ds.data_stats() is not None
     await ds.drop_index("by_id")
     assert await ds.describe_indices() == []
+
+    assert (await ds.slice(10, 13, columns=["id"])).column("id").to_pylist() == [10, 11, 12]
+    frame = await ds.to_pandas(columns=["id"], filter="id < 3")
+    assert list(frame["id"]) == [0, 1, 2]
+    assert (await ds.explain_cleanup_old_versions(retain_versions=1)) is not None
 
     sample = await ds.sample(10, columns=["id"])
     assert sample.num_rows == 10 and len(set(sample.column("id").to_pylist())) == 10
