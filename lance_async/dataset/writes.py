@@ -41,7 +41,7 @@ _RETRIES_RE = re.compile(r"Attempted (\d+) retries")
 
 async def write_source(
     source: Any,
-    target: str | os.PathLike[str],
+    target: str | os.PathLike[str] | LanceDataset,
     *,
     mode: str,
     schema: pa.Schema | None,
@@ -63,7 +63,7 @@ async def write_source(
         As :func:`~lance_async.write_dataset`.
     """
     check_choice("mode", mode, WRITE_MODES)
-    path = os.fspath(target)
+    path = target if isinstance(target, LanceDataset) else os.fspath(target)
     src = await resolve_source(source, schema=schema)
     async with src.reader_plan() as plan:
 
@@ -156,7 +156,8 @@ class WritesMixin(DatasetCore):
         kwargs = dict(lance_kwargs)
         if self._storage_options:
             kwargs.setdefault("storage_options", self._storage_options)
-        written = await write_source(data, self.uri, mode=mode, schema=schema, lance_kwargs=kwargs)
+        # the dataset object itself: its session and caches are reused, as pylance's insert does
+        written = await write_source(data, self._ds, mode=mode, schema=schema, lance_kwargs=kwargs)
         self._replace(written)
         return self
 
