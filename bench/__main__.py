@@ -10,7 +10,9 @@ comparing lance_async with pylance sync calls, pylance wrapped in
 4. scaling         -- time and peak RSS at 1x, 4x, 16x input (issue 8)
 5. sharding        -- routing cost and worker take-over time (issue 13)
 6. object_storage  -- durable ingestion on S3 (moto) vs local; 1-3 workers (issue 14)
-7. event-loop lag of a 1 ms ticker during each workload (issue 8)
+7. lsm             -- LSM reads under background compaction, lookups, cancel,
+                      NDJSON, first engine call, LSM vector search (issue 18)
+8. event-loop lag of a 1 ms ticker during each workload (issue 8)
 
 ``--quick`` runs small sizes in about a minute (a smoke run, not a
 measurement). Without it the suite takes under 10 minutes on 2 cores.
@@ -30,7 +32,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import mem_wal_ingest, merge_replay, object_storage, report, scaling, scan, sharding
+from . import (
+    lsm,
+    mem_wal_ingest,
+    merge_replay,
+    object_storage,
+    report,
+    scaling,
+    scan,
+    sharding,
+)
 from ._common import (
     REPO_ROOT,
     Section,
@@ -49,6 +60,7 @@ WORKLOADS = [
     "scaling",
     "sharding",
     "object_storage",
+    "lsm",
 ]
 
 
@@ -140,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "scaling": scaling,
         "sharding": sharding,
         "object_storage": object_storage,
+        "lsm": lsm,
     }
     try:
         for name in wanted:

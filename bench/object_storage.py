@@ -51,6 +51,8 @@ METRICS = [
     Metric("ack_p99_ms", "ack p99 (ms)", 1.0, 1),
     Metric("requests_per_s_per_shard", "object-store requests/s per shard", 1.0, 1),
     Metric("puts_per_s_per_shard", "PUTs/s per shard", 1.0, 1),
+    Metric("compact_seconds", "compaction (s)", 1.0, 2),
+    Metric("compact_requests", "compaction requests", 1.0, 0),
 ]
 
 
@@ -166,6 +168,27 @@ def child_ingest(
     return anyio.run(main)
 
 
+def child_compact(uri: str, storage_options: dict[str, str] | None) -> dict[str, float]:
+    """Flush every shard and compact the MemWAL into the base table (blocking)."""
+    import anyio
+
+    import lance_async as la
+
+    async def main() -> dict[str, float]:
+        ds = await la.open_dataset(uri, storage_options=storage_options)
+        start = time.perf_counter()
+        result = await ds.compact_mem_wal()
+        seconds = time.perf_counter() - start
+        merged = result.rows_upserted
+        return {
+            "compact_seconds": seconds,
+            "compact_generations": float(sum(len(g) for g in result.generations.values())),
+            "compact_rows": float(merged),
+        }
+
+    return anyio.run(main)
+
+
 def _count_requests(recording: bytes) -> tuple[int, int]:
     """(requests, PUTs) in a moto recording (one JSON object per line)."""
     total = puts = 0
@@ -212,6 +235,21 @@ def ingestion(settings: Settings) -> list[Series]:
             # the whole child (set-up included) over the ingestion's seconds: an upper bound
             sample["requests_per_s_per_shard"] = requests / sample["seconds"] / BUCKETS
             sample["puts_per_s_per_shard"] = puts / sample["seconds"] / BUCKETS
+            moto.recorder("reset-recording")
+            moto.recorder("start-recording")
+            sample.update(
+                run_child(
+                    "bench.object_storage:child_compact",
+                    {"uri": f"s3://{bucket}/t.lance", "storage_options": moto.options()},
+                )
+            )
+            moto.recorder("stop-recording")
+            sample["compact_requests"], _ = _count_requests(moto.recorder("download-recording"))
+            local[-1].update(
+                run_child(
+                    "bench.object_storage:child_compact", {"uri": uri, "storage_options": None}
+                )
+            )
             s3.append(sample)
             log(
                 f"object_storage: run {i}: local {local[-1]['rows_per_s']:,.0f} rows/s, "
@@ -221,13 +259,32 @@ def ingestion(settings: Settings) -> list[Series]:
     return [Series(case, "local disk", local), Series(case, "S3 (moto)", s3)]
 
 
+async def _owned(ports: list[int]) -> list[int]:
+    """How many partitions each worker owns, from its health endpoint (-1: not up)."""
+    owned = []
+    for port in ports:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\n\r\n")
+            await writer.drain()
+            reply = await reader.read()
+            writer.close()
+            owned.append(len(json.loads(reply.split(b"\r\n\r\n", 1)[1])["partitions"]))
+        except (OSError, ValueError, KeyError, IndexError):
+            owned.append(-1)
+    return owned
+
+
 async def _workers_once(
     work: Path, workers: int, messages: int, partitions: int = 6
 ) -> dict[str, float]:
+    """``workers`` worker processes, started and balanced first; then the
+    messages are published (pipelined) and the clock runs from the first
+    publish to the last acknowledgement."""
     import redis.asyncio
 
     import lance_async as la
-    from lance_async.cluster import Partitioner, RedisPublisher
+    from lance_async.cluster import Partitioner
 
     uri = str(work / f"w{workers}-{uuid.uuid4().hex[:6]}.lance")
     ds = await la.write_dataset(SCHEMA.empty_table(), uri, schema=SCHEMA)
@@ -235,9 +292,9 @@ async def _workers_once(
     partitioner = await Partitioner.for_dataset(ds)
     key, group = f"bench-{uuid.uuid4().hex[:8]}", f"g{uuid.uuid4().hex[:6]}"
     client = redis.asyncio.Redis.from_url("redis://127.0.0.1:6379")
-    publisher = RedisPublisher(client, key, partitions)
     rows_per = 10
     ids = np.arange(messages * rows_per, dtype=np.int64)
+    payloads: list[tuple[int, bytes]] = []
     for m in range(messages):
         part = [
             {"id": int(i), "ts": m, "value": 1.0} for i in ids[m * rows_per : (m + 1) * rows_per]
@@ -246,16 +303,15 @@ async def _workers_once(
         for row, p in zip(part, partitioner.partition_of_rows(part), strict=True):
             by_partition.setdefault(p, []).append(row)
         for p, rows in by_partition.items():
-            payload = "\n".join(json.dumps(r) for r in rows).encode()
-            await publisher.publish(p, payload)
-    total = sum([await client.xlen(f"{key}:{p}") for p in range(partitions)])
+            payloads.append((p, "\n".join(json.dumps(r) for r in rows).encode()))
     env = {**os.environ, "LANCE_LOG": "critical"}
-    start = time.perf_counter()
+    ports = [_free_port() for _ in range(workers)]
     procs = [
         subprocess.Popen(  # noqa: ASYNC220 (a benchmark's own children)
             [
                 *(sys.executable, "-m", "lance_async", "worker", f"redis://127.0.0.1:6379/{key}"),
                 *(uri, "--group", group, "--member", f"m{n}", "--stats-interval", "0"),
+                *("--health-port", str(ports[n])),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -264,6 +320,21 @@ async def _workers_once(
         for n in range(workers)
     ]
     try:
+        deadline = time.monotonic() + 120
+        while True:  # every worker up, every partition owned, shares within one
+            owned = await _owned(ports)
+            if min(owned) >= 0 and sum(owned) == partitions and max(owned) - min(owned) <= 1:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the workers did not balance: {owned}")
+            await asyncio.sleep(0.2)
+        start = time.perf_counter()
+        for n in range(0, len(payloads), 500):
+            async with client.pipeline(transaction=False) as pipe:
+                for p, payload in payloads[n : n + 500]:
+                    pipe.xadd(f"{key}:{p}", {"data": payload})
+                await pipe.execute()
+        published = time.perf_counter() - start
         while True:
             await asyncio.sleep(0.1)
             done = 0
@@ -271,7 +342,7 @@ async def _workers_once(
                 for g in await client.xinfo_groups(f"{key}:{p}"):
                     if g["name"] == group.encode():
                         done += int(g["entries-read"] or 0) - int(g["pending"])
-            if done >= total:
+            if done >= len(payloads):
                 break
             if time.perf_counter() - start > 600:
                 raise TimeoutError("the workers did not finish")
@@ -284,7 +355,11 @@ async def _workers_once(
         for p in range(partitions):
             await client.delete(f"{key}:{p}")
         await client.aclose()
-    return {"rows_per_s": messages * rows_per / seconds, "seconds": seconds}
+    return {
+        "rows_per_s": messages * rows_per / seconds,
+        "seconds": seconds,
+        "publish_seconds": published,
+    }
 
 
 def workers(settings: Settings) -> list[Series]:

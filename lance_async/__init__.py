@@ -4,14 +4,20 @@ Awaitable merge_insert whose conflict retries replay the source, MemWAL
 ingestion with a bounded queue, group commit and durable acks, and LSM reads
 -- all without blocking the event loop (asyncio or trio, through anyio).
 Every public name is re-exported here, one line per name; the modules that
-define them are the place to read their documentation. The submodules are
-imported on first use of a name (PEP 562), so ``import lance_async`` is
-cheap and does not load pylance until it is needed.
+define them are the place to read their documentation.
+
+``import lance_async`` loads pyarrow, pylance and the modules that call them
+(about 0.3 s), so that the first engine call made on an event loop does not
+stall it importing them (0.4 s measured, issue 18); the optional parts
+(feeds, web, the command) still load on first use of a name (PEP 562). The
+``lance-async`` command skips this: it sets ``LANCE_LOG`` before pylance loads.
 """
 
 from __future__ import annotations
 
 import importlib as _importlib
+import os as _os
+import sys as _sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -42,7 +48,11 @@ if TYPE_CHECKING:
     from .memwal import (
         Ack,
         AsyncShardWriter,
+        CoalescerStats,
+        CompactionPolicy,
         CompactionResult,
+        Compactor,
+        CompactorStats,
         PutSummary,
         ShardRouter,
         ShardSnapshot,
@@ -76,8 +86,12 @@ _LOCATIONS: dict[str, str] = {
     "BackpressureTimeoutError": ".errors",
     "bridge_reader": ".sources",
     "ClosedError": ".errors",
+    "CoalescerStats": ".memwal",
     "coerce_source": ".sources",
+    "CompactionPolicy": ".memwal",
     "CompactionResult": ".memwal",
+    "Compactor": ".memwal",
+    "CompactorStats": ".memwal",
     "configure_memory": "._memory",
     "configure_threads": "._threads",
     "memory_limits": "._memory",
@@ -131,8 +145,12 @@ __all__ = [
     "AsyncTags",
     "BackpressureTimeoutError",
     "ClosedError",
+    "CoalescerStats",
     "CommitBatchResult",
+    "CompactionPolicy",
     "CompactionResult",
+    "Compactor",
+    "CompactorStats",
     "ConflictError",
     "ContentionError",
     "DatasetNotFoundError",
@@ -192,3 +210,18 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(__all__)
+
+
+def _is_the_command() -> bool:
+    """True when this process is the ``lance-async`` command (it imports pylance itself)."""
+    if _sys.argv and _os.path.basename(_sys.argv[0]).startswith("lance-async"):
+        return True
+    argv = list(getattr(_sys, "orig_argv", []))
+    return any(
+        arg == "-m" and i + 1 < len(argv) and argv[i + 1].startswith("lance_async")
+        for i, arg in enumerate(argv)
+    )
+
+
+if not _is_the_command():
+    _importlib.import_module(".dataset", __name__)  # pyarrow, pylance, memwal, merge, sources

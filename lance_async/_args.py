@@ -19,7 +19,15 @@ from collections.abc import Collection
 from datetime import timedelta
 from typing import TypeVar
 
-__all__ = ["check_choice", "check_fetch", "check_int", "check_seconds", "check_timedelta"]
+__all__ = [
+    "check_choice",
+    "check_columns",
+    "check_fetch",
+    "check_int",
+    "check_knn",
+    "check_seconds",
+    "check_timedelta",
+]
 
 T = TypeVar("T")
 
@@ -115,3 +123,29 @@ def check_fetch(max_messages: object, timeout: object) -> tuple[int, float]:
         As :func:`check_int` and :func:`check_seconds`.
     """
     return check_int("max_messages", max_messages, minimum=1), check_seconds("timeout", timeout)
+
+
+def check_columns(columns: T) -> T:
+    """A list of column names, or None; one string is a :class:`TypeError`
+    (it would be read as a list of one-letter columns)."""
+    if isinstance(columns, str):
+        raise TypeError("columns must be a list of column names, not a string")
+    return columns
+
+
+def check_knn(options: dict[str, object]) -> None:
+    """The arguments of an LSM vector search (``k``, ``nprobes``,
+    ``refine_factor``, ``metric``, ``columns``), as keywords.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``k``, ``nprobes`` or ``refine_factor`` below 1, an unknown metric,
+        ``columns`` given as one string.
+    """
+    for name in ("k", "nprobes", "refine_factor"):
+        if options.get(name) is not None:
+            check_int(name, options[name], minimum=1)
+    if "metric" in options:
+        check_choice("metric", options["metric"], ("l2", "cosine", "dot"))
+    check_columns(options.get("columns"))

@@ -107,6 +107,9 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
     ("FileFeed", lambda c: la.FileFeed(c.tmp / "f.ndjson", poll_interval=-1)),
     ("FileFeed", lambda c: la.FileFeed(c.tmp / "f.ndjson", format="xml")),
     ("FileSource", lambda c: la.FileSource(c.tmp / "f.csv", format="xml")),
+    ("CompactionPolicy", lambda c: la.CompactionPolicy(max_generations=-1)),
+    ("CompactionPolicy", lambda c: la.CompactionPolicy(interval=0)),
+    ("Compactor", lambda c: la.Compactor(c.ds, la.CompactionPolicy(chunk_rows=0))),
     # AsyncDataset
     ("AsyncDataset.add_columns", lambda c: c.ds.add_columns({"x": "1"}, batch_size=0)),
     ("AsyncDataset.alter_columns", lambda c: c.ds.alter_columns()),
@@ -134,7 +137,10 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
     ),
     ("AsyncDataset.insert", lambda c: c.ds.insert(kv_table([9]), mode="create")),
     ("AsyncDataset.lsm_point_lookup", lambda c: c.ds.lsm_point_lookup(1, columns="id")),
+    ("AsyncDataset.lsm_point_lookups", lambda c: c.ds.lsm_point_lookups([1], columns="id")),
+    ("AsyncDataset.compactor", lambda c: c.ds.compactor(la.CompactionPolicy(interval=0))),
     ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(limit=-1)),
+    ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(batch_size=0)),
     ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(columns="id")),
     ("AsyncDataset.lsm_vector_search", lambda c: c.ds.lsm_vector_search([1.0], column="v", k=0)),
     (
@@ -207,6 +213,8 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
     ("ShardRouter.delete", lambda c: c.router.delete(kv_table([1]), timeout=-1)),
     ("ShardRouter.lsm_point_lookup", lambda c: c.router.lsm_point_lookup(1, columns="id")),
     ("ShardRouter.lsm_scan", lambda c: c.router.lsm_scan(limit=-1)),
+    ("ShardRouter.lsm_point_lookups", lambda c: c.router.lsm_point_lookups([1], columns="id")),
+    ("ShardRouter.lsm_vector_search", lambda c: c.router.lsm_vector_search([1.0], column="v", k=0)),
     ("ShardRouter.put", lambda c: c.router.put(kv_table([1]), timeout=float("nan"))),
     ("ShardRouter.put_stream", lambda c: c.router.put_stream([kv_table([1])], timeout=-1)),
     ("ShardRouter.send", lambda c: c.router.send(kv_table([1]), timeout=-1)),
@@ -215,6 +223,7 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
     ("AsyncShardWriter.delete", lambda c: c.writer.delete(kv_table([0]), timeout=-1)),
     ("AsyncShardWriter.lsm_point_lookup", lambda c: c.writer.lsm_point_lookup(0, columns="id")),
     ("AsyncShardWriter.lsm_scan", lambda c: c.writer.lsm_scan(limit=-1)),
+    ("AsyncShardWriter.lsm_point_lookups", lambda c: c.writer.lsm_point_lookups([0], columns="id")),
     (
         "AsyncShardWriter.lsm_vector_search",
         lambda c: c.writer.lsm_vector_search([1.0], column="v", k=0),
@@ -245,6 +254,9 @@ NOTHING_TO_CHECK: dict[str, str] = {
     "AsyncMergeInsertBuilder.when_matched_update_all": "a SQL condition, parsed by the engine",
     "AsyncMergeInsertBuilder.when_not_matched_by_source_delete": "SQL, parsed by the engine",
     "AsyncShardWriter.open": "a task group",
+    "Compactor.start": "a task group",
+    "CoalescerStats": "a result",
+    "CompactorStats": "a result",
     "IterableFeed": "any iterable",
     "IterableFeed.ack_batch": "messages the feed handed out",
     "Ack": "made by writers",
@@ -263,13 +275,11 @@ NOTHING_TO_CHECK: dict[str, str] = {
     "WriterStats": "a result",
 }
 
-#: Cases that still break the rule in modules being rewritten elsewhere
-#: (memwal/reads.py: the shard writer's LSM reads); remove them when fixed.
+#: Cases that still break the rule in modules owned elsewhere (memwal/vector.py,
+#: memwal/reads.py: the LSM reads being rewritten); remove them when fixed.
 ELSEWHERE = {
-    "AsyncShardWriter.lsm_point_lookup",  # OSError from the engine
-    "AsyncShardWriter.lsm_scan",  # OverflowError from the engine
-    "AsyncShardWriter.lsm_vector_search",  # InvalidInputError("k must be >= 1")
-    "AsyncShardWriter.wait_flushed",  # a negative timeout is accepted
+    "AsyncShardWriter.lsm_vector_search",  # vector.py: InvalidInputError("k must be >= 1")
+    "AsyncShardWriter.wait_flushed",  # reads.py: a negative timeout is accepted
 }
 
 

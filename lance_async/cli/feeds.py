@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from collections.abc import AsyncIterator
 from functools import partial
@@ -51,8 +52,39 @@ async def stdin_batches(fmt: str, schema: pa.Schema) -> AsyncIterator[pa.RecordB
         yield batch
 
 
+def _seconds(query: dict[str, str], name: str, default: float) -> float:
+    try:
+        value = float(query.get(name, default))
+    except ValueError:
+        raise typer.BadParameter(f"{name} must be a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise typer.BadParameter(f"{name} must be > 0 seconds, got {query[name]}")
+    return value
+
+
+def _count(query: dict[str, str], name: str, default: int) -> int:
+    try:
+        value = int(query.get(name, default))
+    except ValueError:
+        raise typer.BadParameter(f"{name} must be an integer") from None
+    if value < 1:
+        raise typer.BadParameter(f"{name} must be >= 1, got {value}")
+    return value
+
+
 def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> Any:
-    """An async context manager (or plain feed) for SOURCE."""
+    """An async context manager (or plain feed) for SOURCE.
+
+    A broker feed restarts where the last run stopped, at once: NATS takes
+    its durable over (restarted at its ack floor, so what a killed run
+    fetched and never acknowledged comes again now, not after ``ack_wait``);
+    Redis reads as a consumer named after the host, so a restart re-reads
+    its own pending entries first. Query options: NATS ``durable``,
+    ``ack_wait`` (seconds, default 30), ``max_ack_pending`` (default
+    10,000); Redis ``group``, ``field``, ``consumer`` (default
+    ``lance-async-<hostname>``), ``min_idle`` (seconds before another
+    consumer's pending entries are claimed, default 30).
+    """
     if source == "-":
         return IterableFeed(stdin_batches(fmt or "ndjson", schema))
     url = urlparse(source)
@@ -73,6 +105,9 @@ def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> 
             stream=stream,
             subject=subject,
             durable=query.get("durable", f"lance-async-{stream}"),
+            ack_wait=_seconds(query, "ack_wait", 30.0),
+            max_ack_pending=_count(query, "max_ack_pending", 10_000),
+            take_over=True,
             connect_options={
                 "connect_timeout": 3,
                 "max_reconnect_attempts": 2,
@@ -90,7 +125,9 @@ def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> 
             f"{url.scheme}://{url.netloc}",
             stream=stream,
             group=query.get("group", "lance-async"),
+            consumer=query.get("consumer", f"lance-async-{socket.gethostname()}"),
             field=query.get("field", "data"),
+            min_idle_time=_seconds(query, "min_idle", 30.0),
         )
     from ..feeds.files import FileFeed
 

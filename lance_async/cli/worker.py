@@ -21,6 +21,7 @@ from ..cluster import (
 from ..cluster.partitions import Partitioner
 from ..cluster.repartition import RepartitionWriter
 from ..feeds import ingest
+from ..memwal.compactor import CompactionPolicy
 from .common import STORAGE_OPTION, app, err, open_table, out, run_command
 from .feeds import open_feed, open_partitioned, open_publisher
 
@@ -109,7 +110,7 @@ def worker(
         coordinator, close = await open_partitioned(
             feed, group, name, partitions, lease_ttl, ack_wait
         )
-        w = Worker(ds, coordinator=coordinator)
+        w = Worker(ds, coordinator=coordinator, compaction=CompactionPolicy())
         try:
             async with anyio.create_task_group() as tg:
 

@@ -216,36 +216,18 @@ class NatsPartitions:
             await js.add_stream(name=self.stream, subjects=[f"{self.subject}.*"])
 
     async def open_partition(self, partition: int, member: str) -> Feed:
-        import nats.js.errors
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
         from ..feeds.nats import JetStreamFeed
 
-        js = self._client.jetstream()
-        durable = f"{self.group}-p{partition}"
-        subject = self.subject_of(partition)
-        start: int | None = None
-        try:
-            info = await js.consumer_info(self.stream, durable)
-            start = int(info.ack_floor.stream_seq) + 1 if info.ack_floor else 1
-            # restart the durable at its ack floor: what the previous owner
-            # fetched and did not acknowledge comes again now, and a stale
-            # owner's subscription ends
-            await js.delete_consumer(self.stream, durable)
-        except nats.js.errors.NotFoundError:
-            pass
-        config = ConsumerConfig(
-            durable_name=durable,
-            ack_policy=AckPolicy.EXPLICIT,
+        # the durable restarts at its ack floor: what the previous owner
+        # fetched and did not acknowledge comes again now, and a stale
+        # owner's subscription ends
+        return await JetStreamFeed.from_client(
+            self._client,
+            stream=self.stream,
+            subject=self.subject_of(partition),
+            durable=f"{self.group}-p{partition}",
             ack_wait=self.ack_wait,
-            filter_subject=subject,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE if start else DeliverPolicy.ALL,
-            opt_start_seq=start,
-        )
-        await js.add_consumer(self.stream, config=config)
-        sub = await js.pull_subscribe_bind(durable, self.stream)
-        return JetStreamFeed(
-            self._client, sub, stream=self.stream, subject=subject, durable=durable
+            take_over=True,
         )
 
     async def aclose(self) -> None:

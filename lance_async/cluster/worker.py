@@ -37,6 +37,7 @@ from anyio.abc import TaskGroup
 from .._loop import unwrap_groups
 from ..errors import DecodeError, FencedError, InvalidInputError, LanceAsyncError
 from ..feeds.base import DeadLetter, Feed, IngestStats, Message, decode_json, ingest
+from ..memwal.compactor import CompactionPolicy, Compactor
 from ..memwal.writer import AsyncShardWriter
 from .balancer import Coordinator, LeaseCoordinator
 from .feeds import PartitionedFeed
@@ -164,6 +165,12 @@ class Worker:
         Seconds a partition handed back may take to settle its acks before
         it is cancelled (default 10; unacknowledged messages are delivered
         again to the next owner).
+    compaction : CompactionPolicy, optional
+        Compact the shards this worker owns in the background by this
+        policy (a :class:`~lance_async.memwal.Compactor` asked for the owned
+        shards at every pass). Default None: no compaction here (run
+        ``lance-async compact`` or a Compactor elsewhere); ``lance-async
+        worker`` passes ``CompactionPolicy()``.
 
     Raises
     ------
@@ -185,6 +192,7 @@ class Worker:
         max_pending_acks: int = 16,
         dead_letter: DeadLetter | None = None,
         drain_timeout: float = 10.0,
+        compaction: CompactionPolicy | None = None,
     ) -> None:
         if coordinator is None:
             if feeds is None or leases is None:
@@ -200,6 +208,7 @@ class Worker:
         }
         self._dead_letter = dead_letter
         self.drain_timeout = drain_timeout
+        self._compaction = compaction
         self._running: dict[int, _Running] = {}
         self._partitioner: Partitioner | None = None
         self._tg: TaskGroup | None = None
@@ -263,9 +272,21 @@ class Worker:
         with unwrap_groups():
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                await self._coordinator.run(self._assign, self._revoke)
+                compactor = None
+                if self._compaction is not None:
+                    compactor = Compactor(self._dataset, self._compaction, shard_ids=self._owned)
+                    await compactor.start(tg)
+                try:
+                    await self._coordinator.run(self._assign, self._revoke)
+                finally:
+                    if compactor is not None:
+                        await compactor.aclose()
                 tg.cancel_scope.cancel()  # nothing of ours is left running
         return self.stats()
+
+    def _owned(self) -> list[str]:
+        """The shards of the partitions owned now (the compactor's shards)."""
+        return [r.writer.shard_id for r in self._running.values()]
 
     # -- partitions ---------------------------------------------------------------------
     def _decoder(self, partition: int) -> Callable[[Sequence[Message], pa.Schema], pa.Table]:

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import pyarrow as pa
 
-from .._args import check_choice, check_int, check_seconds
+from .._args import check_columns, check_int, check_knn, check_seconds
 from ..memwal import retired
 from ..memwal.check import ShardCheck, check_shards
 from ..memwal.compaction import compact_mem_wal
-from ..memwal.reads import lsm_point_lookup, lsm_scan
+from ..memwal.compactor import CompactionPolicy, Compactor
+from ..memwal.reads import lsm_point_lookup, lsm_point_lookups, lsm_scan
 from ..memwal.router import ShardRouter
 from ..memwal.sharding import Sharding, read_sharding, sharding_options
 from ..memwal.snapshots import shard_snapshots
@@ -32,12 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["MemWalMixin"]
 
 D = TypeVar("D", bound="MemWalMixin")
-
-
-def _columns(columns: Sequence[str] | None) -> Sequence[str] | None:
-    if isinstance(columns, str):
-        raise TypeError("columns must be a list of column names, not a string")
-    return columns
 
 
 def _writer_options(options: dict[str, Any]) -> None:
@@ -128,22 +123,35 @@ class MemWalMixin(DatasetCore):
         shards are divided among processes. With a ``shard_id``: an
         :class:`~lance_async.AsyncShardWriter` of that one shard, which refuses
         rows of other shards (:class:`~lance_async.errors.WrongShardError`).
-        ``options`` are the writer's (see :class:`~lance_async.AsyncShardWriter`).
+        ``options`` are the writer's (see :class:`~lance_async.AsyncShardWriter`);
+        the router also takes ``compaction=CompactionPolicy(...)`` to compact
+        flushed generations in the background while it is open (for one
+        shard writer, run a :class:`~lance_async.memwal.Compactor` beside it).
 
         Raises
         ------
         ValueError, TypeError
-            A shard id that is not a UUID, an option out of range (at the call).
+            A shard id that is not a UUID, an option out of range,
+            ``compaction=`` for one shard's writer (at the call).
         """
         _writer_options(options)
         if shard_id is None:
             return ShardRouter(self._facade(), **options)
+        if "compaction" in options:
+            raise TypeError(
+                "compaction= is for the routing writer (mem_wal_writer() with no shard id); "
+                "beside one shard writer, use `async with lance_async.memwal.Compactor(ds, policy)`"
+            )
         return AsyncShardWriter(self._facade(), shard_id, **options)
 
     def shard_router(self, **options: Any) -> ShardRouter:
         """The routing writer, as ``mem_wal_writer()`` with no shard id (``async with``)."""
         _writer_options(options)
         return ShardRouter(self._facade(), **options)
+
+    def compactor(self, policy: CompactionPolicy | None = None) -> Compactor:
+        """A background :class:`~lance_async.memwal.Compactor` of this table (``async with``)."""
+        return Compactor(self._facade(), policy)
 
     # -- LSM reads (memwal) ------------------------------------------------
     async def shard_snapshots(self) -> ShardSnapshots:
@@ -157,20 +165,30 @@ class MemWalMixin(DatasetCore):
         columns: Sequence[str] | None = None,
         filter: str | None = None,
         limit: int | None = None,
+        *,
+        batch_size: int | None = None,
     ) -> AsyncBatchStream:
-        """Scan base table and flushed SSTables, newest row per primary key
-        (see :func:`lance_async.memwal.reads.lsm_scan`).
+        """Scan base table and flushed SSTables, newest row per primary key, streamed
+        (see :func:`lance_async.memwal.lsm_scan`).
 
         Raises
         ------
         ValueError, TypeError
-            A negative ``limit``, ``columns`` given as one string (at the call).
+            A negative ``limit``, ``batch_size`` below 1, ``columns`` given as
+            one string (at the call).
         """
-        _columns(columns)
+        check_columns(columns)
         if limit is not None:
             check_int("limit", limit, minimum=0)
+        if batch_size is not None:
+            check_int("batch_size", batch_size, minimum=1)
         return lsm_scan(
-            self._facade(), snapshots=snapshots, columns=columns, filter=filter, limit=limit
+            self._facade(),
+            snapshots=snapshots,
+            columns=columns,
+            filter=filter,
+            limit=limit,
+            batch_size=batch_size,
         )
 
     async def lsm_point_lookup(
@@ -179,8 +197,8 @@ class MemWalMixin(DatasetCore):
         columns: Sequence[str] | None = None,
         snapshots: ShardSnapshots | None = None,
     ) -> pa.Table:
-        """The newest row for one primary key (a table of 0 or 1 row; see
-        :func:`lance_async.memwal.reads.lsm_point_lookup`).
+        """The newest row for one primary key (a table of 0 or 1 row); concurrent
+        lookups are answered in batches (see :func:`lance_async.memwal.lsm_point_lookup`).
 
         Raises
         ------
@@ -189,8 +207,27 @@ class MemWalMixin(DatasetCore):
         InvalidInputError
             A key that does not fit the primary key's type.
         """
-        _columns(columns)
+        check_columns(columns)
         return await lsm_point_lookup(self._facade(), key, columns=columns, snapshots=snapshots)
+
+    async def lsm_point_lookups(
+        self,
+        keys: Any,
+        columns: Sequence[str] | None = None,
+        snapshots: ShardSnapshots | None = None,
+    ) -> pa.Table:
+        """The newest row of each of many primary keys, in one batch, in the order
+        of ``keys`` (see :func:`lance_async.memwal.lsm_point_lookups`).
+
+        Raises
+        ------
+        TypeError
+            ``columns`` given as one string (at the call).
+        InvalidInputError
+            A key that does not fit the primary key's type.
+        """
+        check_columns(columns)
+        return await lsm_point_lookups(self._facade(), keys, columns=columns, snapshots=snapshots)
 
     async def lsm_vector_search(
         self,
@@ -198,26 +235,23 @@ class MemWalMixin(DatasetCore):
         *,
         column: str,
         k: int = 10,
-        nprobes: int = 20,
+        nprobes: int | None = 20,
         filter: str | None = None,
         snapshots: ShardSnapshots | None = None,
         **options: Any,
     ) -> pa.Table:
         """k nearest rows across the LSM levels, with ``_distance`` (see
-        :func:`lance_async.memwal.vector.lsm_vector_search` for the options).
+        :func:`lance_async.memwal.lsm_vector_search` for the options).
 
         Raises
         ------
         ValueError, TypeError
-            ``k`` or ``nprobes`` below 1, an unknown ``metric`` (at the call).
+            ``k``, ``nprobes`` or ``refine_factor`` below 1, an unknown
+            ``metric``, ``columns`` given as one string (at the call).
         InvalidInputError
             A query the column cannot be searched with.
         """
-        check_int("k", k, minimum=1)
-        _columns(options.get("columns"))
-        check_int("nprobes", nprobes, minimum=1)
-        if "metric" in options:
-            check_choice("metric", options["metric"], ("l2", "cosine", "dot"))
+        check_knn({"k": k, "nprobes": nprobes, **options})
         return await lsm_vector_search(
             self._facade(),
             query,
@@ -235,21 +269,28 @@ class MemWalMixin(DatasetCore):
         *,
         chunk_rows: int = 65_536,
         optimize_indices: bool = True,
+        max_generations: int | None = None,
     ) -> CompactionResult:
         """Merge flushed MemWAL generations into the base table.
 
         Every flushed, not yet compacted generation of each shard (all shards,
-        or ``shard_ids``), oldest first, is merged with merge_insert and marked
-        compacted in the same commit; conflicts replay the immutable SSTable.
+        or ``shard_ids``) is merged with merge_insert and marked compacted in
+        the same commit; conflicts replay the immutable SSTables.
         See :func:`lance_async.memwal.compact_mem_wal` for the parameters, the
         result and the errors.
 
         Raises
         ------
         ValueError, TypeError
-            ``chunk_rows`` below 1 (at the call).
+            ``chunk_rows`` or ``max_generations`` below 1 (at the call).
         """
         check_int("chunk_rows", chunk_rows, minimum=1)
+        if max_generations is not None:
+            check_int("max_generations", max_generations, minimum=1)
         return await compact_mem_wal(
-            self._facade(), shard_ids, chunk_rows=chunk_rows, optimize_indices=optimize_indices
+            self._facade(),
+            shard_ids,
+            chunk_rows=chunk_rows,
+            optimize_indices=optimize_indices,
+            max_generations=max_generations,
         )

@@ -18,7 +18,11 @@ from ..errors import InvalidInputError, SchemaMismatchError, raise_mapped
 from ..sources.streams import AsyncBatchStream
 from ._core import DatasetCore, engine_call
 
-__all__ = ["ReadsMixin"]
+__all__ = ["SLICED_BELOW", "ReadsMixin"]
+
+SLICED_BELOW = 16_384
+"""Scans asking for batches smaller than this read batches of about this size
+and slice them on the loop."""
 
 
 def _projected_schema(
@@ -65,7 +69,7 @@ class ReadsMixin(DatasetCore):
         batch_size: int | None = None,
         with_row_id: bool = False,
         nearest: Mapping[str, Any] | None = None,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         **scanner_options: Any,
     ) -> AsyncBatchStream:
         """Scan the dataset as an ``async for`` stream of record batches.
@@ -84,13 +88,15 @@ class ReadsMixin(DatasetCore):
         limit, offset : int, optional
             Rows to return / skip (>= 0).
         batch_size : int, optional
-            Rows per batch (>= 1; Lance's default otherwise).
+            Rows per batch at most (>= 1; Lance's default otherwise); smaller
+            than 16,384, larger batches are read and sliced on the loop
+            (zero-copy).
         with_row_id : bool
             Add the ``_rowid`` column.
         nearest : dict, optional
             Vector search, as in ``LanceDataset.scanner(nearest=...)``; adds
             ``_distance``.
-        prefetch : int
+        prefetch : int, optional
             Batches read ahead by the worker thread (default 4, >= 1).
 
         Returns
@@ -139,7 +145,15 @@ class ReadsMixin(DatasetCore):
         schema = None
         if not scanner_options:
             schema = _projected_schema(ds.schema, columns, with_row_id, nearest)
-        return AsyncBatchStream(opener, schema=schema, prefetch=prefetch)
+        max_rows = None
+        if batch_size is not None and batch_size < SLICED_BELOW:
+            # small batches: read ~16k-row ones and slice them on the loop (zero-copy);
+            # the engine and the thread hand-over cost per batch, not per row
+            options["batch_size"] = batch_size * -(-SLICED_BELOW // batch_size)
+            max_rows = batch_size
+        return AsyncBatchStream(
+            opener, schema=schema, prefetch=4 if prefetch is None else prefetch, max_rows=max_rows
+        )
 
     async def to_table(self, **scanner_options: Any) -> pa.Table:
         """Read rows into one table (``LanceDataset.to_table`` on a worker thread).

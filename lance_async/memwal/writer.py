@@ -83,6 +83,7 @@ from ..errors import ClosedError, InvalidInputError, raise_mapped
 from .accumulator import Accumulator, Kind
 from .acks import Ack, PutSummary
 from .committer import Committer, open_engine
+from .mirror import MemtableMirror
 from .reads import WriterReads
 from .retired import NO_KEY
 from .sharding import Sharding
@@ -277,6 +278,9 @@ class AsyncShardWriter(WriterReads):
             key_fit=self._key_fit,
             on_failure=self._mark_failed,
             describe=self.__repr__,
+            mirror=MemtableMirror(
+                ds.uri, self.shard_id, self._table_schema, self._keys, self._dataset.storage_options
+            ),
         )
         if task_group is None:
             self._tg = anyio.create_task_group()

@@ -309,7 +309,10 @@ class AsyncMergeInsertBuilder:
         return nullcontext()
 
     def _guard(self) -> PassGuard:
-        keep_empty = any(name == "when_not_matched_by_source_delete" for name, _ in self._steps)
+        keep_empty = any(  # these act even on an empty source (a compaction's mark)
+            name in ("when_not_matched_by_source_delete", "mark_sstables_as_compacted")
+            for name, _ in self._steps
+        )
         return PassGuard(self._key_sets(), keep_empty=keep_empty)
 
     # -- execution -----------------------------------------------------------

@@ -65,16 +65,13 @@ class StreamStatistics:
     Attributes
     ----------
     state : StreamState
-    buffered_batches : int
-        Batches read by the thread, not yet taken by the loop.
-    buffered_bytes : int
-        Their size in bytes (``RecordBatch.nbytes``).
+    buffered_batches, buffered_bytes : int
+        Batches read by the thread, not yet taken by the loop, and their size
+        in bytes (``RecordBatch.nbytes``).
     max_buffered_batches : int
         The most batches ever buffered at once.
-    batches_read : int
-        Batches handed to the loop so far.
-    rows_read : int
-        Rows handed to the loop so far.
+    batches_read, rows_read : int
+        Batches and rows handed to the loop so far.
     """
 
     state: StreamState
@@ -86,15 +83,10 @@ class StreamStatistics:
 
 
 def _has_room(
-    buf: deque[tuple[pa.RecordBatch, int]],
-    buf_bytes: int,
-    nbytes: int,
-    max_batches: int,
-    max_bytes: int | None,
+    buf: deque[Any], buf_bytes: int, nbytes: int, cap: int, max_bytes: int | None
 ) -> bool:
-    """Room for one more batch of ``nbytes`` in a bounded buffer (an empty
-    buffer takes any batch, so one batch larger than ``max_bytes`` passes)."""
-    if len(buf) >= max_batches:
+    """Room for ``nbytes`` more (an empty buffer takes any batch, however large)."""
+    if len(buf) >= cap:
         return False
     return not (max_bytes and buf and buf_bytes + nbytes > max_bytes)
 
@@ -175,8 +167,8 @@ class _ReaderThread:
                 self.done = True
                 ev, self.waiter = self.waiter, None
             self._wake(ev)
+            self.loop.call_soon(self.on_finish)  # the slot is free before aclose() returns
             self.loop.call_soon(self.finished.set)
-            self.loop.call_soon(self.on_finish)
 
     def request_stop(self) -> None:
         with self.cond:
@@ -209,6 +201,8 @@ class AsyncBatchStream:
         Maximum batches buffered ahead of the consumer (default 4, >= 1).
     max_bytes : int, optional
         Maximum bytes buffered ahead (a single larger batch still passes).
+    max_rows : int, optional
+        Slice larger batches on the loop (zero-copy) to at most this many rows.
 
     Notes
     -----
@@ -241,9 +235,12 @@ class AsyncBatchStream:
         prefetch: int = 4,
         max_bytes: int | None = None,
         prepare: Callable[[], Awaitable[Callable[[], ReaderLike]]] | None = None,
+        max_rows: int | None = None,
     ) -> None:
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        if prefetch < 1 or (max_rows is not None and max_rows < 1):
+            raise ValueError(f"prefetch and max_rows must be >= 1, got {prefetch}, {max_rows}")
+        self._max_rows = max_rows
+        self._slices: deque[pa.RecordBatch] = deque()
         if (opener is None) == (prepare is None):
             raise ValueError("pass exactly one of opener and prepare")
         self._opener = opener
@@ -357,6 +354,10 @@ class AsyncBatchStream:
         return self
 
     async def __anext__(self) -> pa.RecordBatch:
+        if self._slices and self._state is not StreamState.CLOSED:  # rest of a sliced batch
+            batch = self._slices.popleft()
+            self._batches, self._rows = self._batches + 1, self._rows + batch.num_rows
+            return batch
         if self._state is StreamState.EXHAUSTED:
             raise StopAsyncIteration
         await self._start()
@@ -376,10 +377,13 @@ class AsyncBatchStream:
                     raise StopAsyncIteration
                 ev = shared.waiter = anyio.Event()
             await ev.wait()
-        self._batches += 1
-        self._rows += batch.num_rows
         if self._schema is None:
             self._schema = batch.schema
+        step = self._max_rows
+        if step is not None and batch.num_rows > step:
+            self._slices.extend(batch.slice(i, step) for i in range(step, batch.num_rows, step))
+            batch = batch.slice(0, step)
+        self._batches, self._rows = self._batches + 1, self._rows + batch.num_rows
         return batch
 
     async def aclose(self) -> None:
@@ -453,10 +457,8 @@ def iterate_reader(
     ----------
     reader : pa.RecordBatchReader, iterable of pa.RecordBatch, or callable
         The reader, or a blocking callable that opens it on the worker thread.
-    prefetch : int
-        Batches read ahead (default 4).
-    max_bytes : int, optional
-        Bytes read ahead at most.
+    prefetch, max_bytes : int
+        Batches read ahead (default 4), and bytes at most (optional).
 
     Returns
     -------
@@ -486,10 +488,9 @@ class BridgeStatistics:
 
     Attributes
     ----------
-    buffered_batches, buffered_bytes : int
-        What the producer queued and the reader has not taken yet.
-    max_buffered_batches : int
-        The most batches ever queued at once.
+    buffered_batches, buffered_bytes, max_buffered_batches : int
+        What the producer queued and the reader has not taken yet; the most
+        batches ever queued at once.
     batches_produced, batches_consumed : int
         Totals on each side.
     """

@@ -83,6 +83,7 @@ from ..errors import (
     SchemaMismatchError,
     ServerBusyError,
 )
+from ..memwal.compactor import CompactionPolicy
 from . import (
     BatchStreamResponse,
     BodyBatches,
@@ -177,7 +178,10 @@ async def discover_tables(
         writing = dict(writer_options or {})
         if sharding.sharded:
             specs[name] = TableSpec(
-                path, route=True, writer_options=writing, storage_options=options
+                path,
+                route=True,
+                writer_options={"compaction": CompactionPolicy(), **writing},
+                storage_options=options,
             )
         else:
             specs[name] = TableSpec(

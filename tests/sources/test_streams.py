@@ -349,6 +349,23 @@ async def test_loop_stays_free_while_a_bridge_moves_1_gib() -> None:
     assert ticker.max_lag < LAG_LIMIT, ticker.max_lag
 
 
+async def test_max_rows_slices_large_batches_on_the_loop(table_uri: str) -> None:
+    """Small requested batches are sliced from larger engine batches, in order."""
+    ds = await la.write_dataset(pa.table({"id": list(range(5000))}), table_uri)
+    stream = ds.scan(batch_size=300)
+    sizes: list[int] = []
+    ids: list[int] = []
+    async with stream:
+        async for batch in stream:
+            sizes.append(batch.num_rows)
+            ids.extend(batch.column("id").to_pylist())
+    assert ids == list(range(5000))
+    assert max(sizes) == 300 and len(sizes) >= 5000 // 300
+    assert stream.statistics().rows_read == 5000
+    with pytest.raises(ValueError):
+        la.AsyncBatchStream(lambda: iter([]), max_rows=0)
+
+
 # -- issue 17, item 10: streams left open when their loop ends ---------------------
 
 
