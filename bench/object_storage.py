@@ -366,7 +366,7 @@ def workers(settings: Settings) -> list[Series]:
     """1, 2 and 3 workers on one table (needs Redis on 127.0.0.1:6379)."""
     messages = 1_000 if settings.quick else 20_000
     out = []
-    for n in (1, 2, 3):
+    for n in (1,) if settings.quick else (1, 2, 3):
         samples = [
             asyncio.run(_workers_once(settings.work, n, messages))
             for _ in range(1 if settings.quick else 2)

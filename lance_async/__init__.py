@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._memory import MemoryLimits, configure_memory, memory_limits
     from ._metrics import configure_metrics
     from ._threads import ThreadLimits, configure_threads
-    from .dataset import AsyncDataset, open_dataset, write_dataset
+    from .dataset import AsyncDataset, AsyncTags, CommitBatchResult, open_dataset, write_dataset
     from .errors import (
         BackpressureTimeoutError,
         ClosedError,
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         DuplicateKeyError,
         InvalidInputError,
         LanceAsyncError,
+        MergeShapeError,
         ResourceExhaustedError,
         SchemaMismatchError,
         SourceChangedError,
@@ -80,6 +81,9 @@ _LOCATIONS: dict[str, str] = {
     "AsyncDataset": ".dataset",
     "AsyncMergeInsertBuilder": ".merge",
     "AsyncShardWriter": ".memwal",
+    "AsyncTags": ".dataset",
+    "CommitBatchResult": ".dataset",
+    "MergeShapeError": ".errors",
     "BackpressureTimeoutError": ".errors",
     "bridge_reader": ".sources",
     "ClosedError": ".errors",
@@ -140,9 +144,11 @@ __all__ = [
     "AsyncDataset",
     "AsyncMergeInsertBuilder",
     "AsyncShardWriter",
+    "AsyncTags",
     "BackpressureTimeoutError",
     "ClosedError",
     "CoalescerStats",
+    "CommitBatchResult",
     "CompactionPolicy",
     "CompactionResult",
     "Compactor",
@@ -161,6 +167,7 @@ __all__ = [
     "LanceAsyncError",
     "MemoryLimits",
     "MergeResult",
+    "MergeShapeError",
     "Message",
     "PutSummary",
     "ResourceExhaustedError",

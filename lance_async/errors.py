@@ -4,9 +4,13 @@ Every error about data, state, concurrency and the engine derives from
 :class:`LanceAsyncError`, so ``except lance_async.LanceAsyncError`` catches
 them. Each message says what to do next. Errors that a retry can cure carry
 ``retryable = True``. Arguments that are wrong in themselves (a shard id that
-is not a UUID, a negative limit, an unknown mode) raise :class:`ValueError` or
-:class:`TypeError` at the call, as Python's own functions do; a source of an
-unknown kind raises :class:`UnsupportedSourceError`, which is both.
+is not a UUID, a negative limit, ``k=0``, an unknown mode) raise
+:class:`ValueError` or :class:`TypeError` at the call, before any I/O, as
+Python's own functions do (the checks live in ``_args.py``); a source of an
+unknown kind raises :class:`UnsupportedSourceError` (a TypeError) and a
+merge_insert the chosen path cannot run raises :class:`MergeShapeError` (a
+ValueError). :class:`InvalidInputError` is for *data* the table refuses:
+rows, keys, filters, and a table in a state the call cannot use.
 
 The tree::
 
@@ -23,6 +27,7 @@ The tree::
     │   ├── DuplicateKeyError       a key repeats inside one source (names the key)
     │   ├── DecodeError             a feed message could not be decoded (names the offset)
     │   └── WrongShardError         a row sent to a shard its key does not map to
+    ├── MergeShapeError             merge clauses the MemWAL cannot express (a ValueError)
     ├── ConflictError               a commit lost to a concurrent writer (.retryable)
     │   └── ContentionError         retries exhausted (.num_attempts)
     ├── WriterFailedError           a MemWAL shard writer broke; every pending ack fails
@@ -66,6 +71,7 @@ __all__ = [
     "FilterError",
     "InvalidInputError",
     "LanceAsyncError",
+    "MergeShapeError",
     "NoShardWriterError",
     "NotAcceptableError",
     "PayloadTooLargeError",
@@ -195,6 +201,28 @@ class DecodeError(InvalidInputError):
         super().__init__(message)
         self.offset = offset
         self.field = field
+
+
+class MergeShapeError(LanceAsyncError, ValueError):
+    """A merge_insert whose clauses the chosen path cannot run. Also a
+    :class:`ValueError`: the builder's arguments are wrong in themselves.
+
+    Raised by ``merge_insert(...).via_mem_wal()`` for what a MemWAL cannot
+    express: a MemWAL put replaces a key's row without reading it, so
+    clauses that depend on the row the table holds (a condition, fail on
+    match, insert only if absent, update only if present, delete rows the
+    source lacks) have no MemWAL form. Nothing was read or written. Drop
+    the clause, or leave out ``via_mem_wal()`` to commit to the base table.
+
+    Attributes
+    ----------
+    clause : str or None
+        The builder step that cannot run (``"when_matched_update_all"``, ...).
+    """
+
+    def __init__(self, message: str, *, clause: str | None = None) -> None:
+        super().__init__(message)
+        self.clause = clause
 
 
 class ConflictError(LanceAsyncError):
@@ -332,7 +360,9 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     not found", "Append with different schema" (a
     :class:`SchemaMismatchError`), "Dataset already exists" (mode="create"
     over a dataset), "Resources exhausted" (a :class:`ResourceExhaustedError`
-    that says how to size the pool).
+    that says how to size the pool), "Ref not found" / "Version not found"
+    (a tag or version that does not exist: :class:`DatasetNotFoundError`),
+    "Ref conflict" (a tag that exists already: :class:`InvalidInputError`).
     """
     from lance.commit import CommitConflictError as _LanceConflict
 
@@ -383,6 +413,10 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
         return ConflictError(f"commit conflict: {_message(exc)}", retryable=True)
     if text.startswith("Incompatible transaction"):
         return ConflictError(f"commit conflict no retry can cure: {_message(exc)}", retryable=False)
+    if text.startswith(("Ref not found", "Version not found")):
+        return DatasetNotFoundError(f"{_message(exc)}; list them with versions() or tags.list()")
+    if text.startswith("Ref conflict"):
+        return InvalidInputError(f"{_message(exc)}; move an existing tag with tags.update()")
     if "was not found" in text and ("Dataset at path" in text or "Not found" in text):
         where = text.split("Dataset at path ", 1)[-1].split(" was not found", 1)[0]
         return DatasetNotFoundError(

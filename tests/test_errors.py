@@ -56,6 +56,9 @@ def test_commit_conflict_error_maps_by_type() -> None:
             la.SchemaMismatchError,
         ),
         ("Dataset already exists: /tmp/t.lance, /home/runner/x.rs:1:1", la.InvalidInputError),
+        ("Ref not found error: tag zz does not exist", la.DatasetNotFoundError),
+        ("Version not found error: version main:99 does not exist", la.DatasetNotFoundError),
+        ("Ref conflict error: tag a already exists", la.InvalidInputError),
         (
             "Writer fenced (peer claimed epoch): Writer fenced (peer claimed epoch): local "
             "epoch 1 < stored epoch 2 for shard aa73adaa, /home/runner/x.rs:1:1",

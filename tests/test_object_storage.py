@@ -72,7 +72,9 @@ def rows(ids: list[int] | range, value: int) -> pa.Table:
     )
 
 
-async def test_the_whole_stack_runs_on_s3_with_storage_options_only(s3_bucket: S3Bucket) -> None:
+async def test_the_whole_stack_runs_on_s3_with_storage_options_only(
+    s3_bucket: S3Bucket, tmp_path: Any
+) -> None:
     uri = s3_bucket.uri("t.lance")
     options = s3_bucket.storage_options
     ds = await la.write_dataset(rows(range(50), 0), uri, storage_options=options)
@@ -115,6 +117,10 @@ async def test_the_whole_stack_runs_on_s3_with_storage_options_only(s3_bucket: S
     assert compaction.rows_upserted > 0 and compaction.rows_deleted == 1
     assert await ds.count_rows() == len(ids)
     assert not [s for s in await ds.shard_snapshots() if s.sstables]
+
+    # the dataset as a source, read with its storage options (pinned, replayable)
+    copy = await la.write_dataset(ds, tmp_path / "copy.lance")
+    assert await copy.count_rows() == len(ids)
 
 
 def test_the_command_line_takes_storage_options(s3_bucket: S3Bucket, tmp_path: Any) -> None:

@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import anyio
 import pyarrow as pa
 
+from .._args import check_fetch, check_int, check_seconds
 from .._loop import unwrap_groups
 from .._threads import run_sync, stream_limiter
 from ..errors import DecodeError, LanceAsyncError
@@ -313,6 +314,9 @@ async def ingest(
 
     Raises
     ------
+    ValueError, TypeError
+        ``max_batch`` or ``max_pending_acks`` below 1, a negative timeout, no
+        schema to decode with (at the call).
     DecodeError
         A bad message and no dead-letter hook.
     WriterFailedError, InvalidInputError
@@ -325,6 +329,11 @@ async def ingest(
     yet durable are not acknowledged (they will come again); nothing is
     acknowledged after the cancellation.
     """
+    check_int("max_batch", max_batch, minimum=1)
+    check_seconds("fetch_timeout", fetch_timeout)
+    check_int("max_pending_acks", max_pending_acks, minimum=1)
+    if idle_timeout is not None:
+        check_seconds("idle_timeout", idle_timeout)
     target = schema if schema is not None else getattr(writer, "schema", None)
     if target is None:
         raise ValueError("ingest needs schema= when the writer has no .schema")
@@ -438,7 +447,13 @@ class IterableFeed:
         A sync iterable is read without waiting; an async iterable is awaited
         item by item without a timeout (``timeout`` is ignored there), since
         cancelling an async generator mid-step would end it.
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``max_messages`` below 1 or a negative ``timeout`` (at the call).
         """
+        check_fetch(max_messages, timeout)
         out: list[Message] = []
         if self._done:
             return out

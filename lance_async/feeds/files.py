@@ -61,6 +61,7 @@ from typing import Any
 import anyio
 import pyarrow as pa
 
+from .._args import check_fetch
 from .._threads import run_sync, stream_limiter
 from ..errors import DecodeError, SourceChangedError, SourceError
 from ..sources.decoders import make_decoder
@@ -449,8 +450,8 @@ class FileFeed:
         max_messages : int
             Messages to return at most (>= 1).
         timeout : float
-            Seconds to wait for new bytes at the end of a followed file; an
-            unfollowed file never waits.
+            Seconds to wait for new bytes at the end of a followed file (>= 0);
+            an unfollowed file never waits.
 
         Returns
         -------
@@ -477,8 +478,7 @@ class FileFeed:
         decoded while the fetch was cancelled is kept for the next fetch.
         """
         check_open(self._state, repr(self))
-        if max_messages < 1:
-            raise ValueError(f"max_messages must be >= 1, got {max_messages}")
+        check_fetch(max_messages, timeout)
         if self._lock is None:
             self._lock = anyio.Lock()
         async with self._lock:

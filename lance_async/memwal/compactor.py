@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CompactionPolicy", "Compactor", "CompactorStats"]
 
-log = logging.getLogger("lance_async")
+log = logging.getLogger("lance_async.memwal")
 _sizes: dict[str, int] = {}  # generation folder -> bytes (folders never change)
 
 

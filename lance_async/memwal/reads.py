@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pyarrow as pa
 
+from .._args import check_seconds
 from .._filters import check_filter
 from .._schema import primary_key
 from .._threads import run_sync
@@ -326,11 +327,14 @@ class WriterReads:
 
         Raises
         ------
+        TypeError, ValueError
+            ``timeout`` is not a number of seconds >= 0.
         LanceAsyncError
             Still sealed after ``timeout`` seconds.
         ClosedError
             The writer is not open.
         """
+        timeout = check_seconds("timeout", timeout)
         engine, _gate = self._engine_and_gate()
         await wait_unsealed(engine, timeout, repr(self))
 

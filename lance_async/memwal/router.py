@@ -18,6 +18,7 @@ process owns the whole table, or the shards are divided among workers (see
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ import anyio
 import pyarrow as pa
 from anyio.abc import TaskGroup
 
+from .._args import check_columns, check_int, check_knn
 from .._loop import aclose_shielded, unwrap_groups
 from .._metrics import record_lookup, record_scan
 from .._schema import TableFit, primary_key
@@ -76,6 +78,8 @@ class ShardRouter:
 
     Raises
     ------
+    ValueError, TypeError
+        At the call: a writer option out of range (as :class:`AsyncShardWriter`).
     InvalidInputError
         On entry: the table has no MemWAL, or its shards are manual (name a
         shard: ``dataset.mem_wal_writer(shard_id)``).
@@ -88,6 +92,9 @@ class ShardRouter:
         compaction: CompactionPolicy | None = None,
         **writer_options: Any,
     ) -> None:
+        # the writers open lazily: check their options now, as a writer does
+        # at construction (ValueError / TypeError at the call)
+        AsyncShardWriter(dataset, str(uuid.UUID(int=0)), **writer_options)
         self._dataset = dataset
         self.compactor = Compactor(dataset, compaction) if compaction is not None else None
         """The background :class:`~lance_async.memwal.compactor.Compactor`, if any."""
@@ -343,7 +350,13 @@ class ShardRouter:
         Every row acked through this router is visible (its writers'
         memtables are read too), with the base table and every shard's
         flushed generations. Concurrent lookups are answered in batches.
+
+        Raises
+        ------
+        TypeError
+            ``columns`` given as one string (at the call).
         """
+        check_columns(columns)
         self._check_open()
         record_lookup(self._dataset.uri, "writer")
         return await point_lookup(self, self._dataset, self._mirrors, key, columns, snapshots)
@@ -355,7 +368,14 @@ class ShardRouter:
         snapshots: ShardSnapshots | None = None,
     ) -> pa.Table:
         """The newest row of each of ``keys``, in their order (see
-        :func:`~lance_async.memwal.reads.lsm_point_lookups`); memtables included."""
+        :func:`~lance_async.memwal.reads.lsm_point_lookups`); memtables included.
+
+        Raises
+        ------
+        TypeError
+            ``columns`` given as one string (at the call).
+        """
+        check_columns(columns)
         self._check_open()
         record_lookup(self._dataset.uri, "writer", len(keys) if hasattr(keys, "__len__") else 1)
         return await point_lookups(self._dataset, self._mirrors, keys, columns, snapshots)
@@ -374,7 +394,15 @@ class ShardRouter:
         The open writers' memtables, every shard's flushed generations and
         the base table, newest row per key (see
         :func:`~lance_async.memwal.reads.lsm_scan`).
+
+        Raises
+        ------
+        ValueError, TypeError
+            A negative ``limit``, ``columns`` given as one string (at the call).
         """
+        check_columns(columns)
+        if limit is not None:
+            check_int("limit", limit, minimum=0)
         self._check_open()
         record_scan(self._dataset.uri, "writer")
         return scan_stream(
@@ -383,7 +411,15 @@ class ShardRouter:
 
     async def lsm_vector_search(self, query: Any, *, column: str, **options: Any) -> pa.Table:
         """k nearest rows over every level, the open writers' memtables included
-        (the keywords of :func:`~lance_async.memwal.vector.lsm_vector_search`)."""
+        (the keywords of :func:`~lance_async.memwal.vector.lsm_vector_search`).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``k``, ``nprobes`` or ``refine_factor`` below 1, an unknown
+            ``metric``, ``columns`` given as one string (at the call).
+        """
+        check_knn(options)
         return await lsm_vector_search(
             self._dataset, query, column=column, mirrors=self._mirrors(), **options
         )

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from .._args import check_knn
 from .._filters import check_filter
 from .._threads import run_sync
 from ..errors import InvalidInputError, SchemaMismatchError, raise_mapped
@@ -244,8 +245,10 @@ async def lsm_vector_search(
 
     Raises
     ------
+    ValueError
+        ``k`` < 1 or an unknown metric.
     InvalidInputError
-        ``k`` < 1, an unknown metric, or a query of the wrong shape.
+        A query of the wrong shape.
     SchemaMismatchError
         ``column`` or a ``columns`` entry is not in the table.
 
@@ -257,10 +260,7 @@ async def lsm_vector_search(
     """
     del overfetch_factor
     filter = check_filter(filter)  # one expression, as on every read path
-    if k < 1:
-        raise InvalidInputError("k must be >= 1")
-    if metric not in _METRICS:
-        raise InvalidInputError(f"unknown metric {metric!r}; use l2, cosine or dot")
+    check_knn({"k": k, "metric": metric})  # ValueError: the rule for arguments (_args.py)
     schema = dataset.schema
     for name in [column, *(columns or [])]:
         if name not in schema.names:

@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import pyarrow as pa
 
+from .._args import check_int
 from .._loop import aclose_shielded
 from .._schema import conform_batch
 from .._threads import run_sync, stream_limiter
@@ -61,6 +62,12 @@ class SourceMode(str, enum.Enum):
 # ---------------------------------------------------------------------------
 # batch checking helpers
 # ---------------------------------------------------------------------------
+
+
+def _check_bridge(max_batches: int, max_bytes: int | None) -> None:
+    check_int("max_batches", max_batches, minimum=1)
+    if max_bytes is not None:
+        check_int("max_bytes", max_bytes, minimum=1)
 
 
 def _check_pass(
@@ -362,7 +369,13 @@ class WriteSource:
         Yields
         ------
         ReaderPlan
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``max_batches`` below 1 or ``max_bytes`` below 1 (at the call).
         """
+        _check_bridge(max_batches, max_bytes)
         if self.native:
             pass_no = self._begin_pass()
 
@@ -408,6 +421,11 @@ class WriteSource:
         inside the ``async with`` block. Native sources' readers are opened on
         a worker thread; loop-produced rows are bridged with a bounded buffer
         (``max_batches``, ``max_bytes``).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``max_batches`` below 1 or ``max_bytes`` below 1 (at the call).
 
         Yields
         ------

@@ -4,7 +4,9 @@
 class                mode         made from
 ==================== ============ =====================================================
 MaterializedSource   MATERIALIZED tables, batches, lists of dicts, column dicts, frames
-LanceDatasetSource   REPLAYABLE   a ``LanceDataset`` pinned to its version
+LanceDatasetSource   REPLAYABLE   a ``LanceDataset`` pinned to its version (an
+                                  ``AsyncDataset`` too: ``lance_async.dataset``
+                                  registers it, pinned when it is passed)
 ArrowDatasetSource   REPLAYABLE   an unfiltered ``pyarrow.dataset`` dataset (files
                                   fingerprinted by size and mtime); STREAMING when filtered
 ReaderSource         STREAMING    a ``pa.RecordBatchReader`` or ``pyarrow.dataset.Scanner``

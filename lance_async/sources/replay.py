@@ -185,6 +185,8 @@ def replayable(factory: Factory, *, schema: pa.Schema) -> WriteSource:
     Raises
     ------
     TypeError
-        ``factory`` is not callable.
+        ``factory`` is not callable, or ``schema`` is not a ``pa.Schema``.
     """
+    if not isinstance(schema, pa.Schema):
+        raise TypeError(f"replayable() needs schema= as a pyarrow Schema, got {schema!r}")
     return FactorySource(factory, schema)

@@ -1,60 +1,18 @@
-"""Awaitable merge_insert (upsert) whose conflict retries replay the source.
+"""``AsyncMergeInsertBuilder``: merge_insert on worker threads, conflicts retried by replay.
 
-:class:`AsyncMergeInsertBuilder` mirrors ``lance.MergeInsertBuilder`` of
-pylance 14. What differs is how a commit conflict is retried, chosen by the
-source's :class:`~lance_async.SourceMode`:
-
-MATERIALIZED
-    Lance's in-memory path (``execute_batches``) with Lance's own retries;
-    the rows are in memory already, nothing spills.
-REPLAYABLE
-    Lance's retries are turned off (``conflict_retries(0)``), so Lance never
-    buffers or spills the input. On a retryable conflict lance_async backs off
-    (about 50, 100, 200, 400 ms ... with jitter; from the third retry on, at
-    least half the last attempt's time), reopens the target at its latest
-    version, opens a fresh pass of the source (calls the factory again) and
-    tries again, up to ``conflict_retries`` retries within ``retry_timeout``.
-STREAMING
-    One pass. Lance's own buffered retries when ``conflict_retries > 0``;
-    a conflict fails at once with ``conflict_retries(0)``.
-
-Every attempt runs on an engine thread; the loop stays free during attempts
-and during backoff.
-
-Tables without a declared primary key
--------------------------------------
-Lance detects two concurrent merges inserting the same new key only when the
-key is declared (``lance-schema:unenforced-primary-key``); otherwise both
-commit, and the key is inserted twice. lance_async therefore runs merges that
-can insert into such a table one at a time per table within a process (a
-lock held from the attempt's checkout to its commit), so the later one sees
-the earlier one's rows and updates them. Other processes are not protected:
-declare the primary key. The first such merge of a table logs a warning
-(logger ``lance_async``).
-
-Cancellation
-------------
-Cancelling the task that awaits :meth:`AsyncMergeInsertBuilder.execute`
-never leaves a thread running on its behalf: an attempt in flight runs to its
-end in its thread (a merge cannot be interrupted half-way), then the
-cancellation is delivered. If that attempt committed, its
-:class:`MergeResult` is stored in :attr:`AsyncMergeInsertBuilder.last_result`
-and logged (logger ``lance_async``, level WARNING) so the outcome is known.
-Cancelled during backoff, nothing is in flight and nothing more is committed.
+The retry strategy per source mode, tables without a primary key and the
+cancellation rule are described in the package docstring (``merge/__init__.py``);
+the MemWAL path (``via_mem_wal``) in ``mem_wal.py``; the checks of a pass
+of the source in ``passes.py``.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import os
-import random
 import re
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -62,90 +20,41 @@ import anyio
 import pyarrow as pa
 from lance.dataset import LanceDataset
 
-from ._keys import DUPLICATE_POLICIES, KeyTracker, check_unique_keys, keep_last
-from ._metrics import record_merge
-from ._threads import run_sync
-from .errors import (
+from .._args import check_choice, check_int, check_timedelta
+from .._keys import DUPLICATE_POLICIES
+from .._metrics import record_merge
+from .._threads import run_sync
+from ..errors import (
     ConflictError,
     ContentionError,
+    MergeShapeError,
     SchemaMismatchError,
     map_engine_error,
     raise_mapped,
 )
-from .sources import SourceMode, WriteSource, resolve_source
+from ..memwal.acks import PutSummary
+from ..sources import SourceMode, WriteSource, resolve_source
+from .mem_wal import (
+    MemWalWriter,
+    check_join,
+    check_step,
+    check_whole_rows,
+    check_writer,
+    mem_wal_kind,
+    put_via_mem_wal,
+)
+from .passes import PassGuard, check_keys, insert_lock, materialize, read_whole
+from .result import MergeResult, backoff_delay, engine_stats
 
 if TYPE_CHECKING:
-    from .dataset import AsyncDataset
+    from ..dataset import AsyncDataset
 
 __all__ = ["AsyncMergeInsertBuilder", "MergeResult", "backoff_delay"]
 
 log = logging.getLogger("lance_async.merge")
 T = TypeVar("T")
 
-BASE_BACKOFF = 0.05
-MAX_BACKOFF = 5.0
-
-
-@dataclass(frozen=True)
-class MergeResult:
-    """What one merge_insert did.
-
-    Attributes
-    ----------
-    num_inserted_rows, num_updated_rows, num_deleted_rows : int
-        Row counts reported by Lance for the committed attempt.
-    num_attempts : int
-        Attempts lance_async ran (1 + retries). For MATERIALIZED sources Lance
-        retries inside one attempt, so this stays 1 there.
-    source_mode : SourceMode
-        How the source was read (decides the retry strategy).
-    version : int
-        The dataset version the merge committed (the version read, when
-        nothing was committed).
-    committed : bool
-        False when the source held no rows and nothing was committed (an
-        empty merge is no new version; with
-        ``when_not_matched_by_source_delete`` an empty source still runs).
-    """
-
-    num_inserted_rows: int
-    num_updated_rows: int
-    num_deleted_rows: int
-    num_attempts: int
-    source_mode: SourceMode
-    version: int
-    committed: bool = True
-
-
-def backoff_delay(
-    attempt: int, last_attempt_seconds: float, rng: random.Random | None = None
-) -> float:
-    """Seconds to wait before retry number ``attempt`` (1-based).
-
-    ``0.05 * 2**(attempt-1)`` seconds -- 50, 100, 200, 400 ms ... -- times a
-    jitter in [0.5, 1.5), capped at 5 s. From the third retry on, the wait is
-    at least half the last attempt's duration, so writers whose attempts are
-    slow spread out instead of colliding again; the first retries stay short,
-    since one conflict usually means one competitor that has just committed.
-    The shape follows Lance's own commit retry backoff.
-    """
-    base = BASE_BACKOFF * (2 ** max(attempt - 1, 0))
-    if attempt >= 3:
-        base = max(base, 0.5 * last_attempt_seconds)
-    jitter = (rng or random).uniform(0.5, 1.5)
-    return float(min(MAX_BACKOFF, base * jitter))
-
-
 _RETRIES_RE = re.compile(r"Attempted (\d+) retries")
-
-
-def _stats(result: Any) -> tuple[int, int, int]:
-    get = result.get if isinstance(result, dict) else (lambda k, d=0: getattr(result, k, d))
-    return (
-        int(get("num_inserted_rows", 0)),
-        int(get("num_updated_rows", 0)),
-        int(get("num_deleted_rows", 0)),
-    )
 
 
 class AsyncMergeInsertBuilder:
@@ -184,10 +93,14 @@ class AsyncMergeInsertBuilder:
         self._duplicates = "error"
         self._retries = 10
         self._timeout = timedelta(seconds=30)
+        self._mem_wal = False
+        self._writer: MemWalWriter | None = None
         self.last_result: MergeResult | None = None
 
     # -- configuration (mirrors pylance) -----------------------------------
     def _add(self, name: str, *args: Any) -> AsyncMergeInsertBuilder:
+        if self._mem_wal:
+            check_step(name, args)
         self._steps.append((name, args))
         return self
 
@@ -237,15 +150,15 @@ class AsyncMergeInsertBuilder:
         return self
 
     def conflict_retries(self, max_retries: int) -> AsyncMergeInsertBuilder:
-        """Retries after a commit conflict (default 10; 0 fails at once)."""
-        if max_retries < 0:
-            raise ValueError("conflict_retries must be >= 0")
-        self._retries = int(max_retries)
+        """Retries after a commit conflict (default 10; 0 fails at once;
+        ValueError below 0). Through the MemWAL there are no commits to retry."""
+        self._retries = check_int("conflict_retries", max_retries, minimum=0)
         return self
 
     def retry_timeout(self, timeout: timedelta) -> AsyncMergeInsertBuilder:
-        """Time budget for retries (default 30 s); the first attempt always runs."""
-        self._timeout = timeout
+        """Time budget for retries (default 30 s); the first attempt always runs
+        (TypeError for anything but a timedelta, ValueError when negative)."""
+        self._timeout = check_timedelta("retry_timeout", timeout)
         return self
 
     def use_index(self, use_index: bool) -> AsyncMergeInsertBuilder:
@@ -253,8 +166,11 @@ class AsyncMergeInsertBuilder:
         return self._add("use_index", use_index)
 
     def write_mode(self, mode: str) -> AsyncMergeInsertBuilder:
-        """``"auto"``, ``"rewrite_rows"`` or ``"rewrite_columns"`` (see pylance)."""
-        return self._add("write_mode", mode)
+        """``"auto"``, ``"rewrite_rows"`` or ``"rewrite_columns"`` (see pylance;
+        ValueError for another)."""
+        return self._add(
+            "write_mode", check_choice("mode", mode, ("auto", "rewrite_rows", "rewrite_columns"))
+        )
 
     def data_storage_version(self, version: str) -> AsyncMergeInsertBuilder:
         """File format version for the files this merge writes."""
@@ -264,6 +180,77 @@ class AsyncMergeInsertBuilder:
         """Record, in the merge's own commit, that MemWAL SSTables were compacted
         (a list of ``lance.mem_wal.CompactedSsTable``; at most one per shard)."""
         return self._add("mark_sstables_as_compacted", list(sstables))
+
+    def via_mem_wal(self, writer: MemWalWriter | None = None) -> AsyncMergeInsertBuilder:
+        """Send this upsert to the table's MemWAL instead of committing it to
+        the base table (LanceDB's LSM write path for ``merge_insert``).
+
+        :meth:`execute` then puts the source rows into the shard writers --
+        each row to its own shard, by the table's sharding -- and resolves
+        once the writer acknowledged them (durable in the WAL with
+        ``durable_write``, the default). No version is committed: LSM reads
+        (``lsm_scan``, ``lsm_point_lookup``, a writer's reads) see the rows
+        at once, base-table reads after :meth:`AsyncDataset.compact_mem_wal`,
+        which leaves the table as the base-table merge would have. See
+        ``docs/parity.md`` for when to use which path.
+
+        Two shapes have a MemWAL form: ``when_matched_update_all()`` with
+        ``when_not_matched_insert_all()`` (every row put; whole rows only),
+        and ``when_matched_delete()`` alone (every source key deleted). The
+        join is on the primary key. The source is read whole into memory
+        and its keys checked (``duplicate_keys``) before anything is sent,
+        so a bad row anywhere sends nothing.
+
+        Parameters
+        ----------
+        writer : ShardRouter or AsyncShardWriter, optional
+            An open writer of this table to send through (the one an app
+            already holds for its ingest: many merges then share its
+            coalesced puts). By default a routing writer is opened for the
+            one call and closed after it: that claims the shards it writes,
+            fencing any other writer of them (in this process or another),
+            and flushes a generation per shard it wrote at close. Pass a
+            writer wherever one is open.
+
+        Returns
+        -------
+        AsyncMergeInsertBuilder
+            ``self`` (does not block).
+
+        Raises
+        ------
+        MergeShapeError
+            A clause given so far, or later, has no MemWAL form (a condition,
+            ``when_matched_fail``, ``when_not_matched_by_source_delete``,
+            base-table settings), or the join is not on the primary key; at
+            :meth:`execute`, a combination with none (insert only, update
+            only). A ValueError.
+        TypeError, ValueError
+            ``writer`` is not a writer of this table's schema.
+        InvalidInputError
+            The table declares no primary key.
+
+        Notes
+        -----
+        Cancellation: once the rows are queued in the writer they are written
+        whatever happens to the awaiting task (the writer's rule); a routing
+        writer opened for the call is closed shielded, flushing them.
+        """
+        checked = check_writer(writer, self._dataset.schema)
+        check_join(self._on, self._dataset.primary_key)
+        for name, args in self._steps:
+            check_step(name, args)
+        self._mem_wal = True
+        self._writer = checked
+        return self
+
+    def _refuse_mem_wal(self, call: str) -> None:
+        if self._mem_wal:
+            raise MergeShapeError(
+                f"{call}() has no MemWAL form (the MemWAL commits no transaction and plans "
+                "no join): leave out via_mem_wal()",
+                clause="via_mem_wal",
+            )
 
     # -- building -----------------------------------------------------------
     def _build(self, target: LanceDataset, retries: int) -> Any:
@@ -294,10 +281,10 @@ class AsyncMergeInsertBuilder:
         src = await resolve_source(source, schema=schema, rows_into=self._dataset.schema)
         self._check_source(src)
         if self._duplicates == "keep_last" and src.mode is not SourceMode.MATERIALIZED:
-            src = await _materialize(src)
+            src = await materialize(src)
         batches = src.batches() if src.mode is SourceMode.MATERIALIZED else None
         if batches:
-            table = await run_sync(lambda: _check_keys(batches, self._key_sets(), self._duplicates))
+            table = await run_sync(lambda: check_keys(batches, self._key_sets(), self._duplicates))
             if table is not None:  # keep_last dropped earlier occurrences
                 src = await resolve_source(table)
         return src
@@ -319,15 +306,15 @@ class AsyncMergeInsertBuilder:
         commit), else nothing."""
         inserts = any(name == "when_not_matched_insert_all" for name, _ in self._steps)
         if inserts and not self._dataset.primary_key:
-            return _insert_lock(self._dataset.uri)
+            return insert_lock(self._dataset.uri)
         return nullcontext()
 
-    def _guard(self) -> _PassGuard:
+    def _guard(self) -> PassGuard:
         keep_empty = any(  # these act even on an empty source (a compaction's mark)
             name in ("when_not_matched_by_source_delete", "mark_sstables_as_compacted")
             for name, _ in self._steps
         )
-        return _PassGuard(self._key_sets(), keep_empty=keep_empty)
+        return PassGuard(self._key_sets(), keep_empty=keep_empty)
 
     # -- execution -----------------------------------------------------------
     async def execute(self, source: Any, *, schema: pa.Schema | None = None) -> MergeResult:
@@ -371,15 +358,42 @@ class AsyncMergeInsertBuilder:
         BaseException
             An error raised by the source itself, unchanged (nothing committed).
         """
+        if self._mem_wal:
+            return await self._execute_mem_wal(source, schema)
         src = await self._prepare(source, schema)
         if src.mode is SourceMode.REPLAYABLE:
             return await self._execute_replayable(src)
         return await self._execute_once(src)
 
+    async def _execute_mem_wal(self, source: Any, schema: pa.Schema | None) -> MergeResult:
+        """The MemWAL path: the source read whole and checked, then one put."""
+        kind = mem_wal_kind(self._steps)
+        src = await resolve_source(source, schema=schema, rows_into=self._dataset.schema)
+        self._check_source(src)
+        if kind == "upsert":
+            check_whole_rows(self._dataset.schema, src.schema)
+        rows = await read_whole(src)
+        if rows.num_rows:
+            batches = rows.to_batches()
+            deduped = await run_sync(
+                lambda: check_keys(batches, self._key_sets(), self._duplicates)
+            )
+            if deduped is not None:
+                rows = deduped
+            summary = await put_via_mem_wal(self._dataset, self._writer, kind, rows)
+        else:
+            summary = PutSummary(0, 0, 0)
+        written = summary.rows + summary.deletes > 0
+        result = MergeResult(
+            0, 0, 0, 1, src.mode, self._dataset.version, committed=written, mem_wal=summary
+        )
+        self.last_result = result
+        return result
+
     def _record(
         self, target: LanceDataset, stats: Any, attempts: int, mode: SourceMode
     ) -> MergeResult:
-        ins, upd, dele = _stats(stats)
+        ins, upd, dele = engine_stats(stats)
         result = MergeResult(ins, upd, dele, attempts, mode, int(target.version))
         record_merge(self._dataset.uri, attempts)
         self.last_result = result
@@ -415,7 +429,7 @@ class AsyncMergeInsertBuilder:
 
         ``data`` is the rows as one table for in-memory sources, a fresh
         reader otherwise, or None when the pass holds no rows (see
-        :class:`_PassGuard`). A failing source's own error replaces the
+        :class:`PassGuard`). A failing source's own error replaces the
         engine's text-only version of it; with ``source_must_succeed`` it is
         raised even when the engine call returned.
         """
@@ -529,6 +543,7 @@ class AsyncMergeInsertBuilder:
         SchemaMismatchError, BaseException
             As :meth:`execute` (no retries: nothing is committed here).
         """
+        self._refuse_mem_wal("execute_uncommitted")
         src = await self._prepare(source, schema)
         base = self._dataset.lance
 
@@ -554,6 +569,7 @@ class AsyncMergeInsertBuilder:
         BaseException
             The source's own error when it fails: never a plan that looks fine.
         """
+        self._refuse_mem_wal("analyze_plan")
         src = await self._prepare(source, schema)
         base = self._dataset.lance
 
@@ -567,134 +583,8 @@ class AsyncMergeInsertBuilder:
     async def explain_plan(self, schema: pa.Schema | None = None, verbose: bool = False) -> str:
         """The plan Lance would run for a streamed source of ``schema``
         (default: the table's schema). Writes nothing."""
+        self._refuse_mem_wal("explain_plan")
         base = self._dataset.lance
         return str(
             await run_sync(lambda: self._build(base, 0).explain_plan(schema, verbose=verbose))
         )
-
-
-_insert_locks: dict[str, threading.Lock] = {}
-_insert_locks_guard = threading.Lock()
-_warned: set[str] = set()
-
-
-def _table_key(uri: str) -> str:
-    return uri if "://" in uri else os.path.realpath(uri)
-
-
-def _insert_lock(uri: str) -> threading.Lock:
-    """The process-wide lock of inserting merges into one table without a primary key."""
-    key = _table_key(uri)
-    with _insert_locks_guard:
-        lock = _insert_locks.get(key)
-        if lock is None:
-            lock = _insert_locks[key] = threading.Lock()
-        if key not in _warned:
-            _warned.add(key)
-            log.warning(
-                "lance_async: %s declares no primary key: merges that insert into it run one at "
-                "a time in this process, but merges from other processes can insert the same "
-                "new key twice; declare the key (field metadata "
-                "lance-schema:unenforced-primary-key)",
-                uri,
-                extra={"table": uri},
-            )
-        return lock
-
-
-def _check_keys(
-    batches: Sequence[pa.RecordBatch], key_sets: Sequence[Sequence[str]], policy: str
-) -> pa.Table | None:
-    """Join-key values of in-memory rows: never null, each at most once (blocking).
-
-    Returns None when the rows can be merged as they are, or (``keep_last``)
-    the rows holding the last occurrence of each key.
-
-    Raises
-    ------
-    SchemaMismatchError
-        A key column holds nulls.
-    DuplicateKeyError
-        A key repeats (``policy="error"``): pylance would insert it twice
-        when it matches no row, and reject the merge when it does.
-    """
-    table = pa.Table.from_batches(batches)
-    for name in key_sets[0]:
-        nulls = table.column(name).null_count
-        if nulls:
-            raise SchemaMismatchError(
-                f"join column {name!r} holds {nulls} null value(s); nothing was written",
-                field=name,
-            )
-    if policy == "keep_last":
-        deduped = table
-        for keys in key_sets:
-            deduped = keep_last(deduped, keys)
-        return None if deduped is table else deduped
-    for keys in key_sets:
-        check_unique_keys(table, keys, what="the merge_insert source")
-    return None
-
-
-async def _materialize(src: WriteSource) -> WriteSource:
-    """Read a streamed or replayable source into memory (``keep_last`` needs every key)."""
-    async with src.reader() as reader:
-        table = await run_sync(reader.read_all)
-    return await resolve_source(table)
-
-
-class _PassGuard:
-    """One pass of a source on its way into the engine (blocking; worker thread).
-
-    Finds an empty pass before the engine runs (so an empty source commits
-    nothing) and a join key repeated anywhere in a streamed pass (raised
-    before the engine sees the end of the stream, so nothing commits). The
-    error is kept, since the engine turns it into text.
-    """
-
-    def __init__(self, key_sets: Sequence[Sequence[str]], *, keep_empty: bool) -> None:
-        self.key_sets = [list(keys) for keys in key_sets]
-        self.keep_empty = keep_empty
-        self.error: BaseException | None = None
-
-    def wrap(self, data: pa.Table | pa.RecordBatchReader) -> Any:
-        if isinstance(data, pa.Table):  # in memory: checked by _check_keys already
-            return data if data.num_rows or self.keep_empty else None
-        batches = iter(data)
-        first = None
-        try:
-            for batch in batches:
-                if batch.num_rows:
-                    first = batch
-                    break
-        except BaseException as exc:
-            self.error = exc
-            raise
-        if first is None:
-            return pa.RecordBatchReader.from_batches(data.schema, []) if self.keep_empty else None
-        return pa.RecordBatchReader.from_batches(data.schema, self._checked(first, batches))
-
-    def _checked(
-        self, first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]
-    ) -> Iterator[pa.RecordBatch]:
-        trackers = [KeyTracker(keys, what="the merge_insert source") for keys in self.key_sets]
-        try:
-            for batch in itertools.chain([first], rest):
-                if batch.num_rows:
-                    for tracker in trackers:
-                        tracker.add(batch)
-                yield batch
-            for tracker in trackers:
-                tracker.check()
-        except GeneratorExit:
-            raise
-        except BaseException as exc:
-            self.error = exc
-            raise
-
-    def reraise(self, exc: BaseException) -> None:
-        """Raise the guard's own error in place of the engine's text of it."""
-        if isinstance(exc, anyio.get_cancelled_exc_class()):
-            return
-        if self.error is not None and self.error is not exc:
-            raise self.error

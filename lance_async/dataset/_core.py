@@ -1,0 +1,119 @@
+"""The core every part of :class:`~lance_async.AsyncDataset` stands on.
+
+:class:`DatasetCore` holds the wrapped ``LanceDataset``, its storage options
+and the two patterns every operation follows: engine calls on a worker
+thread (:func:`engine_call`) and *copy, mutate, move* for anything that
+commits (:meth:`DatasetCore._mutate`): the mutation runs on a private copy
+checked out at the latest version, and this object moves to the version it
+committed, never backwards, so concurrent reads never see the dataset object
+change under them (pylance mutates its ``LanceDataset`` in place).
+
+The groups of operations are mixins over this core, one module each
+(``reads.py``, ``writes.py``, ``schema.py``, ``versions.py``,
+``maintenance.py``, ``memwal.py``); ``facade.py`` assembles them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+import pyarrow as pa
+from lance.dataset import LanceDataset
+
+from .._schema import primary_key
+from .._threads import run_sync
+from ..errors import raise_mapped
+
+__all__ = ["DatasetCore", "engine_call"]
+
+T = TypeVar("T")
+D = TypeVar("D", bound="DatasetCore")
+
+
+async def engine_call(func: Callable[[], T]) -> T:
+    """Run a blocking engine call on a worker thread (the library's engine
+    limiter), mapping engine errors to lance_async's (``map_engine_error``)."""
+    try:
+        return await run_sync(func)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise_mapped(exc)
+        raise
+
+
+class DatasetCore:
+    """What every group of dataset operations needs: the wrapped dataset,
+    its storage options, identity, and the copy-mutate-move pattern.
+
+    Parameters
+    ----------
+    dataset : lance.LanceDataset
+        The pylance dataset to wrap (not copied).
+    storage_options : dict, optional
+        The object-store options it was opened with; every file lance_async
+        reads itself (MemWAL manifests, generations) is read with them, and
+        so is the dataset when it is used as a source.
+    """
+
+    def __init__(
+        self, dataset: LanceDataset, *, storage_options: Mapping[str, str] | None = None
+    ) -> None:
+        self._ds = dataset
+        self._storage_options = dict(storage_options) if storage_options else None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.uri!r} version={self.version}>"
+
+    def _new(self: D, dataset: LanceDataset) -> D:
+        """Another object of this class over ``dataset``, with the same options."""
+        return type(self)(dataset, storage_options=self._storage_options)
+
+    # -- identity (no I/O) --------------------------------------------------
+    @property
+    def lance(self) -> LanceDataset:
+        """The underlying ``lance.LanceDataset`` (for sync code on a worker thread)."""
+        return self._ds
+
+    @property
+    def uri(self) -> str:
+        """The dataset's URI."""
+        return str(self._ds.uri)
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        """The object-store options the dataset was opened with (a copy), or None."""
+        return dict(self._storage_options) if self._storage_options else None
+
+    @property
+    def version(self) -> int:
+        """The version this object reads (does not block)."""
+        return int(self._ds.version)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The dataset's Arrow schema, field metadata included (does not block)."""
+        return self._ds.schema
+
+    @property
+    def primary_key(self) -> list[str]:
+        """Primary-key column names, from Lance's field metadata ([] if none)."""
+        return primary_key(self.schema)
+
+    # -- copy, mutate, move -------------------------------------------------
+    def _replace(self, dataset: LanceDataset) -> None:
+        """Move to a newer dataset object (never backwards)."""
+        if int(dataset.version) >= self.version:
+            self._ds = dataset
+
+    async def _mutate(self, action: Callable[[LanceDataset], T]) -> T:
+        """Run ``action`` on a private copy at the latest version (worker
+        thread), then move this object to the version it left the copy at."""
+
+        def work() -> tuple[LanceDataset, T]:
+            copy = self._ds.checkout_version(self._ds.latest_version)
+            result = action(copy)
+            return copy, result
+
+        copy, result = await engine_call(work)
+        self._replace(copy)
+        return result

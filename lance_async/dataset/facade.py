@@ -1,0 +1,204 @@
+"""``AsyncDataset``: a Lance dataset whose every blocking call runs off the loop.
+
+:func:`open_dataset` and :func:`write_dataset` are the entry points. The
+class is assembled from one mixin per group of operations over
+:class:`~._core.DatasetCore`:
+
+=================== ================================================================
+mixin               operations
+=================== ================================================================
+``ReadsMixin``      scan, to_table, count_rows, take, head, sample
+``WritesMixin``     insert, delete, update, truncate_table, merge_insert, commit,
+                    commit_batch
+``SchemaMixin``     add / alter / drop columns, metadata, configuration
+``VersionsMixin``   versions, checkout, refresh, restore, tags
+``MaintenanceMixin`` indexes, optimize_indices, compact_files, cleanup, validate
+``MemWalMixin``     MemWAL writers, LSM reads, compaction
+=================== ================================================================
+
+``docs/parity.md`` maps every public ``LanceDataset`` method of pylance 14
+to its twin here, or says why there is none.
+
+An ``AsyncDataset`` is also a write source wherever a ``LanceDataset`` is
+(merge_insert, write_dataset, shard writers): REPLAYABLE, pinned to the
+version it reads when it is passed, read with its storage options.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import lance
+import pyarrow as pa
+from lance.dataset import LanceDataset
+
+from .._args import check_int
+from .._schema import describe_difference
+from ..errors import DatasetNotFoundError, SchemaMismatchError
+from ..sources import WriteSource, coerce_source
+from ..sources.kinds import LanceDatasetSource
+from ._core import engine_call
+from .maintenance import MaintenanceMixin
+from .memwal import MemWalMixin
+from .reads import ReadsMixin
+from .schema import SchemaMixin
+from .versions import VersionsMixin
+from .writes import WritesMixin, write_source
+
+__all__ = ["AsyncDataset", "open_dataset", "write_dataset"]
+
+
+class AsyncDataset(
+    ReadsMixin, WritesMixin, SchemaMixin, VersionsMixin, MaintenanceMixin, MemWalMixin
+):
+    """A Lance dataset for async code (asyncio or trio).
+
+    Obtain one with :func:`open_dataset` or :func:`write_dataset`. Every
+    method that touches storage is a coroutine and runs its pylance call on a
+    worker thread (see :func:`lance_async.configure_threads`); mutations work
+    on a private copy and then move this object to the version they committed
+    (pylance moves its ``LanceDataset`` in place), so reads in flight never
+    see the object change under them. ``docs/parity.md`` lists the twin of
+    every ``LanceDataset`` method.
+
+    Parameters
+    ----------
+    dataset : lance.LanceDataset
+        The pylance dataset to wrap (not copied).
+    storage_options : dict, optional
+        The object-store options it was opened with; every file lance_async
+        reads itself (MemWAL manifests, generations) is read with them.
+
+    Notes
+    -----
+    An ``AsyncDataset`` passed as a write source (to ``merge_insert``,
+    :func:`write_dataset`, ``insert``, a shard writer) is REPLAYABLE: it is
+    pinned to the version it reads at that moment, and a conflict retry
+    scans that version again.
+    """
+
+
+@coerce_source.register(AsyncDataset)
+def _async_dataset_source(obj: AsyncDataset, *, schema: pa.Schema | None = None) -> WriteSource:
+    """An ``AsyncDataset`` as a source: its dataset pinned to the version it
+    reads now (REPLAYABLE), opened with its storage options."""
+    source = LanceDatasetSource(obj.lance, version=obj.version)
+    if schema is not None:
+        diff = describe_difference(schema, source.schema)
+        if diff is not None:
+            raise SchemaMismatchError(
+                f"the dataset does not match schema=: {diff[0]}", field=diff[1]
+            )
+    return source
+
+
+async def open_dataset(
+    uri: str | os.PathLike[str],
+    *,
+    version: int | str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    **options: Any,
+) -> AsyncDataset:
+    """Open a Lance dataset without blocking the loop.
+
+    Parameters
+    ----------
+    uri : str or PathLike
+        Local path or object-store URI.
+    version : int or str, optional
+        A version number or tag; default the latest.
+    storage_options : dict, optional
+        Passed to pylance.
+    **options
+        Other ``lance.dataset`` arguments (``commit_lock``, caches, ...).
+
+    Returns
+    -------
+    AsyncDataset
+
+    Raises
+    ------
+    DatasetNotFoundError
+        No dataset at ``uri``, or no such version.
+    ValueError, TypeError
+        A version number below 1 (at the call).
+    """
+    if version is not None and not isinstance(version, str):
+        check_int("version", version, minimum=1)
+    path = os.fspath(uri)
+
+    def work() -> LanceDataset:
+        return lance.dataset(
+            path,
+            version=version,
+            storage_options=dict(storage_options) if storage_options else None,
+            **options,
+        )
+
+    try:
+        return AsyncDataset(await engine_call(work), storage_options=storage_options)
+    except DatasetNotFoundError as exc:
+        if version is not None and await anyio.Path(path, "_versions").is_dir():
+            raise DatasetNotFoundError(
+                f"the Lance dataset at {path!r} has no version {version!r}"
+            ) from exc.__cause__
+        raise DatasetNotFoundError(
+            f"no Lance dataset at {path!r}; check the path or create it with write_dataset"
+        ) from exc.__cause__
+    except (OSError, ValueError) as exc:
+        text = str(exc)
+        if "not found" in text.lower() or "LanceError(IO)" in text or "Not a directory" in text:
+            raise DatasetNotFoundError(
+                f"no Lance dataset at {path!r} ({text.split(', /home/runner', 1)[0]})"
+            ) from exc
+        raise
+
+
+async def write_dataset(
+    source: Any,
+    uri: str | os.PathLike[str],
+    *,
+    mode: str = "create",
+    schema: pa.Schema | None = None,
+    **lance_kwargs: Any,
+) -> AsyncDataset:
+    """Write a source to a Lance dataset, streaming it from the source.
+
+    Parameters
+    ----------
+    source : anything :func:`~lance_async.coerce_source` accepts
+        Tables, readers, datasets, (async) iterators of batches, files...
+        Streams are never materialized: a bounded bridge feeds the writer.
+    uri : str or PathLike
+        Where to write.
+    mode : {"create", "append", "overwrite"}
+    schema : pa.Schema, optional
+        Schema of the rows (and of a new dataset: put primary-key metadata
+        here). Materialized inputs are converted to it losslessly; streams
+        are checked against it batch by batch.
+    **lance_kwargs
+        Passed to ``lance.write_dataset`` (``max_rows_per_file``,
+        ``data_storage_version``, ``storage_options``, ...).
+
+    Returns
+    -------
+    AsyncDataset
+        At the version written.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``mode`` (at the call).
+    SchemaMismatchError
+        A batch does not match the schema, or (``mode="append"``) the
+        dataset's schema (nothing is committed).
+    InvalidInputError
+        ``mode="create"`` where a dataset already exists.
+    BaseException
+        Whatever the source raised, as itself (nothing is committed).
+    """
+    written = await write_source(source, uri, mode=mode, schema=schema, lance_kwargs=lance_kwargs)
+    return AsyncDataset(written, storage_options=lance_kwargs.get("storage_options"))

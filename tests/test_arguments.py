@@ -1,0 +1,347 @@
+"""One rule for argument errors, walked over every public call of the top-level API.
+
+An argument wrong in itself -- the wrong type, a negative limit, ``k=0``, an
+unknown mode -- raises :class:`TypeError` or :class:`ValueError` at the call
+(``lance_async/_args.py``); :class:`~lance_async.InvalidInputError` is for
+data the table refuses. ``CASES`` holds the bad-argument cases of every
+public function, constructor and method reachable from ``lance_async.__all__``
+that takes arguments; the ones with nothing to check say why in
+``NOTHING_TO_CHECK``. ``test_every_public_call_is_walked`` keeps both lists
+complete as the API grows.
+"""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pyarrow as pa
+import pytest
+
+import lance_async as la
+
+from .helpers import KV_SCHEMA, kv_table
+
+pytestmark = pytest.mark.anyio
+
+
+@dataclass
+class Ctx:
+    ds: la.AsyncDataset
+    router: la.ShardRouter
+    writer: la.AsyncShardWriter
+    tmp: Path
+
+
+async def _agen() -> AsyncIterator[pa.RecordBatch]:
+    yield kv_table([1]).to_batches()[0]
+
+
+async def _bridge(ctx: Ctx) -> None:
+    async with la.bridge_reader(_agen(), KV_SCHEMA, max_batches=0):
+        pass
+
+
+async def _plan(ctx: Ctx, method: str) -> None:
+    source = la.coerce_source(kv_table([1]))
+    async with getattr(source, method)(max_batches=0):
+        pass
+
+
+async def _file_feed_fetch(ctx: Ctx) -> None:
+    path = ctx.tmp / "feed.ndjson"
+    path.write_text('{"id": 1, "value": 1, "name": "a"}\n')
+    async with la.FileFeed(path, schema=KV_SCHEMA) as feed:
+        await feed.fetch(1, -1.0)
+
+
+def _merge(ctx: Ctx) -> la.AsyncMergeInsertBuilder:
+    return ctx.ds.merge_insert().when_matched_update_all().when_not_matched_insert_all()
+
+
+def _reader() -> pa.RecordBatchReader:
+    return kv_table([1]).to_reader()
+
+
+async def _txn(ctx: Ctx) -> Any:
+    txn, _ = await _merge(ctx).execute_uncommitted(kv_table([1]))
+    return txn
+
+
+NEW_ID = str(uuid.UUID(int=7))
+
+#: (the public call, a call of it with a bad argument)
+CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
+    # functions
+    ("open_dataset", lambda c: la.open_dataset(c.ds.uri, version=0)),
+    ("open_dataset", lambda c: la.open_dataset(c.ds.uri, version=1.5)),
+    ("write_dataset", lambda c: la.write_dataset(kv_table([1]), c.tmp / "w", mode="x")),
+    ("configure_threads", lambda c: la.configure_threads(engine=0)),
+    ("configure_memory", lambda c: la.configure_memory(pool_bytes=-1)),
+    ("bridge_reader", _bridge),
+    ("coerce_source", lambda c: la.coerce_source("rows.csv")),
+    ("resolve_source", lambda c: la.resolve_source(kv_table([1]), schema=3)),  # type: ignore[arg-type]
+    ("file_source", lambda c: la.file_source(c.tmp / "x.csv", chunk_size=0)),
+    ("file_source", lambda c: la.file_source(c.tmp / "x.csv", format="xml")),
+    ("iterate_reader", lambda c: la.iterate_reader(_reader, prefetch=0)),
+    ("replayable", lambda c: la.replayable(3, schema=KV_SCHEMA)),  # type: ignore[arg-type]
+    ("replayable", lambda c: la.replayable(_reader, schema=3)),  # type: ignore[arg-type]
+    ("ingest", lambda c: la.ingest(la.IterableFeed([]), c.router, max_batch=0)),
+    ("ingest", lambda c: la.ingest(la.IterableFeed([]), c.router, fetch_timeout=-1)),
+    ("ingest", lambda c: la.ingest(la.IterableFeed([]), c.router, max_pending_acks=0)),
+    ("ingest", lambda c: la.ingest(la.IterableFeed([]), c.router, idle_timeout=-1)),
+    # constructors
+    ("AsyncBatchStream", lambda c: la.AsyncBatchStream(_reader, prefetch=0)),
+    ("AsyncShardWriter", lambda c: la.AsyncShardWriter(c.ds, "shard-1")),
+    ("AsyncShardWriter", lambda c: la.AsyncShardWriter(c.ds, NEW_ID, max_queue_rows=0)),
+    ("AsyncShardWriter", lambda c: la.AsyncShardWriter(c.ds, NEW_ID, linger=-1)),
+    ("ShardRouter", lambda c: la.ShardRouter(c.ds, linger=-1)),
+    ("ShardRouter", lambda c: la.ShardRouter(c.ds, max_put_rows=0)),
+    ("FileFeed", lambda c: la.FileFeed(c.tmp / "f.ndjson", chunk_size=0)),
+    ("FileFeed", lambda c: la.FileFeed(c.tmp / "f.ndjson", poll_interval=-1)),
+    ("FileFeed", lambda c: la.FileFeed(c.tmp / "f.ndjson", format="xml")),
+    ("FileSource", lambda c: la.FileSource(c.tmp / "f.csv", format="xml")),
+    ("CompactionPolicy", lambda c: la.CompactionPolicy(max_generations=-1)),
+    ("CompactionPolicy", lambda c: la.CompactionPolicy(interval=0)),
+    ("Compactor", lambda c: la.Compactor(c.ds, la.CompactionPolicy(chunk_rows=0))),
+    # AsyncDataset
+    ("AsyncDataset.add_columns", lambda c: c.ds.add_columns({"x": "1"}, batch_size=0)),
+    ("AsyncDataset.alter_columns", lambda c: c.ds.alter_columns()),
+    ("AsyncDataset.alter_columns", lambda c: c.ds.alter_columns({"name": "x"})),
+    ("AsyncDataset.checkout", lambda c: c.ds.checkout(0)),
+    ("AsyncDataset.cleanup_old_versions", lambda c: c.ds.cleanup_old_versions(retain_versions=0)),
+    ("AsyncDataset.cleanup_old_versions", lambda c: c.ds.cleanup_old_versions(timedelta(-1))),
+    ("AsyncDataset.commit", lambda c: c.ds.commit(None, max_retries=-1)),
+    ("AsyncDataset.commit_batch", lambda c: c.ds.commit_batch([])),
+    ("AsyncDataset.commit_batch", lambda c: c.ds.commit_batch([3])),
+    ("AsyncDataset.compact_mem_wal", lambda c: c.ds.compact_mem_wal(chunk_rows=0)),
+    ("AsyncDataset.count_rows", lambda c: c.ds.count_rows(3)),  # type: ignore[arg-type]
+    ("AsyncDataset.create_index", lambda c: c.ds.create_index(3, "IVF_PQ")),  # type: ignore[arg-type]
+    ("AsyncDataset.create_scalar_index", lambda c: c.ds.create_scalar_index(3)),  # type: ignore[arg-type]
+    ("AsyncDataset.delete", lambda c: c.ds.delete(3)),  # type: ignore[arg-type]
+    ("AsyncDataset.delete_config_keys", lambda c: c.ds.delete_config_keys([])),
+    ("AsyncDataset.drop_columns", lambda c: c.ds.drop_columns("value")),
+    ("AsyncDataset.drop_columns", lambda c: c.ds.drop_columns([])),
+    ("AsyncDataset.drop_index", lambda c: c.ds.drop_index("")),
+    ("AsyncDataset.head", lambda c: c.ds.head(-1)),
+    ("AsyncDataset.index_statistics", lambda c: c.ds.index_statistics(3)),  # type: ignore[arg-type]
+    (
+        "AsyncDataset.initialize_mem_wal",
+        lambda c: c.ds.initialize_mem_wal(manual_shards=True, unsharded=True),
+    ),
+    ("AsyncDataset.insert", lambda c: c.ds.insert(kv_table([9]), mode="create")),
+    ("AsyncDataset.lsm_point_lookup", lambda c: c.ds.lsm_point_lookup(1, columns="id")),
+    ("AsyncDataset.lsm_point_lookups", lambda c: c.ds.lsm_point_lookups([1], columns="id")),
+    ("AsyncDataset.compactor", lambda c: c.ds.compactor(la.CompactionPolicy(interval=0))),
+    ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(limit=-1)),
+    ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(batch_size=0)),
+    ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(columns="id")),
+    ("AsyncDataset.lsm_vector_search", lambda c: c.ds.lsm_vector_search([1.0], column="v", k=0)),
+    (
+        "AsyncDataset.lsm_vector_search",
+        lambda c: c.ds.lsm_vector_search([1.0], column="v", nprobes=0),
+    ),
+    (
+        "AsyncDataset.lsm_vector_search",
+        lambda c: c.ds.lsm_vector_search([1.0], column="v", metric="x"),
+    ),
+    ("AsyncDataset.mem_wal_writer", lambda c: c.ds.mem_wal_writer("shard-1")),
+    ("AsyncDataset.mem_wal_writer", lambda c: c.ds.mem_wal_writer(close_timeout=-1)),
+    ("AsyncDataset.merge_insert", lambda c: c.ds.merge_insert(3)),  # type: ignore[arg-type]
+    ("AsyncDataset.prewarm_index", lambda c: c.ds.prewarm_index("")),
+    ("AsyncDataset.sample", lambda c: c.ds.sample(-1)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(limit=-1)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(offset=-1)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(batch_size=0)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(prefetch=0)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(columns="id")),
+    ("AsyncDataset.shard_router", lambda c: c.ds.shard_router(linger=-1)),
+    ("AsyncDataset.slice", lambda c: c.ds.slice(-1, 2)),
+    ("AsyncDataset.slice", lambda c: c.ds.slice(3, 2)),
+    ("AsyncDataset.to_pandas", lambda c: c.ds.to_pandas(limit=-1)),
+    ("AsyncDataset.read_transaction", lambda c: c.ds.read_transaction(0)),
+    ("AsyncDataset.shallow_clone", lambda c: c.ds.shallow_clone(c.tmp / "s", 0)),
+    ("AsyncDataset.deep_clone", lambda c: c.ds.deep_clone(c.tmp / "d", -1)),
+    (
+        "AsyncDataset.explain_cleanup_old_versions",
+        lambda c: c.ds.explain_cleanup_old_versions(retain_versions=0),
+    ),
+    ("AsyncDataset.take", lambda c: c.ds.take([-1])),
+    ("AsyncDataset.take", lambda c: c.ds.take([True])),
+    ("AsyncDataset.to_table", lambda c: c.ds.to_table(limit=-1)),
+    ("AsyncDataset.update", lambda c: c.ds.update(3)),  # type: ignore[arg-type]
+    ("AsyncDataset.update_config", lambda c: c.ds.update_config({"a": 1})),  # type: ignore[dict-item]
+    ("AsyncDataset.update_field_metadata", lambda c: c.ds.update_field_metadata({"id": 3})),  # type: ignore[dict-item]
+    ("AsyncDataset.update_metadata", lambda c: c.ds.update_metadata({"a": 1})),  # type: ignore[dict-item]
+    ("AsyncDataset.update_schema_metadata", lambda c: c.ds.update_schema_metadata(3)),  # type: ignore[arg-type]
+    # AsyncMergeInsertBuilder
+    ("AsyncMergeInsertBuilder", lambda c: la.AsyncMergeInsertBuilder(c.ds, 3)),  # type: ignore[arg-type]
+    (
+        "AsyncMergeInsertBuilder.analyze_plan",
+        lambda c: _merge(c).analyze_plan(kv_table([1]), schema=3),
+    ),  # type: ignore[arg-type]
+    ("AsyncMergeInsertBuilder.conflict_retries", lambda c: _merge(c).conflict_retries(-1)),
+    ("AsyncMergeInsertBuilder.duplicate_keys", lambda c: _merge(c).duplicate_keys("first")),
+    ("AsyncMergeInsertBuilder.execute", lambda c: _merge(c).execute(kv_table([1]), schema=3)),  # type: ignore[arg-type]
+    (
+        "AsyncMergeInsertBuilder.execute_uncommitted",
+        lambda c: _merge(c).execute_uncommitted(kv_table([1]), schema=3),  # type: ignore[arg-type]
+    ),
+    (
+        "AsyncMergeInsertBuilder.mark_sstables_as_compacted",
+        lambda c: _merge(c).mark_sstables_as_compacted(3),
+    ),  # type: ignore[arg-type]
+    ("AsyncMergeInsertBuilder.retry_timeout", lambda c: _merge(c).retry_timeout(5)),  # type: ignore[arg-type]
+    ("AsyncMergeInsertBuilder.retry_timeout", lambda c: _merge(c).retry_timeout(timedelta(-1))),
+    ("AsyncMergeInsertBuilder.via_mem_wal", lambda c: _merge(c).via_mem_wal(c.ds)),  # type: ignore[arg-type]
+    ("AsyncMergeInsertBuilder.via_mem_wal", lambda c: _merge(c).when_matched_fail().via_mem_wal()),
+    ("AsyncMergeInsertBuilder.write_mode", lambda c: _merge(c).write_mode("fast")),
+    # AsyncTags
+    ("AsyncTags.create", lambda c: c.ds.tags.create("", 1)),
+    ("AsyncTags.create", lambda c: c.ds.tags.create("t", 0)),
+    ("AsyncTags.delete", lambda c: c.ds.tags.delete(3)),  # type: ignore[arg-type]
+    ("AsyncTags.get_version", lambda c: c.ds.tags.get_version("")),
+    ("AsyncTags.list_ordered", lambda c: c.ds.tags.list_ordered("up")),
+    ("AsyncTags.update", lambda c: c.ds.tags.update("t", -1)),
+    # ShardRouter (open)
+    ("ShardRouter.delete", lambda c: c.router.delete(kv_table([1]), timeout=-1)),
+    ("ShardRouter.lsm_point_lookup", lambda c: c.router.lsm_point_lookup(1, columns="id")),
+    ("ShardRouter.lsm_scan", lambda c: c.router.lsm_scan(limit=-1)),
+    ("ShardRouter.lsm_point_lookups", lambda c: c.router.lsm_point_lookups([1], columns="id")),
+    ("ShardRouter.lsm_vector_search", lambda c: c.router.lsm_vector_search([1.0], column="v", k=0)),
+    ("ShardRouter.put", lambda c: c.router.put(kv_table([1]), timeout=float("nan"))),
+    ("ShardRouter.put_stream", lambda c: c.router.put_stream([kv_table([1])], timeout=-1)),
+    ("ShardRouter.send", lambda c: c.router.send(kv_table([1]), timeout=-1)),
+    ("ShardRouter.writer", lambda c: c.router.writer("shard-1")),
+    # AsyncShardWriter (open)
+    ("AsyncShardWriter.delete", lambda c: c.writer.delete(kv_table([0]), timeout=-1)),
+    ("AsyncShardWriter.lsm_point_lookup", lambda c: c.writer.lsm_point_lookup(0, columns="id")),
+    ("AsyncShardWriter.lsm_scan", lambda c: c.writer.lsm_scan(limit=-1)),
+    ("AsyncShardWriter.lsm_point_lookups", lambda c: c.writer.lsm_point_lookups([0], columns="id")),
+    (
+        "AsyncShardWriter.lsm_vector_search",
+        lambda c: c.writer.lsm_vector_search([1.0], column="v", k=0),
+    ),
+    ("AsyncShardWriter.put", lambda c: c.writer.put(kv_table([0]), timeout=-1)),
+    ("AsyncShardWriter.put_stream", lambda c: c.writer.put_stream([kv_table([0])], timeout=-1)),
+    ("AsyncShardWriter.send", lambda c: c.writer.send(kv_table([0]), timeout=-1)),
+    ("AsyncShardWriter.send_nowait", lambda c: c.writer.send_nowait([1])),  # type: ignore[arg-type]
+    ("AsyncShardWriter.wait_flushed", lambda c: c.writer.wait_flushed(-1)),
+    # the rest
+    ("WriteSource.reader", lambda c: _plan(c, "reader")),
+    ("WriteSource.reader_plan", lambda c: _plan(c, "reader_plan")),
+    ("FileFeed.fetch", _file_feed_fetch),
+    ("IterableFeed.fetch", lambda c: la.IterableFeed([]).fetch(0, 1.0)),
+    ("Ack.combine", lambda c: la.Ack.combine(3)),  # type: ignore[arg-type]
+]
+
+#: Public calls whose arguments cannot be wrong in themselves, or are checked
+#: by the engine that owns them (pass-through options of pylance 14).
+NOTHING_TO_CHECK: dict[str, str] = {
+    "AsyncDataset": "wraps a LanceDataset given by lance_async itself",
+    "AsyncDataset.compact_files": "pylance's compaction options, checked by pylance",
+    "AsyncDataset.optimize_indices": "pylance's index options, checked by pylance",
+    "AsyncTags": "made by AsyncDataset.tags",
+    "AsyncMergeInsertBuilder.data_storage_version": "a file format name, checked by the engine",
+    "AsyncMergeInsertBuilder.explain_plan": "a schema and a flag, handed to the engine",
+    "AsyncMergeInsertBuilder.use_index": "a flag",
+    "AsyncMergeInsertBuilder.when_matched_update_all": "a SQL condition, parsed by the engine",
+    "AsyncMergeInsertBuilder.when_not_matched_by_source_delete": "SQL, parsed by the engine",
+    "AsyncShardWriter.open": "a task group",
+    "Compactor.start": "a task group",
+    "CoalescerStats": "a result",
+    "CompactorStats": "a result",
+    "IterableFeed": "any iterable",
+    "IterableFeed.ack_batch": "messages the feed handed out",
+    "Ack": "made by writers",
+    "Feed": "a protocol",
+    "Feed.fetch": "a protocol; FileFeed.fetch and IterableFeed.fetch are walked",
+    "WriteSource": "the base class of source kinds; its arguments come from lance_async",
+    "Message": "made by feeds",
+    "CommitBatchResult": "a result",
+    "CompactionResult": "a result",
+    "IngestStats": "a result",
+    "MemoryLimits": "a result",
+    "MergeResult": "a result",
+    "PutSummary": "a result",
+    "ShardSnapshot": "a result",
+    "ThreadLimits": "a result",
+    "WriterStats": "a result",
+}
+
+#: Cases that still break the rule in modules owned elsewhere (memwal/vector.py,
+#: memwal/reads.py: the LSM reads being rewritten); remove them when fixed.
+ELSEWHERE: set[str] = set()
+
+
+def _public_calls() -> set[str]:
+    """Every public function, constructor and method of the top-level API that takes arguments."""
+    calls: set[str] = set()
+
+    def takes_arguments(func: Any, skip_self: bool) -> bool:
+        try:
+            params = list(inspect.signature(func).parameters)
+        except (TypeError, ValueError):
+            return False
+        return len(params) > (1 if skip_self else 0)
+
+    for name in la.__all__:
+        obj = getattr(la, name)
+        if inspect.isclass(obj):
+            if issubclass(obj, BaseException) or issubclass(obj, __import__("enum").Enum):
+                continue
+            if takes_arguments(obj, skip_self=False):
+                calls.add(name)
+            for attr in dir(obj):
+                if attr.startswith("_") or isinstance(inspect.getattr_static(obj, attr), property):
+                    continue
+                member = getattr(obj, attr)
+                static = isinstance(inspect.getattr_static(obj, attr), (classmethod, staticmethod))
+                owner = next(k for k in obj.__mro__ if attr in vars(k))
+                where = owner.__name__ if owner.__name__ in la.__all__ else name
+                if callable(member) and takes_arguments(member, skip_self=not static):
+                    calls.add(f"{where}.{attr}")
+        elif callable(obj) and takes_arguments(obj, skip_self=False):
+            calls.add(name)
+    return calls
+
+
+def test_every_public_call_is_walked() -> None:
+    walked = {name for name, _ in CASES}
+    missing = _public_calls() - walked - set(NOTHING_TO_CHECK)
+    assert not missing, f"no bad-argument case for {sorted(missing)}"
+    assert not walked & set(NOTHING_TO_CHECK)
+
+
+async def test_arguments_wrong_in_themselves_raise_value_or_type_error(tmp_path: Path) -> None:
+    ds = await la.write_dataset(kv_table(range(3)), tmp_path / "t.lance")
+    await ds.initialize_mem_wal()
+    shard = (await ds.sharding()).shard_id(0)
+    broken: dict[str, str] = {}
+    async with ds.mem_wal_writer() as router, ds.mem_wal_writer(shard) as writer:
+        ctx = Ctx(ds, router, writer, tmp_path)
+        version = ds.version
+        for name, call in CASES:
+            try:
+                with anyio.fail_after(30):
+                    result = call(ctx)
+                    if inspect.isawaitable(result):
+                        result = await result
+                    if isinstance(result, la.AsyncBatchStream) or hasattr(result, "to_table"):
+                        await result.to_table()
+            except (ValueError, TypeError) as exc:
+                if isinstance(exc, la.InvalidInputError):
+                    broken[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            except Exception as exc:
+                broken[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            broken[name] = "accepted"
+        assert ds.version == version  # nothing was committed by a bad call
+    assert set(broken) <= ELSEWHERE, {k: v for k, v in broken.items() if k not in ELSEWHERE}
