@@ -114,6 +114,9 @@ def configure_metrics(
 
     Raises
     ------
+    TypeError
+        ``meter_provider`` has no ``get_meter``, or ``enabled`` / ``lance``
+        is not a bool (at the call).
     ImportError
         The OpenTelemetry API is not installed: ``pip install 'lance-async[metrics]'``.
 
@@ -124,6 +127,14 @@ def configure_metrics(
     library guidance: instruments from the API, the SDK and exporters chosen
     by the application.
     """
+    for name, flag in (("enabled", enabled), ("lance", lance)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
+        raise TypeError(
+            "meter_provider must be an OpenTelemetry MeterProvider, "
+            f"got {type(meter_provider).__name__}"
+        )
     if not enabled:
         _S.on = False
         return False

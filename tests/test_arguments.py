@@ -84,6 +84,8 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
     ("write_dataset", lambda c: la.write_dataset(kv_table([1]), c.tmp / "w", mode="x")),
     ("configure_threads", lambda c: la.configure_threads(engine=0)),
     ("configure_memory", lambda c: la.configure_memory(pool_bytes=-1)),
+    ("configure_metrics", lambda c: la.configure_metrics(meter_provider=3)),
+    ("configure_metrics", lambda c: la.configure_metrics(enabled="yes")),  # type: ignore[arg-type]
     ("bridge_reader", _bridge),
     ("coerce_source", lambda c: la.coerce_source("rows.csv")),
     ("resolve_source", lambda c: la.resolve_source(kv_table([1]), schema=3)),  # type: ignore[arg-type]
