@@ -34,6 +34,7 @@ from ..sources import SourceMode, resolve_source
 from ..sources.composed import ComposedBatchStream
 from .accumulator import Kind
 from .acks import Ack, PutSummary
+from .policy import WriterConfig
 from .reads import lsm_point_lookup, lsm_scan
 from .sharding import Sharding, default_shard_id, read_sharding
 from .stats import RouterStats, WriterState, percentiles
@@ -63,11 +64,15 @@ class ShardRouter:
     dataset : AsyncDataset
         A table whose MemWAL has a sharding spec.
     **writer_options
-        Passed to every :class:`AsyncShardWriter` (queue limits, ``linger``,
-        ``durable_write``, ...).
+        Passed to every :class:`AsyncShardWriter`: the commit policy
+        (``commit=``, ``min_put_interval=``), queue limits, ``linger``,
+        ``durable_write``, ...
 
     Raises
     ------
+    TypeError, ValueError
+        A writer option of the wrong type or out of range (checked here,
+        not when a shard first receives rows).
     InvalidInputError
         On entry: the table has no MemWAL, or its shards are manual (name a
         shard: ``dataset.mem_wal_writer(shard_id)``).
@@ -75,6 +80,8 @@ class ShardRouter:
 
     def __init__(self, dataset: AsyncDataset, **writer_options: Any) -> None:
         self._dataset = dataset
+        self.config = WriterConfig.from_options(**writer_options)
+        """The writers' options, checked."""
         self._options = writer_options
         self.durable_write = bool(writer_options.get("durable_write", True))
         """Whether the writers wait for the WAL flush before acking (the default)."""
@@ -200,6 +207,8 @@ class ShardRouter:
         if isinstance(data, (pa.RecordBatch, pa.Table)) and schema is None:
             source = None
             in_memory = [data] if isinstance(data, pa.RecordBatch) else data.to_batches()
+        elif _batch_list(data) and schema is None:
+            source, in_memory = None, data
         else:
             source = await resolve_source(data, schema=schema)
             in_memory = source.batches() if source.mode is SourceMode.MATERIALIZED else None
@@ -227,9 +236,14 @@ class ShardRouter:
         acks: list[Ack],
         timeout: float | None,
     ) -> None:
+        """Each shard's parts to its writer: one send per shard, in order."""
+        by_shard: dict[str, list[pa.RecordBatch]] = {}
         for shard_id, part in parts:
+            by_shard.setdefault(shard_id, []).append(part)
+        for shard_id, group in by_shard.items():
             writer = await self.writer(shard_id)
-            acks.append(await writer._submit(kind, part, timeout, None, routed=True))
+            data = group[0] if len(group) == 1 else group
+            acks.append(await writer._submit(kind, data, timeout, None, routed=True))
 
     async def send(
         self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
@@ -258,6 +272,23 @@ class ShardRouter:
             The router is closed.
         """
         return await self._send(Kind.PUT, data, timeout, schema)
+
+    async def send_many(
+        self, batches: Iterable[pa.RecordBatch], *, timeout: float | None = None
+    ) -> Ack:
+        """Route several in-memory batches under one ack (see
+        :meth:`AsyncShardWriter.send_many`): checked whole, then each shard's
+        rows handed to its writer in one send (one queue entry when they fit
+        one put).
+
+        Raises
+        ------
+        SchemaMismatchError
+            A batch does not fit the table (nothing is queued).
+        BackpressureTimeoutError, WriterFailedError, FencedError, ClosedError
+            As :meth:`send`.
+        """
+        return await self._send(Kind.PUT, list(batches), timeout, None)
 
     async def put(
         self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
@@ -367,6 +398,11 @@ class ShardRouter:
                             return
 
         return ComposedBatchStream(batches(), schema=out_schema)
+
+
+def _batch_list(data: Any) -> bool:
+    """Whether ``data`` is a list of record batches (``send_many``'s argument)."""
+    return isinstance(data, list) and all(isinstance(b, pa.RecordBatch) for b in data)
 
 
 def _keep(
