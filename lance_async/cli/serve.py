@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import typer
@@ -27,6 +28,7 @@ def serve(
     except ImportError as exc:
         err.print(f"[red]error:[/red] {exc}; pip install 'lance-async[fastapi]'")
         raise typer.Exit(2) from None
+    gc.freeze()  # start-up objects out of the collector's way (README, GC)
     serve_main(
         host,
         port,
