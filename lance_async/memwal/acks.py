@@ -5,7 +5,10 @@ An :class:`Ack` is to a :class:`~lance_async.AsyncShardWriter` what a
 :meth:`~lance_async.AsyncShardWriter.send`, resolved when every row of that
 send is durable (or accepted by the engine when ``durable_write=False``), or
 failed with the error of the engine put that carried them. It is built on an
-:class:`anyio.Event` and a result slot, so it works on asyncio and trio.
+:class:`anyio.Event` (made only when someone waits) and a result slot, so it
+works on asyncio and trio. A send of one batch gets a subclass that is also
+its queue entry (``accumulator.BatchAck``): one object per message besides
+the batch; ``send_many`` gets one ack for a group of batches.
 """
 
 from __future__ import annotations

@@ -40,14 +40,14 @@ Guarantees
 
 Cancellation rule
 -----------------
-A send of in-memory rows (a batch, a table, a frame...) is queued whole or
-not at all; a streamed send (an iterator, a reader) is queued whole or not
-at all per batch. Cancelling a task blocked in ``send``/``put`` before its
-rows were queued queues nothing; cancelling it afterwards (while it awaits
-the ack) leaves the rows queued: they are written exactly once and the
-:class:`~lance_async.Ack` (kept by ``send`` callers) still resolves. Closing
-the writer flushes everything queued (shielded from cancellation, bounded
-by ``close_timeout``).
+A send of in-memory rows (a batch, a table, a frame, a ``send_many``
+group...) is queued whole or not at all; a streamed send (an iterator, a
+reader) is queued whole or not at all per batch. Cancelling a task blocked
+in ``send``/``put`` before its rows were queued queues nothing; cancelling
+it afterwards (while it awaits the ack) leaves the rows queued: they are
+written exactly once and the :class:`~lance_async.Ack` (kept by ``send``
+callers) still resolves. Closing the writer flushes everything queued
+(shielded from cancellation, bounded by ``close_timeout``).
 
 Commit policies
 ---------------
