@@ -9,7 +9,10 @@ comparing lance_async with pylance sync calls, pylance wrapped in
 3. scan            -- full scans and LSM point lookups (issue 5)
 4. scaling         -- time and peak RSS at 1x, 4x, 16x input (issue 8)
 5. sharding        -- routing cost and worker take-over time (issue 13)
-6. event-loop lag of a 1 ms ticker during each workload (issue 8)
+6. object_storage  -- durable ingestion on S3 (moto) vs local; 1-3 workers (issue 14)
+7. lsm             -- LSM reads under background compaction, lookups, cancel,
+                      NDJSON, first engine call, LSM vector search (issue 18)
+8. event-loop lag of a 1 ms ticker during each workload (issue 8)
 
 ``--quick`` runs small sizes in about a minute (a smoke run, not a
 measurement). Without it the suite takes under 10 minutes on 2 cores.
@@ -29,7 +32,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import mem_wal_ingest, merge_replay, report, scaling, scan, sharding
+from . import (
+    lsm,
+    mem_wal_ingest,
+    merge_replay,
+    object_storage,
+    report,
+    scaling,
+    scan,
+    sharding,
+)
 from ._common import (
     REPO_ROOT,
     Section,
@@ -41,7 +53,15 @@ from ._common import (
     set_child_log,
 )
 
-WORKLOADS = ["merge_replay", "mem_wal_ingest", "scan", "scaling", "sharding"]
+WORKLOADS = [
+    "merge_replay",
+    "mem_wal_ingest",
+    "scan",
+    "scaling",
+    "sharding",
+    "object_storage",
+    "lsm",
+]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -131,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         "scan": scan,
         "scaling": scaling,
         "sharding": sharding,
+        "object_storage": object_storage,
+        "lsm": lsm,
     }
     try:
         for name in wanted:

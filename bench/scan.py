@@ -99,6 +99,8 @@ LOOKUP_CONFIGS = [
 ]
 BATCH_SIZES = [1024, 4096, 16384, 65536]
 SCAN_OVERHEAD = 1.05
+SMALL_BATCHES = [1024, 4096]
+SMALL_BATCH_OVERHEAD = 1.1
 
 
 def sizes(quick: bool) -> dict[str, int]:
@@ -501,6 +503,20 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
             + fmt_ratio(ratio(la_l.median("lookups_per_s"), sync_l.median("lookups_per_s")))
             + " (informational; the issue sets no target)."
         )
+    for bs in SMALL_BATCHES:
+        la_bs = find(sweep_series, f"batch_size {bs}", LANCE_ASYNC)
+        sync_bs = find(sweep_series, f"batch_size {bs}", "pylance_sync")
+        if la_bs and sync_bs:
+            r = ratio(la_bs.median("wall_s"), sync_bs.median("wall_s"))
+            out_targets.append(
+                Target(
+                    f"scan overhead at {bs:,}-row batches: AsyncBatchStream time ÷ sync "
+                    "to_batches time (issue 18)",
+                    fmt_vs_limit(r, SMALL_BATCH_OVERHEAD),
+                    f"≤ {SMALL_BATCH_OVERHEAD:.2f}x",
+                    r <= SMALL_BATCH_OVERHEAD,
+                )
+            )
     per_bs = []
     for bs in BATCH_SIZES:
         la_bs = find(sweep_series, f"batch_size {bs}", LANCE_ASYNC)

@@ -4,17 +4,24 @@ Awaitable merge_insert whose conflict retries replay the source, MemWAL
 ingestion with a bounded queue, group commit and durable acks, and LSM reads
 -- all without blocking the event loop (asyncio or trio, through anyio).
 Every public name is re-exported here, one line per name; the modules that
-define them are the place to read their documentation. The submodules are
-imported on first use of a name (PEP 562), so ``import lance_async`` is
-cheap and does not load pylance until it is needed.
+define them are the place to read their documentation.
+
+``import lance_async`` loads pyarrow, pylance and the modules that call them
+(about 0.3 s), so that the first engine call made on an event loop does not
+stall it importing them (0.4 s measured, issue 18); the optional parts
+(feeds, web, the command) still load on first use of a name (PEP 562). The
+``lance-async`` command skips this: it sets ``LANCE_LOG`` before pylance loads.
 """
 
 from __future__ import annotations
 
 import importlib as _importlib
+import os as _os
+import sys as _sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._memory import MemoryLimits, configure_memory, memory_limits
     from ._threads import ThreadLimits, configure_threads
     from .dataset import AsyncDataset, open_dataset, write_dataset
     from .errors import (
@@ -24,8 +31,10 @@ if TYPE_CHECKING:
         ContentionError,
         DatasetNotFoundError,
         DecodeError,
+        DuplicateKeyError,
         InvalidInputError,
         LanceAsyncError,
+        ResourceExhaustedError,
         SchemaMismatchError,
         SourceChangedError,
         SourceConsumedError,
@@ -38,7 +47,11 @@ if TYPE_CHECKING:
     from .memwal import (
         Ack,
         AsyncShardWriter,
+        CoalescerStats,
+        CompactionPolicy,
         CompactionResult,
+        Compactor,
+        CompactorStats,
         PutSummary,
         ShardRouter,
         ShardSnapshot,
@@ -69,13 +82,22 @@ _LOCATIONS: dict[str, str] = {
     "BackpressureTimeoutError": ".errors",
     "bridge_reader": ".sources",
     "ClosedError": ".errors",
+    "CoalescerStats": ".memwal",
     "coerce_source": ".sources",
+    "CompactionPolicy": ".memwal",
     "CompactionResult": ".memwal",
+    "Compactor": ".memwal",
+    "CompactorStats": ".memwal",
+    "configure_memory": "._memory",
     "configure_threads": "._threads",
+    "memory_limits": "._memory",
+    "MemoryLimits": "._memory",
+    "ResourceExhaustedError": ".errors",
     "ConflictError": ".errors",
     "ContentionError": ".errors",
     "DatasetNotFoundError": ".errors",
     "DecodeError": ".errors",
+    "DuplicateKeyError": ".errors",
     "Feed": ".feeds",
     "file_source": ".sources",
     "FileFeed": ".feeds",
@@ -118,11 +140,16 @@ __all__ = [
     "AsyncShardWriter",
     "BackpressureTimeoutError",
     "ClosedError",
+    "CoalescerStats",
+    "CompactionPolicy",
     "CompactionResult",
+    "Compactor",
+    "CompactorStats",
     "ConflictError",
     "ContentionError",
     "DatasetNotFoundError",
     "DecodeError",
+    "DuplicateKeyError",
     "Feed",
     "FileFeed",
     "FileSource",
@@ -130,9 +157,11 @@ __all__ = [
     "InvalidInputError",
     "IterableFeed",
     "LanceAsyncError",
+    "MemoryLimits",
     "MergeResult",
     "Message",
     "PutSummary",
+    "ResourceExhaustedError",
     "SchemaMismatchError",
     "ShardRouter",
     "ShardSnapshot",
@@ -150,10 +179,12 @@ __all__ = [
     "WrongEventLoopError",
     "bridge_reader",
     "coerce_source",
+    "configure_memory",
     "configure_threads",
     "file_source",
     "ingest",
     "iterate_reader",
+    "memory_limits",
     "open_dataset",
     "replayable",
     "resolve_source",
@@ -172,3 +203,18 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(__all__)
+
+
+def _is_the_command() -> bool:
+    """True when this process is the ``lance-async`` command (it imports pylance itself)."""
+    if _sys.argv and _os.path.basename(_sys.argv[0]).startswith("lance-async"):
+        return True
+    argv = list(getattr(_sys, "orig_argv", []))
+    return any(
+        arg == "-m" and i + 1 < len(argv) and argv[i + 1].startswith("lance_async")
+        for i, arg in enumerate(argv)
+    )
+
+
+if not _is_the_command():
+    _importlib.import_module(".dataset", __name__)  # pyarrow, pylance, memwal, merge, sources

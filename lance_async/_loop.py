@@ -45,6 +45,11 @@ class LoopHandle:
     def __init__(self) -> None:
         self._native = _native_token()
 
+    @property
+    def key(self) -> object:
+        """The loop itself (asyncio) or its trio token: a hashable identity."""
+        return self._native
+
     def is_current(self) -> bool:
         """True when called from inside this handle's loop (fast on asyncio)."""
         native = self._native

@@ -24,6 +24,9 @@ The one thread that is not an anyio worker thread is that prefetch thread:
 a stream is iterated from whatever task holds it and has no task of its own
 in which to await a worker thread for its whole life, so it runs a dedicated
 thread, started on the first ``__anext__`` and counted against ``reader``.
+Such threads are tracked per event loop (:func:`track_thread`) and stopped
+and joined when their loop ends (:func:`stop_threads_at_loop_end`), or at
+interpreter exit: none is left inside the engine when Python finalizes.
 
 Cancellation rule
 -----------------
@@ -38,9 +41,11 @@ the caller's behalf, and the caller's outcome is knowable (see
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -54,7 +59,10 @@ __all__ = [
     "engine_limiter",
     "reader_limiter",
     "run_sync",
+    "stop_threads_at_loop_end",
     "stream_limiter",
+    "track_thread",
+    "untrack_thread",
 ]
 
 T = TypeVar("T")
@@ -225,3 +233,85 @@ async def run_sync(
         await anyio.lowlevel.checkpoint_if_cancelled()
         raise error
     return result  # type: ignore[return-value]
+
+
+# -- worker threads stopped when their event loop ends -----------------------------
+#
+# A reader thread left running when its event loop ends (a stream not closed
+# when ``asyncio.run`` returns) is still inside the engine when the
+# interpreter finalizes, and pylance then aborts the process (SIGABRT, about
+# one run in five). So every loop that starts such a thread gets a sentinel
+# async generator, suspended at its first ``yield``: asyncio (in
+# ``shutdown_asyncgens``) and trio close the async generators still alive when
+# their run ends, and the sentinel's ``finally`` stops that loop's threads and
+# joins them. An ``atexit`` hook does the same for any thread left, before the
+# interpreter finalizes.
+
+#: How long stopping a loop's threads waits for them, in all (seconds).
+STOP_TIMEOUT = 10.0
+
+_live_lock = threading.Lock()
+_live: dict[object, dict[threading.Thread, Callable[[], None]]] = {}
+_sentinels: dict[object, AsyncIterator[None]] = {}
+
+
+def _stop_and_join(threads: dict[threading.Thread, Callable[[], None]]) -> None:
+    for stop in threads.values():
+        stop()
+    deadline = time.monotonic() + STOP_TIMEOUT
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            log.warning("lance_async: a worker thread is still in a blocking call at loop end")
+
+
+def _stop_loop_threads(key: object) -> None:
+    with _live_lock:
+        threads = _live.pop(key, {})
+        _sentinels.pop(key, None)
+    _stop_and_join(threads)
+
+
+async def _loop_sentinel(key: object) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        _stop_loop_threads(key)
+
+
+async def stop_threads_at_loop_end(key: object) -> None:
+    """Make sure the running loop (identified by ``key``, see
+    ``LoopHandle.key``) stops the threads tracked under ``key`` when it ends.
+
+    Idempotent per loop; call it from inside that loop before starting a
+    thread. Does not block.
+    """
+    with _live_lock:
+        if key in _sentinels:
+            return
+        sentinel = _sentinels[key] = _loop_sentinel(key)
+    await sentinel.__anext__()  # suspended now: the loop closes it at its end
+
+
+def track_thread(key: object, thread: threading.Thread, stop: Callable[[], None]) -> None:
+    """Track ``thread`` of loop ``key``: at the loop's end (or at exit) ``stop()``
+    is called and the thread joined (``STOP_TIMEOUT`` seconds for all)."""
+    with _live_lock:
+        _live.setdefault(key, {})[thread] = stop
+
+
+def untrack_thread(key: object, thread: threading.Thread) -> None:
+    """Forget a thread that has finished (call it from the thread's last act)."""
+    with _live_lock:
+        threads = _live.get(key)
+        if threads is not None:
+            threads.pop(thread, None)
+
+
+@atexit.register
+def _stop_all_threads() -> None:
+    with _live_lock:
+        threads = {t: stop for group in _live.values() for t, stop in group.items()}
+        _live.clear()
+        _sentinels.clear()
+    _stop_and_join(threads)

@@ -26,13 +26,15 @@ import lance
 import pyarrow as pa
 from lance.dataset import LanceDataset
 
+from ._filters import check_filter
 from ._schema import primary_key
 from ._threads import run_sync
 from .errors import DatasetNotFoundError, SchemaMismatchError, raise_mapped
 from .memwal import retired
 from .memwal.check import ShardCheck, check_shards
 from .memwal.compaction import compact_mem_wal
-from .memwal.reads import lsm_point_lookup, lsm_scan
+from .memwal.compactor import CompactionPolicy, Compactor
+from .memwal.reads import lsm_point_lookup, lsm_point_lookups, lsm_scan
 from .memwal.router import ShardRouter
 from .memwal.sharding import Sharding, read_sharding, sharding_options
 from .memwal.snapshots import shard_snapshots
@@ -49,6 +51,9 @@ if TYPE_CHECKING:
 __all__ = ["AsyncDataset", "open_dataset", "write_dataset"]
 
 T = TypeVar("T")
+SLICED_BELOW = 16_384
+"""Scans asking for batches smaller than this read batches of about this size
+and slice them on the loop."""
 
 
 async def _engine(func: Callable[[], T]) -> T:
@@ -187,7 +192,7 @@ class AsyncDataset:
         batch_size: int | None = None,
         with_row_id: bool = False,
         nearest: Mapping[str, Any] | None = None,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         **scanner_options: Any,
     ) -> AsyncBatchStream:
         """Scan the dataset as an ``async for`` stream of record batches.
@@ -200,17 +205,19 @@ class AsyncDataset:
         columns : list of str or dict, optional
             Columns to read, or ``{name: SQL expression}``.
         filter : str, optional
-            Lance SQL filter.
+            Lance SQL filter: one expression (see :func:`check_filter`;
+            :class:`~lance_async.errors.FilterError` otherwise, at the call).
         limit, offset : int, optional
             Rows to return / skip.
         batch_size : int, optional
-            Rows per batch (Lance's default otherwise).
+            Rows per batch at most (Lance's default otherwise); smaller than
+            16,384, larger batches are read and sliced on the loop (zero-copy).
         with_row_id : bool
             Add the ``_rowid`` column.
         nearest : dict, optional
             Vector search, as in ``LanceDataset.scanner(nearest=...)``; adds
             ``_distance``.
-        prefetch : int
+        prefetch : int, optional
             Batches read ahead by the worker thread (default 4).
 
         Returns
@@ -232,7 +239,7 @@ class AsyncDataset:
         options: dict[str, Any] = dict(scanner_options)
         for key, value in (
             ("columns", columns),
-            ("filter", filter),
+            ("filter", check_filter(filter)),
             ("limit", limit),
             ("offset", offset),
             ("batch_size", batch_size),
@@ -253,19 +260,30 @@ class AsyncDataset:
         schema = None
         if not scanner_options:
             schema = _projected_schema(ds.schema, columns, with_row_id, nearest)  # type: ignore[arg-type]
-        return AsyncBatchStream(opener, schema=schema, prefetch=prefetch)
+        max_rows = None
+        if batch_size is not None and batch_size < SLICED_BELOW:
+            # small batches: read ~16k-row ones and slice them on the loop (zero-copy);
+            # the engine and the thread hand-over cost per batch, not per row
+            options["batch_size"] = batch_size * -(-SLICED_BELOW // batch_size)
+            max_rows = batch_size
+        return AsyncBatchStream(opener, schema=schema, prefetch=prefetch or 4, max_rows=max_rows)
 
     async def to_table(self, **scanner_options: Any) -> pa.Table:
         """Read rows into one table (``LanceDataset.to_table`` on a worker thread).
 
         Keyword arguments are those of ``LanceDataset.scanner`` (columns,
-        filter, limit, offset, nearest, ...).
+        filter, limit, offset, nearest, ...); a string ``filter`` must be
+        one expression (:class:`~lance_async.errors.FilterError`).
         """
+        if "filter" in scanner_options:
+            scanner_options["filter"] = check_filter(scanner_options["filter"])
         return await _engine(lambda: self._ds.to_table(**scanner_options))
 
     async def count_rows(self, filter: str | None = None) -> int:
-        """Number of rows, optionally matching a Lance SQL ``filter``."""
-        return int(await _engine(lambda: self._ds.count_rows(filter)))
+        """Number of rows, optionally matching a Lance SQL ``filter`` (one
+        expression: :class:`~lance_async.errors.FilterError` otherwise)."""
+        checked = check_filter(filter)
+        return int(await _engine(lambda: self._ds.count_rows(checked)))
 
     async def take(self, indices: Sequence[int], columns: Sequence[str] | None = None) -> pa.Table:
         """Rows at the given offsets (0-based, in the given order)."""
@@ -289,8 +307,16 @@ class AsyncDataset:
         return result
 
     async def delete(self, filter: str, **options: Any) -> Any:
-        """Delete rows matching a Lance SQL ``filter``; returns pylance's DeleteResult."""
-        return await self._mutate(lambda d: d.delete(filter, **options))
+        """Delete rows matching a Lance SQL ``filter``; returns pylance's DeleteResult.
+
+        Raises
+        ------
+        FilterError
+            ``filter`` is not one expression (pylance would ignore what
+            follows the first one and delete by that).
+        """
+        checked = check_filter(filter)
+        return await self._mutate(lambda d: d.delete(checked, **options))
 
     async def update(
         self, values: Mapping[str, str], where: str | None = None, **options: Any
@@ -301,8 +327,14 @@ class AsyncDataset:
         -------
         dict
             pylance's result, e.g. ``{"num_rows_updated": n}``.
+
+        Raises
+        ------
+        FilterError
+            ``where`` is not one expression.
         """
-        return dict(await self._mutate(lambda d: d.update(dict(values), where=where, **options)))
+        checked = check_filter(where)
+        return dict(await self._mutate(lambda d: d.update(dict(values), where=checked, **options)))
 
     async def create_index(
         self, column: str | list[str], index_type: str, **options: Any
@@ -380,7 +412,8 @@ class AsyncDataset:
             Conflicting sharding options (raised by pylance).
         """
         chosen = sharding_options(self.schema, options, manual_shards)
-        await self._mutate(lambda d: retired.initialize_mem_wal(d, chosen))
+        storage = self._storage_options
+        await self._mutate(lambda d: retired.initialize_mem_wal(d, chosen, storage))
         return self
 
     async def check_shards(self) -> ShardCheck:
@@ -421,16 +454,29 @@ class AsyncDataset:
         shards are divided among processes. With a ``shard_id``: an
         :class:`~lance_async.AsyncShardWriter` of that one shard, which refuses
         rows of other shards (:class:`~lance_async.errors.WrongShardError`).
-        ``options`` are the writer's (see :class:`~lance_async.AsyncShardWriter`).
+        ``options`` are the writer's (see :class:`~lance_async.AsyncShardWriter`);
+        the router also takes ``compaction=CompactionPolicy(...)`` to compact
+        flushed generations in the background while it is open (for one
+        shard writer, run a :class:`~lance_async.memwal.Compactor` beside it).
         """
         if shard_id is None:
             return ShardRouter(self, **options)
+        if "compaction" in options:
+            raise TypeError(
+                "compaction= is for the routing writer (mem_wal_writer() with no shard id); "
+                "beside one shard writer, use `async with lance_async.memwal.Compactor(ds, policy)`"
+            )
         return AsyncShardWriter(self, shard_id, **options)
 
     def shard_router(self, **options: Any) -> ShardRouter:
         """The routing writer, as ``mem_wal_writer()`` with no shard id (``async with``)."""
 
         return ShardRouter(self, **options)
+
+    def compactor(self, policy: CompactionPolicy | None = None) -> Compactor:
+        """A background :class:`~lance_async.memwal.Compactor` of this table (``async with``)."""
+
+        return Compactor(self, policy)
 
     # -- LSM reads (memwal) ------------------------------------------------
     async def shard_snapshots(self) -> ShardSnapshots:
@@ -444,10 +490,20 @@ class AsyncDataset:
         columns: Sequence[str] | None = None,
         filter: str | None = None,
         limit: int | None = None,
+        *,
+        batch_size: int | None = None,
     ) -> AsyncBatchStream:
-        """Scan base table and flushed SSTables, newest row per primary key."""
+        """Scan base table and flushed SSTables, newest row per primary key, streamed
+        (see :func:`lance_async.memwal.lsm_scan`)."""
 
-        return lsm_scan(self, snapshots=snapshots, columns=columns, filter=filter, limit=limit)
+        return lsm_scan(
+            self,
+            snapshots=snapshots,
+            columns=columns,
+            filter=filter,
+            limit=limit,
+            batch_size=batch_size,
+        )
 
     async def lsm_point_lookup(
         self,
@@ -455,9 +511,21 @@ class AsyncDataset:
         columns: Sequence[str] | None = None,
         snapshots: ShardSnapshots | None = None,
     ) -> pa.Table:
-        """The newest row for one primary key (a table of 0 or 1 row)."""
+        """The newest row for one primary key (a table of 0 or 1 row); concurrent
+        lookups are answered in batches (see :func:`lance_async.memwal.lsm_point_lookup`)."""
 
         return await lsm_point_lookup(self, key, columns=columns, snapshots=snapshots)
+
+    async def lsm_point_lookups(
+        self,
+        keys: Any,
+        columns: Sequence[str] | None = None,
+        snapshots: ShardSnapshots | None = None,
+    ) -> pa.Table:
+        """The newest row of each of many primary keys, in one batch, in the order
+        of ``keys`` (see :func:`lance_async.memwal.lsm_point_lookups`)."""
+
+        return await lsm_point_lookups(self, keys, columns=columns, snapshots=snapshots)
 
     async def lsm_vector_search(
         self,
@@ -465,12 +533,13 @@ class AsyncDataset:
         *,
         column: str,
         k: int = 10,
-        nprobes: int = 20,
+        nprobes: int | None = 20,
         filter: str | None = None,
         snapshots: ShardSnapshots | None = None,
         **options: Any,
     ) -> pa.Table:
-        """k nearest rows across the LSM levels, with ``_distance``."""
+        """k nearest rows across the LSM levels, with ``_distance`` (see
+        :func:`lance_async.memwal.lsm_vector_search`)."""
 
         return await lsm_vector_search(
             self,
@@ -489,18 +558,23 @@ class AsyncDataset:
         *,
         chunk_rows: int = 65_536,
         optimize_indices: bool = True,
+        max_generations: int | None = None,
     ) -> CompactionResult:
         """Merge flushed MemWAL generations into the base table.
 
         Every flushed, not yet compacted generation of each shard (all shards,
-        or ``shard_ids``), oldest first, is merged with merge_insert and marked
-        compacted in the same commit; conflicts replay the immutable SSTable.
+        or ``shard_ids``) is merged with merge_insert and marked compacted in
+        the same commit; conflicts replay the immutable SSTables.
         See :func:`lance_async.memwal.compact_mem_wal` for the parameters, the
         result and the errors.
         """
 
         return await compact_mem_wal(
-            self, shard_ids, chunk_rows=chunk_rows, optimize_indices=optimize_indices
+            self,
+            shard_ids,
+            chunk_rows=chunk_rows,
+            optimize_indices=optimize_indices,
+            max_generations=max_generations,
         )
 
 

@@ -38,7 +38,7 @@ import random
 import shutil
 import time
 import zipfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -307,13 +307,16 @@ def _weather_checks(final: pa.Table, weather: pa.Table) -> tuple[bool, bool]:
 
 
 class RaceHook:
-    """A Lance ``commit_lock`` that opens a window for a competing writer.
+    """A window for a competing writer, opened by the source of our first merge.
 
-    The first time our merge is about to commit, the competing upsert runs
-    (a plain pylance merge_insert on its own thread; Lance cannot be called
-    from inside its own runtime) and commits first. Our commit then
-    conflicts -- a real conflict, every run -- and lance_async retries by
-    calling the source's factory again.
+    The first pass of the first revision's replayable source, once Lance
+    has read its last batch (so before our merge can commit), runs the
+    competing upsert -- a plain pylance merge_insert on its own thread, since
+    Lance cannot be called from inside its own runtime -- and waits for its
+    commit. Our commit then conflicts -- a real conflict, every run -- and
+    lance_async retries by calling the source's factory again. (A Lance
+    ``commit_lock`` could open the same window, but pylance 14.0.2 panics on
+    Python 3.13 when a commit made through one conflicts.)
     """
 
     def __init__(self, competitor: Callable[[], Any]) -> None:
@@ -321,26 +324,30 @@ class RaceHook:
         self.fired = False
         self.competitor_version: int | None = None
 
-    def __call__(self, version: int) -> Any:
-        import contextlib
+    def source(self, table: pa.Table) -> Callable[[], pa.RecordBatchReader]:
+        """A factory of readers over ``table``; its first pass races the competitor."""
+
+        def factory() -> pa.RecordBatchReader:
+            race = not self.fired
+            self.fired = True
+
+            def batches() -> Iterator[pa.RecordBatch]:
+                yield from table.to_batches()
+                if race:
+                    self._compete()
+
+            return pa.RecordBatchReader.from_batches(table.schema, batches())
+
+        return factory
+
+    def _compete(self) -> None:
         import threading
 
-        @contextlib.contextmanager
-        def window() -> Any:
-            if not self.fired:
-                self.fired = True
-                box: list[Any] = []
-                thread = threading.Thread(target=lambda: box.append(self.competitor()))
-                thread.start()
-                thread.join()
-                self.competitor_version = box[0] if box else None
-            yield
-
-        return window()
-
-
-def _same(table: pa.Table) -> pa.Table:
-    return table
+        box: list[Any] = []
+        thread = threading.Thread(target=lambda: box.append(self.competitor()))
+        thread.start()
+        thread.join()
+        self.competitor_version = box[0] if box else None
 
 
 def _recalibration(weather: pa.Table) -> pa.Table:
@@ -384,12 +391,12 @@ async def _weather_revisions(
         return int(ds.version)
 
     hook = RaceHook(compete)
-    ds = await open_dataset(uri, commit_lock=hook)
+    ds = await open_dataset(uri)
     results = []
     progress.stage("weather revisions", 12)
     for month in range(1, 13):
         revision = await run_sync(partial(_revision, weather, month), limiter=stream_limiter())
-        source = replayable(partial(_same, revision), schema=revision.schema)
+        source = replayable(hook.source(revision), schema=revision.schema)
         result = await (
             ds.merge_insert(["origin", "time_hour"]).when_matched_update_all().execute(source)
         )

@@ -20,12 +20,14 @@ The tree::
     │   └── SourceChangedError      a replayable source gave different data on replay
     ├── InvalidInputError           rows the engine would reject (raised before any commit)
     │   ├── SchemaMismatchError     a schema or batch does not match (names the field)
+    │   ├── DuplicateKeyError       a key repeats inside one source (names the key)
     │   ├── DecodeError             a feed message could not be decoded (names the offset)
     │   └── WrongShardError         a row sent to a shard its key does not map to
     ├── ConflictError               a commit lost to a concurrent writer (.retryable)
     │   └── ContentionError         retries exhausted (.num_attempts)
     ├── WriterFailedError           a MemWAL shard writer broke; every pending ack fails
     │   └── FencedError             another writer claimed the shard (a newer epoch)
+    ├── ResourceExhaustedError      the engine's memory pool ran out (size it: configure_memory)
     ├── BackpressureTimeoutError    no room in a writer's queue before the timeout
     │
     │   raised by the HTTP helpers (lance_async.fastapi), each with its status:
@@ -36,6 +38,8 @@ The tree::
     ├── NoShardWriterError          the table has no MemWAL writer in the app (409)
     ├── SourceConsumedError ─ BodyConsumedError       body already read (400)
     ├── SourceError ─ ClientDisconnectedError         client left mid-upload (499)
+    ├── SourceError ─ BodyTimeoutError                client went silent mid-upload (408)
+    ├── ServerBusyError             too many uploads in flight (503, .retryable)
     └── InvalidInputError ─ EmptyBodyError, FilterError   (400)
 
 Engine errors are mapped in one place, :func:`map_engine_error`: by exception
@@ -49,12 +53,14 @@ from __future__ import annotations
 __all__ = [
     "BackpressureTimeoutError",
     "BodyConsumedError",
+    "BodyTimeoutError",
     "ClientDisconnectedError",
     "ClosedError",
     "ConflictError",
     "ContentionError",
     "DatasetNotFoundError",
     "DecodeError",
+    "DuplicateKeyError",
     "EmptyBodyError",
     "FencedError",
     "FilterError",
@@ -63,7 +69,9 @@ __all__ = [
     "NoShardWriterError",
     "NotAcceptableError",
     "PayloadTooLargeError",
+    "ResourceExhaustedError",
     "SchemaMismatchError",
+    "ServerBusyError",
     "SourceChangedError",
     "SourceConsumedError",
     "SourceError",
@@ -150,6 +158,26 @@ class SchemaMismatchError(InvalidInputError):
         super().__init__(message)
         self.field = field
         self.batch_index = batch_index
+
+
+class DuplicateKeyError(InvalidInputError):
+    """A key appears more than once in one source (one merge, one send).
+
+    Nothing was written. Deduplicate the rows, or opt in to keeping the last
+    occurrence of each key: ``merge_insert(...).duplicate_keys("keep_last")``.
+
+    Attributes
+    ----------
+    key : dict
+        The first repeated key, ``{column: value}``.
+    count : int
+        How often it appears.
+    """
+
+    def __init__(self, message: str, *, key: dict[str, object], count: int) -> None:
+        super().__init__(message)
+        self.key = key
+        self.count = count
 
 
 class DecodeError(InvalidInputError):
@@ -241,6 +269,26 @@ class WrongShardError(InvalidInputError):
         self.shard_id = shard_id
 
 
+class ResourceExhaustedError(LanceAsyncError):
+    """The engine ran out of its memory pool (or spill space) for one operation.
+
+    Nothing was committed. Give the engine a larger pool with
+    :func:`lance_async.configure_memory` (``pool_bytes=``; or the
+    ``LANCE_MEM_POOL_SIZE`` environment variable, in bytes), or make the
+    operation smaller: merge the rows in several smaller sources, or join
+    without the key's scalar index (``merge_insert(...).use_index(False)``).
+
+    Attributes
+    ----------
+    pool_bytes : int or None
+        The pool size in force (None: the engine's default).
+    """
+
+    def __init__(self, message: str, *, pool_bytes: int | None) -> None:
+        super().__init__(message)
+        self.pool_bytes = pool_bytes
+
+
 class BackpressureTimeoutError(LanceAsyncError):
     """The writer's queue stayed full for longer than the given timeout.
     Nothing was queued; retry later or raise the queue limits."""
@@ -280,7 +328,8 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     similar; not retryable), "Dataset at path ... was
     not found", "Append with different schema" (a
     :class:`SchemaMismatchError`), "Dataset already exists" (mode="create"
-    over a dataset).
+    over a dataset), "Resources exhausted" (a :class:`ResourceExhaustedError`
+    that says how to size the pool).
     """
     from lance.commit import CommitConflictError as _LanceConflict
 
@@ -314,6 +363,18 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     if text.startswith("Dataset already exists"):
         return InvalidInputError(
             f"{_message(exc)}; write with mode='append' or mode='overwrite', or to another path"
+        )
+    if text.startswith("Resources exhausted"):
+        from ._memory import memory_limits
+
+        pool = memory_limits().pool_bytes
+        where = f"{pool:,} bytes" if pool is not None else "the engine's default"
+        return ResourceExhaustedError(
+            f"the engine's memory pool ({where}) ran out: {_message(exc).splitlines()[0]}; "
+            "nothing was committed. Raise it with lance_async.configure_memory(pool_bytes=...) "
+            "(or LANCE_MEM_POOL_SIZE, in bytes), or write in smaller pieces "
+            "(for a merge: smaller sources, or use_index(False))",
+            pool_bytes=pool,
         )
     if "Too many concurrent writers" in text:
         return ConflictError(f"commit conflict: {_message(exc)}", retryable=True)
@@ -385,6 +446,29 @@ class BodyConsumedError(SourceConsumedError):
 
 class ClientDisconnectedError(SourceError):
     """The client disconnected before the body ended; nothing was written."""
+
+
+class BodyTimeoutError(SourceError):
+    """The client sent no body bytes for longer than the body's idle timeout
+    (``BodyLimits.body_idle_timeout``) before the body ended (HTTP 408).
+    Nothing was written; send the body again without pausing."""
+
+
+class ServerBusyError(LanceAsyncError):
+    """The server holds as many uploads as it takes at once (HTTP 503, with
+    ``Retry-After``). Nothing was read or written; retry later.
+
+    Attributes
+    ----------
+    retry_after : float
+        Seconds to wait before retrying.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class EmptyBodyError(InvalidInputError):

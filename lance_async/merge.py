@@ -21,6 +21,17 @@ STREAMING
 Every attempt runs on an engine thread; the loop stays free during attempts
 and during backoff.
 
+Tables without a declared primary key
+-------------------------------------
+Lance detects two concurrent merges inserting the same new key only when the
+key is declared (``lance-schema:unenforced-primary-key``); otherwise both
+commit, and the key is inserted twice. lance_async therefore runs merges that
+can insert into such a table one at a time per table within a process (a
+lock held from the attempt's checkout to its commit), so the later one sees
+the earlier one's rows and updates them. Other processes are not protected:
+declare the primary key. The first such merge of a table logs a warning
+(logger ``lance_async``).
+
 Cancellation
 ------------
 Cancelling the task that awaits :meth:`AsyncMergeInsertBuilder.execute`
@@ -34,25 +45,28 @@ Cancelled during backoff, nothing is in flight and nothing more is committed.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import random
 import re
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import pyarrow as pa
-import pyarrow.compute as pc
 from lance.dataset import LanceDataset
 
+from ._keys import DUPLICATE_POLICIES, KeyTracker, check_unique_keys, keep_last
 from ._threads import run_sync
 from .errors import (
     ConflictError,
     ContentionError,
-    InvalidInputError,
     SchemaMismatchError,
     map_engine_error,
     raise_mapped,
@@ -85,7 +99,12 @@ class MergeResult:
     source_mode : SourceMode
         How the source was read (decides the retry strategy).
     version : int
-        The dataset version the merge committed.
+        The dataset version the merge committed (the version read, when
+        nothing was committed).
+    committed : bool
+        False when the source held no rows and nothing was committed (an
+        empty merge is no new version; with
+        ``when_not_matched_by_source_delete`` an empty source still runs).
     """
 
     num_inserted_rows: int
@@ -94,6 +113,7 @@ class MergeResult:
     num_attempts: int
     source_mode: SourceMode
     version: int
+    committed: bool = True
 
 
 def backoff_delay(
@@ -160,6 +180,7 @@ class AsyncMergeInsertBuilder:
                 f"join column {unknown[0]!r} is not in the table", field=unknown[0]
             )
         self._steps: list[tuple[str, tuple[Any, ...]]] = []
+        self._duplicates = "error"
         self._retries = 10
         self._timeout = timedelta(seconds=30)
         self.last_result: MergeResult | None = None
@@ -190,6 +211,29 @@ class AsyncMergeInsertBuilder:
         """Delete target rows that no source row matches (only those matching
         the SQL ``expr`` when given)."""
         return self._add("when_not_matched_by_source_delete", expr)
+
+    def duplicate_keys(self, policy: str) -> AsyncMergeInsertBuilder:
+        """What to do with a join key repeated inside the source.
+
+        Parameters
+        ----------
+        policy : {"error", "keep_last"}
+            ``"error"`` (the default): raise
+            :class:`~lance_async.errors.DuplicateKeyError` naming the key,
+            before anything commits (pylance would insert a repeated new key
+            twice). ``"keep_last"``: merge only the last occurrence of each
+            key, in source order (newest wins, as in a feed); a streamed or
+            replayable source is then read into memory first.
+
+        Raises
+        ------
+        ValueError
+            Another policy.
+        """
+        if policy not in DUPLICATE_POLICIES:
+            raise ValueError(f"duplicate_keys must be one of {DUPLICATE_POLICIES}, got {policy!r}")
+        self._duplicates = policy
+        return self
 
     def conflict_retries(self, max_retries: int) -> AsyncMergeInsertBuilder:
         """Retries after a commit conflict (default 10; 0 fails at once)."""
@@ -248,10 +292,41 @@ class AsyncMergeInsertBuilder:
     async def _prepare(self, source: Any, schema: pa.Schema | None) -> WriteSource:
         src = await resolve_source(source, schema=schema)
         self._check_source(src)
+        if self._duplicates == "keep_last" and src.mode is not SourceMode.MATERIALIZED:
+            src = await _materialize(src)
         batches = src.batches() if src.mode is SourceMode.MATERIALIZED else None
-        if batches and sorted(self._on) == sorted(self._dataset.primary_key):
-            await run_sync(lambda: _check_primary_keys(batches, self._on))
+        if batches:
+            table = await run_sync(lambda: _check_keys(batches, self._key_sets(), self._duplicates))
+            if table is not None:  # keep_last dropped earlier occurrences
+                src = await resolve_source(table)
         return src
+
+    def _key_sets(self) -> list[list[str]]:
+        """Columns whose values must be unique in a source: the join key and,
+        when it differs, the table's primary key (rows inserted with a repeated
+        primary key would break it)."""
+        sets = [list(self._on)]
+        pk = self._dataset.primary_key
+        if pk and sorted(pk) != sorted(self._on):
+            sets.append(pk)
+        return sets
+
+    def _serialize(self) -> AbstractContextManager[Any]:
+        """The lock an attempt holds from checkout to commit: the table's
+        insert lock when this merge can insert and the table declares no
+        primary key (Lance would let two such inserts of one key both
+        commit), else nothing."""
+        inserts = any(name == "when_not_matched_insert_all" for name, _ in self._steps)
+        if inserts and not self._dataset.primary_key:
+            return _insert_lock(self._dataset.uri)
+        return nullcontext()
+
+    def _guard(self) -> _PassGuard:
+        keep_empty = any(  # these act even on an empty source (a compaction's mark)
+            name in ("when_not_matched_by_source_delete", "mark_sstables_as_compacted")
+            for name, _ in self._steps
+        )
+        return _PassGuard(self._key_sets(), keep_empty=keep_empty)
 
     # -- execution -----------------------------------------------------------
     async def execute(self, source: Any, *, schema: pa.Schema | None = None) -> MergeResult:
@@ -269,19 +344,22 @@ class AsyncMergeInsertBuilder:
         Returns
         -------
         MergeResult
+            ``committed`` is False, and no version was made, when the source
+            held no rows (and no ``when_not_matched_by_source_delete`` asked
+            for a run all the same).
 
         Raises
         ------
         SchemaMismatchError
             The source's columns do not fit the table (before anything runs),
             or a batch drifts (nothing committed); in-memory rows with a null
-            primary key (when joining on the primary key).
-        InvalidInputError
-            In-memory rows repeat a primary key (when joining on the primary
-            key; checked on a worker thread before anything runs). Streamed
-            and replayable sources are not read twice for this: pylance
-            rejects a repeated key that matches a row, and inserts twice one
-            that does not.
+            join key.
+        DuplicateKeyError
+            The source repeats a join key (unless ``duplicate_keys("keep_last")``):
+            in-memory rows are checked on a worker thread before anything
+            runs; streamed and replayable sources as they stream (their key
+            columns are kept until the pass ends), raised before the engine
+            sees the end, so nothing is committed.
         SourceChangedError
             A replay gave another schema or changed files (nothing committed).
         ContentionError
@@ -333,16 +411,19 @@ class AsyncMergeInsertBuilder:
         """``work(data)`` on an engine thread over one pass of ``src``.
 
         ``data`` is the rows as one table for in-memory sources, a fresh
-        reader otherwise. A failing source's own error replaces the engine's
-        text-only version of it; with ``source_must_succeed`` it is raised even
-        when the engine call returned.
+        reader otherwise, or None when the pass holds no rows (see
+        :class:`_PassGuard`). A failing source's own error replaces the
+        engine's text-only version of it; with ``source_must_succeed`` it is
+        raised even when the engine call returned.
         """
+        guard = self._guard()
         async with src.reader_plan() as plan:
             try:
                 result = await run_sync(
-                    lambda: work(plan.data()), on_cancel_result=on_cancel_result
+                    lambda: work(guard.wrap(plan.data())), on_cancel_result=on_cancel_result
                 )
             except BaseException as exc:
+                guard.reraise(exc)
                 plan.reraise(exc)
                 raise
             if source_must_succeed and plan.error is not None:
@@ -352,14 +433,27 @@ class AsyncMergeInsertBuilder:
     async def _attempt(self, src: WriteSource, retries: int, attempts: int) -> MergeResult:
         """One pass of the source through one engine merge."""
         base = self._dataset.lance
+        lock = self._serialize()
 
-        def work(data: Any) -> tuple[LanceDataset, Any]:
-            target = base.checkout_version(base.latest_version)
-            return target, self._build(target, retries).execute(data)
+        def work(data: Any) -> tuple[LanceDataset, Any] | None:
+            if data is None:
+                return None  # no rows: nothing to merge, no empty version
+            with lock:
+                target = base.checkout_version(base.latest_version)
+                return target, self._build(target, retries).execute(data)
 
-        target, stats = await self._run_pass(
+        outcome = await self._run_pass(
             src, work, on_cancel_result=self._on_cancel(src.mode, attempts)
         )
+        if outcome is None:
+            log.info(
+                "lance_async: merge_insert into %s: the source held no rows; nothing was committed",
+                self._dataset.uri,
+            )
+            result = MergeResult(0, 0, 0, attempts, src.mode, self._dataset.version, False)
+            self.last_result = result
+            return result
+        target, stats = outcome
         return self._record(target, stats, attempts, src.mode)
 
     async def _execute_once(self, src: WriteSource) -> MergeResult:
@@ -434,6 +528,8 @@ class AsyncMergeInsertBuilder:
         base = self._dataset.lance
 
         def work(data: Any) -> tuple[Any, dict[str, Any]]:
+            if data is None:
+                data = pa.RecordBatchReader.from_batches(src.schema, [])
             txn, stats = self._build(base, 0).execute_uncommitted(data)
             return txn, dict(stats)
 
@@ -455,9 +551,13 @@ class AsyncMergeInsertBuilder:
         """
         src = await self._prepare(source, schema)
         base = self._dataset.lance
-        return await self._run_pass(
-            src, lambda data: str(self._build(base, 0).analyze_plan(data)), source_must_succeed=True
-        )
+
+        def work(data: Any) -> str:
+            if data is None:
+                data = pa.RecordBatchReader.from_batches(src.schema, [])
+            return str(self._build(base, 0).analyze_plan(data))
+
+        return await self._run_pass(src, work, source_must_succeed=True)
 
     async def explain_plan(self, schema: pa.Schema | None = None, verbose: bool = False) -> str:
         """The plan Lance would run for a streamed source of ``schema``
@@ -468,30 +568,127 @@ class AsyncMergeInsertBuilder:
         )
 
 
-def _check_primary_keys(batches: Sequence[pa.RecordBatch], keys: Sequence[str]) -> None:
-    """Primary-key values of in-memory rows: never null, each at most once (blocking).
+_insert_locks: dict[str, threading.Lock] = {}
+_insert_locks_guard = threading.Lock()
+_warned: set[str] = set()
+
+
+def _table_key(uri: str) -> str:
+    return uri if "://" in uri else os.path.realpath(uri)
+
+
+def _insert_lock(uri: str) -> threading.Lock:
+    """The process-wide lock of inserting merges into one table without a primary key."""
+    key = _table_key(uri)
+    with _insert_locks_guard:
+        lock = _insert_locks.get(key)
+        if lock is None:
+            lock = _insert_locks[key] = threading.Lock()
+        if key not in _warned:
+            _warned.add(key)
+            log.warning(
+                "lance_async: %s declares no primary key: merges that insert into it run one at "
+                "a time in this process, but merges from other processes can insert the same "
+                "new key twice; declare the key (field metadata "
+                "lance-schema:unenforced-primary-key)",
+                uri,
+            )
+        return lock
+
+
+def _check_keys(
+    batches: Sequence[pa.RecordBatch], key_sets: Sequence[Sequence[str]], policy: str
+) -> pa.Table | None:
+    """Join-key values of in-memory rows: never null, each at most once (blocking).
+
+    Returns None when the rows can be merged as they are, or (``keep_last``)
+    the rows holding the last occurrence of each key.
 
     Raises
     ------
     SchemaMismatchError
         A key column holds nulls.
-    InvalidInputError
-        A key repeats (pylance would insert it twice when it matches no row,
-        and reject the merge when it does).
+    DuplicateKeyError
+        A key repeats (``policy="error"``): pylance would insert it twice
+        when it matches no row, and reject the merge when it does.
     """
-    table = pa.Table.from_batches(batches).select(list(keys))
-    for name in keys:
+    table = pa.Table.from_batches(batches)
+    for name in key_sets[0]:
         nulls = table.column(name).null_count
         if nulls:
             raise SchemaMismatchError(
-                f"primary-key column {name!r} holds {nulls} null value(s); nothing was written",
+                f"join column {name!r} holds {nulls} null value(s); nothing was written",
                 field=name,
             )
-    counts = table.group_by(list(keys), use_threads=False).aggregate([([], "count_all")])
-    if counts.num_rows != table.num_rows:
-        repeated = counts.filter(pc.greater(counts["count_all"], 1))
-        example = {k: repeated.column(k)[0].as_py() for k in keys}
-        raise InvalidInputError(
-            f"the source repeats {repeated.num_rows} primary key(s), e.g. {example}; each key "
-            "may appear once in a merge_insert source; nothing was written"
-        )
+    if policy == "keep_last":
+        deduped = table
+        for keys in key_sets:
+            deduped = keep_last(deduped, keys)
+        return None if deduped is table else deduped
+    for keys in key_sets:
+        check_unique_keys(table, keys, what="the merge_insert source")
+    return None
+
+
+async def _materialize(src: WriteSource) -> WriteSource:
+    """Read a streamed or replayable source into memory (``keep_last`` needs every key)."""
+    async with src.reader() as reader:
+        table = await run_sync(reader.read_all)
+    return await resolve_source(table)
+
+
+class _PassGuard:
+    """One pass of a source on its way into the engine (blocking; worker thread).
+
+    Finds an empty pass before the engine runs (so an empty source commits
+    nothing) and a join key repeated anywhere in a streamed pass (raised
+    before the engine sees the end of the stream, so nothing commits). The
+    error is kept, since the engine turns it into text.
+    """
+
+    def __init__(self, key_sets: Sequence[Sequence[str]], *, keep_empty: bool) -> None:
+        self.key_sets = [list(keys) for keys in key_sets]
+        self.keep_empty = keep_empty
+        self.error: BaseException | None = None
+
+    def wrap(self, data: pa.Table | pa.RecordBatchReader) -> Any:
+        if isinstance(data, pa.Table):  # in memory: checked by _check_keys already
+            return data if data.num_rows or self.keep_empty else None
+        batches = iter(data)
+        first = None
+        try:
+            for batch in batches:
+                if batch.num_rows:
+                    first = batch
+                    break
+        except BaseException as exc:
+            self.error = exc
+            raise
+        if first is None:
+            return pa.RecordBatchReader.from_batches(data.schema, []) if self.keep_empty else None
+        return pa.RecordBatchReader.from_batches(data.schema, self._checked(first, batches))
+
+    def _checked(
+        self, first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]
+    ) -> Iterator[pa.RecordBatch]:
+        trackers = [KeyTracker(keys, what="the merge_insert source") for keys in self.key_sets]
+        try:
+            for batch in itertools.chain([first], rest):
+                if batch.num_rows:
+                    for tracker in trackers:
+                        tracker.add(batch)
+                yield batch
+            for tracker in trackers:
+                tracker.check()
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def reraise(self, exc: BaseException) -> None:
+        """Raise the guard's own error in place of the engine's text of it."""
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
+            return
+        if self.error is not None and self.error is not exc:
+            raise self.error

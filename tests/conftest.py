@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,20 @@ from .helpers import KV_SCHEMA, kv_table  # noqa: F401  (re-exported for tests)
 
 #: The S3 (moto) and Kafka (Tansu) servers the tests start themselves.
 pytest_plugins = ["tests.services"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the ``commit_lock`` tests on Python 3.13+ (pylance 14.0.2 panics,
+    ``commit.rs:114``, when a commit made through a ``commit_lock`` conflicts).
+    ``tests.helpers.CompetingSource`` injects conflicts there instead."""
+    if sys.version_info < (3, 13):
+        return
+    skip = pytest.mark.skip(
+        reason="pylance 14.0.2 panics on Python 3.13 when a commit_lock commit conflicts"
+    )
+    for item in items:
+        if "commit_lock" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

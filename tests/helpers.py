@@ -63,8 +63,64 @@ class Ticker:
         return ordered[int(0.99 * (len(ordered) - 1))]
 
 
+def run_in_thread(competitor: Callable[[], object]) -> None:
+    """Run ``competitor()`` on a thread of its own and wait for it (Lance
+    cannot be called from inside its own runtime threads); re-raise its error."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            competitor()
+        except BaseException as exc:  # pragma: no cover - shown by the raise
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
+class CompetingSource:
+    """A replayable factory whose first ``times`` passes let a competitor commit.
+
+    Each call returns a fresh reader over ``table``; on the first ``times``
+    passes, once the engine has read the last batch (and before it can
+    commit), ``competitor()`` -- a real write to the same table -- runs on a
+    thread of its own and commits. The merge reading the pass then conflicts,
+    deterministically. Unlike :class:`CommitHook` it needs no ``commit_lock``
+    (whose conflicting commits panic pylance 14.0.2 on Python 3.13), so it
+    works on every Python; use it as ``la.replayable(src, schema=...)`` or
+    hand ``src()`` over as a one-shot reader.
+    """
+
+    def __init__(self, table: pa.Table, competitor: Callable[[], object], times: int = 1) -> None:
+        self.table = table
+        self.competitor = competitor
+        self.times = times
+        self.calls = 0
+        self.competed = 0
+
+    def __call__(self) -> pa.RecordBatchReader:
+        self.calls += 1
+        fire = self.calls <= self.times
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            yield from self.table.to_batches()
+            if fire:
+                run_in_thread(self.competitor)
+                self.competed += 1
+
+        return pa.RecordBatchReader.from_batches(self.table.schema, batches())
+
+
 class CommitHook:
     """A Lance ``commit_lock`` that lets a competitor commit first.
+
+    Python 3.13: pylance 14.0.2 panics when a commit made through a
+    ``commit_lock`` conflicts, so tests using it are marked
+    ``@pytest.mark.commit_lock`` and skipped there (``CompetingSource``
+    injects conflicts on every Python).
 
     Lance calls the commit lock right before it commits. For the first
     ``times`` commits this hook runs ``competitor()`` -- a real write to the

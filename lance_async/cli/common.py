@@ -27,7 +27,7 @@ except ImportError as exc:  # pragma: no cover - the demo extra provides them
     ) from exc
 
 from .. import errors
-from ..dataset import AsyncDataset
+from ..dataset import AsyncDataset, open_dataset
 from ..sources.files import guess_format
 
 app = typer.Typer(
@@ -121,3 +121,40 @@ def format_of(path: str) -> str:
         return guess_format(path)
     except ValueError as exc:
         raise typer.BadParameter(f"{exc} (--format)") from None
+
+
+#: The ``--storage-option`` option of every command that opens a table.
+STORAGE_OPTION: Any = typer.Option(
+    None,
+    "--storage-option",
+    "-s",
+    help="An object-store option KEY=VALUE for the table (repeatable), e.g. "
+    "aws_endpoint=http://host:9000; without any, the standard AWS_*, GOOGLE_* and "
+    "AZURE_* environment variables are used.",
+)
+
+
+def parse_storage_options(values: Sequence[str] | None) -> dict[str, str] | None:
+    """``KEY=VALUE`` strings as a dict (None when there are none).
+
+    Raises
+    ------
+    typer.BadParameter
+        A value without ``=`` or with an empty key (exit 2).
+    """
+    if not values:
+        return None
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(
+                f"expected KEY=VALUE, got {item!r}", param_hint="'--storage-option'"
+            )
+        out[key.strip()] = value
+    return out
+
+
+async def open_table(uri: str, storage: Sequence[str] | None) -> AsyncDataset:
+    """:func:`lance_async.open_dataset` with the command's ``--storage-option`` values."""
+    return await open_dataset(uri, storage_options=parse_storage_options(storage))

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from collections.abc import AsyncIterator
 from functools import partial
@@ -22,6 +23,7 @@ import typer
 
 from .._threads import run_sync, stream_limiter
 from ..cluster import (
+    KafkaPublisher,
     NatsLeaseTable,
     NatsPartitions,
     NatsPublisher,
@@ -29,6 +31,8 @@ from ..cluster import (
     RedisPartitions,
     RedisPublisher,
 )
+from ..cluster.balancer import LeaseCoordinator
+from ..cluster.kafka import KafkaCoordinator
 from ..feeds import IterableFeed
 from ..sources.decoders import make_decoder
 
@@ -48,8 +52,39 @@ async def stdin_batches(fmt: str, schema: pa.Schema) -> AsyncIterator[pa.RecordB
         yield batch
 
 
+def _seconds(query: dict[str, str], name: str, default: float) -> float:
+    try:
+        value = float(query.get(name, default))
+    except ValueError:
+        raise typer.BadParameter(f"{name} must be a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise typer.BadParameter(f"{name} must be > 0 seconds, got {query[name]}")
+    return value
+
+
+def _count(query: dict[str, str], name: str, default: int) -> int:
+    try:
+        value = int(query.get(name, default))
+    except ValueError:
+        raise typer.BadParameter(f"{name} must be an integer") from None
+    if value < 1:
+        raise typer.BadParameter(f"{name} must be >= 1, got {value}")
+    return value
+
+
 def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> Any:
-    """An async context manager (or plain feed) for SOURCE."""
+    """An async context manager (or plain feed) for SOURCE.
+
+    A broker feed restarts where the last run stopped, at once: NATS takes
+    its durable over (restarted at its ack floor, so what a killed run
+    fetched and never acknowledged comes again now, not after ``ack_wait``);
+    Redis reads as a consumer named after the host, so a restart re-reads
+    its own pending entries first. Query options: NATS ``durable``,
+    ``ack_wait`` (seconds, default 30), ``max_ack_pending`` (default
+    10,000); Redis ``group``, ``field``, ``consumer`` (default
+    ``lance-async-<hostname>``), ``min_idle`` (seconds before another
+    consumer's pending entries are claimed, default 30).
+    """
     if source == "-":
         return IterableFeed(stdin_batches(fmt or "ndjson", schema))
     url = urlparse(source)
@@ -70,6 +105,9 @@ def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> 
             stream=stream,
             subject=subject,
             durable=query.get("durable", f"lance-async-{stream}"),
+            ack_wait=_seconds(query, "ack_wait", 30.0),
+            max_ack_pending=_count(query, "max_ack_pending", 10_000),
+            take_over=True,
             connect_options={
                 "connect_timeout": 3,
                 "max_reconnect_attempts": 2,
@@ -87,7 +125,9 @@ def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> 
             f"{url.scheme}://{url.netloc}",
             stream=stream,
             group=query.get("group", "lance-async"),
+            consumer=query.get("consumer", f"lance-async-{socket.gethostname()}"),
             field=query.get("field", "data"),
+            min_idle_time=_seconds(query, "min_idle", 30.0),
         )
     from ..feeds.files import FileFeed
 
@@ -101,8 +141,8 @@ def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> 
 
 async def open_partitioned(
     url: str, group: str, member: str, partitions: int, ttl: float, ack_wait: float
-) -> tuple[Any, Any, Any]:
-    """(partitioned feed, lease table, closer) for a ``redis://`` or ``nats://`` URL."""
+) -> tuple[Any, Any]:
+    """(coordinator, closer) for a ``redis://``, ``nats://`` or ``kafka://`` URL."""
     parsed = urlparse(url)
     path = [p for p in parsed.path.split("/") if p]
     query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
@@ -115,7 +155,7 @@ async def open_partitioned(
         key = path[0]
         feeds = RedisPartitions(client, key, group, partitions, field=query.get("field", "data"))
         leases = RedisLeaseTable(client, f"lance-async:leases:{group}:{key}", member, ttl)
-        return feeds, leases, client.aclose
+        return LeaseCoordinator(feeds, leases), client.aclose
     if parsed.scheme == "nats":
         import nats
 
@@ -130,9 +170,35 @@ async def open_partitioned(
         bucket = await NatsLeaseTable.bucket(
             nc.jetstream(), f"lance-async-leases-{group}-{stream}", ttl
         )
-        return subjects, NatsLeaseTable(bucket, member, ttl), nc.close
+        return LeaseCoordinator(subjects, NatsLeaseTable(bucket, member, ttl)), nc.close
+    if parsed.scheme == "kafka":
+        from aiokafka import AIOKafkaConsumer
+
+        if len(path) != 1:
+            raise typer.BadParameter(
+                "a Kafka feed is kafka://HOST:PORT/TOPIC[?session_timeout_ms=...] "
+                "(a topic of N partitions)"
+            )
+        try:
+            options = {k: int(v) for k, v in query.items()}
+        except ValueError:
+            raise typer.BadParameter("Kafka consumer options in the URL must be integers") from None
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=parsed.netloc,
+            group_id=group,
+            client_id=member,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **options,
+        )
+
+        async def nothing() -> None:
+            await anyio.lowlevel.checkpoint()
+
+        return KafkaCoordinator(consumer, path[0], partitions, member), nothing
     raise typer.BadParameter(
-        f"unsupported feed {url!r}: use redis://HOST:PORT/KEY or nats://HOST:PORT/STREAM/SUBJECT"
+        f"unsupported feed {url!r}: use redis://HOST:PORT/KEY, nats://HOST:PORT/STREAM/SUBJECT "
+        "or kafka://HOST:PORT/TOPIC"
     )
 
 
@@ -158,6 +224,15 @@ async def open_publisher(url: str, partitions: int) -> tuple[Any, Any]:
         stream, subject = path
         await NatsPartitions(nc, stream, subject, "lance-async", partitions).ensure_stream()
         return NatsPublisher(nc, subject, partitions), nc.close
+    if parsed.scheme == "kafka":
+        from aiokafka import AIOKafkaProducer
+
+        if len(path) != 1:
+            raise typer.BadParameter("a Kafka target is kafka://HOST:PORT/TOPIC (N partitions)")
+        producer = AIOKafkaProducer(bootstrap_servers=parsed.netloc, acks="all")
+        await producer.start()
+        return KafkaPublisher(producer, path[0], partitions), producer.stop
     raise typer.BadParameter(
-        f"unsupported target {url!r}: use redis://HOST:PORT/KEY or nats://HOST:PORT/STREAM/SUBJECT"
+        f"unsupported target {url!r}: use redis://HOST:PORT/KEY, nats://HOST:PORT/STREAM/SUBJECT "
+        "or kafka://HOST:PORT/TOPIC"
     )

@@ -12,20 +12,38 @@ import pyarrow as pa
 import typer
 
 from .. import errors
-from ..dataset import open_dataset
 from ..feeds import Feed, IngestStats, ingest
+from ..memwal.compactor import CompactionPolicy, Compactor
 from ..sources.files import file_source
 from .common import (
+    STORAGE_OPTION,
     Writes,
     app,
     count,
     err,
     format_of,
+    open_table,
     out,
     progress_bar,
     run_command,
 )
 from .feeds import open_feed
+
+#: Exit status of an ingest that stopped idle while its feed still reported
+#: messages it could not fetch (held by another consumer, unacknowledged).
+NO_PROGRESS = 3
+
+
+async def _outstanding(feed: Feed) -> int | None:
+    """The feed's backlog after an idle stop, when it can tell (brokers)."""
+    backlog = getattr(feed, "backlog", None)
+    if backlog is None or feed.exhausted:
+        return None
+    try:
+        value: int | None = await backlog()
+    except Exception:  # an unanswerable backlog is not the run's failure
+        return None
+    return value
 
 
 async def _validate_file(source: str, fmt: str | None, schema: pa.Schema) -> int:
@@ -41,8 +59,9 @@ def ingest_cmd(
     source: str = typer.Argument(
         ...,
         help="A file (.ndjson/.jsonl/.json, .csv, .arrow/.arrows/.ipc), '-' for stdin, "
-        "nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME] or "
-        "redis://HOST:PORT/STREAM[?group=G&field=F].",
+        "nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME&ack_wait=S] or "
+        "redis://HOST:PORT/STREAM[?group=G&consumer=NAME&min_idle=S]. "
+        "Exit status 3: stopped idle with messages out of reach.",
     ),
     table_uri: str = typer.Argument(
         ..., help="The Lance table; its MemWAL must be initialized (lance-async init-wal)."
@@ -70,6 +89,7 @@ def ingest_cmd(
     idle_timeout: float | None = typer.Option(
         None, "--idle-timeout", help="Stop after this many seconds without a message."
     ),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Stream SOURCE into TABLE_URI's MemWAL; ack each message once durable."""
     if format is not None and format not in ("ndjson", "csv", "ipc"):
@@ -94,8 +114,8 @@ def ingest_cmd(
 
     writes = Writes()
 
-    async def run() -> tuple[str, IngestStats]:
-        ds = await open_dataset(table_uri)
+    async def run() -> tuple[str, IngestStats, int | None]:
+        ds = await open_table(table_uri, storage_option)
         if await ds.mem_wal_index_details() is None:
             raise errors.InvalidInputError(
                 f"{table_uri} has no MemWAL; initialize it first: lance-async init-wal {table_uri}"
@@ -116,21 +136,28 @@ def ingest_cmd(
             def tick(stats: IngestStats) -> None:
                 progress.update(task, completed=stats.rows)
 
-            async with ds.mem_wal_writer(shard_id) as writer:
+            async with ds.mem_wal_writer(shard_id) as writer, Compactor(ds, CompactionPolicy()):
                 feed: Feed = feed_or_cm
                 writes.started = True
                 gc.freeze()  # start-up objects out of the collector's way (README, GC)
                 try:
                     stats = await ingest(feed, writer, idle_timeout=idle_timeout, on_progress=tick)
-                    return target, stats
+                    return target, stats, await _outstanding(feed)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await feed.aclose()
 
-    target, stats = run_command(run, writes)
+    target, stats, outstanding = run_command(run, writes)
     out.print(
         f"ingested {count(stats.rows, 'row')} from "
         f"{count(stats.messages, 'chunk' if is_file else 'message')} into "
         f"{target} in {stats.seconds:.1f} s; "
         f"{count(stats.dead_letters, 'dead letter')}"
     )
+    if outstanding:
+        err.print(
+            f"[red]stopped with {count(outstanding, 'message')} outstanding[/red]: the feed "
+            "holds messages this run could not fetch (delivered to another consumer and "
+            "not yet acknowledged?); exit status 3"
+        )
+        raise typer.Exit(NO_PROGRESS)

@@ -15,11 +15,12 @@ from rich.table import Table
 
 from .. import errors
 from .._threads import run_sync, stream_limiter
-from ..dataset import open_dataset
 from .common import (
+    STORAGE_OPTION,
     app,
     check_columns,
     err,
+    open_table,
     out,
     run_command,
 )
@@ -46,6 +47,7 @@ def scan(
         help="table, ndjson or ipc (default: table on a terminal, ndjson in a pipe).",
     ),
     lsm: bool = typer.Option(False, "--lsm", help="Include flushed MemWAL generations."),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Stream TABLE_URI's rows to standard output."""
     fmt = format or ("table" if sys.stdout.isatty() else "ndjson")
@@ -56,7 +58,7 @@ def scan(
     cols = [c.strip() for c in columns.split(",")] if columns else None
 
     async def run() -> _Preview | None:
-        ds = await open_dataset(table_uri)
+        ds = await open_table(table_uri, storage_option)
         if cols:
             check_columns(ds, cols, "--columns")
         if lsm:

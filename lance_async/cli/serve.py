@@ -3,37 +3,57 @@
 from __future__ import annotations
 
 import gc
-from pathlib import Path
+from typing import Any
 
 import typer
 
-from .common import (
-    app,
-    err,
-)
+from .common import STORAGE_OPTION, err, parse_storage_options
+from .common import app as cli
+
+__all__ = ["serve"]
 
 
-@app.command()
+@cli.command()
 def serve(
-    root: str = typer.Option(".", "--root", help="Directory of <name>.lance tables."),
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port"),
-    allow_raw_sql: bool = typer.Option(False, "--allow-raw-sql", help="Accept raw SQL filters."),
+    root: str | None = typer.Option(
+        None, "--root", help="Directory or object-store prefix of <name>.lance tables (default .)."
+    ),
+    host: str | None = typer.Option(None, "--host", help="Interface (default 127.0.0.1)."),
+    port: int | None = typer.Option(None, "--port", help="TCP port (default 8000)."),
+    allow_raw_sql: bool | None = typer.Option(
+        None, "--allow-raw-sql/--no-raw-sql", help="Accept raw SQL filters."
+    ),
     max_body_bytes: int | None = typer.Option(None, "--max-body-bytes"),
     spool_dir: str | None = typer.Option(None, "--spool-dir", help="Where replay spools go."),
+    config: str | None = typer.Option(
+        None, "--config", help="A JSON or TOML file of settings (see lance_async.web.settings)."
+    ),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
-    """Serve a directory of Lance tables over HTTP (the 'fastapi' extra)."""
+    """Serve a directory (or an object-store prefix) of Lance tables over HTTP.
+
+    Settings come from these options, then LANCE_ASYNC_SERVE_* environment
+    variables, then --config, then the defaults. Needs the 'fastapi' extra.
+    """
     try:
         from ..web.server import main as serve_main
+        from ..web.settings import ServeSettings
     except ImportError as exc:
         err.print(f"[red]error:[/red] {exc}; pip install 'lance-async[fastapi]'")
         raise typer.Exit(2) from None
-    gc.freeze()  # start-up objects out of the collector's way (README, GC)
-    serve_main(
-        host,
-        port,
-        Path(root),
-        allow_raw_sql=allow_raw_sql,
-        max_body_bytes=max_body_bytes,
-        spool_dir=spool_dir,
-    )
+    overrides: dict[str, Any] = {
+        "root": root,
+        "host": host,
+        "port": port,
+        "allow_raw_sql": allow_raw_sql,
+        "max_body_bytes": max_body_bytes,
+        "spool_dir": spool_dir,
+        "storage_options": parse_storage_options(storage_option),
+    }
+    try:
+        settings = ServeSettings.load(config, **overrides)
+        gc.freeze()  # start-up objects out of the collector's way (README, GC)
+        serve_main(settings)
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None

@@ -11,17 +11,19 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from ..dataset import AsyncDataset, open_dataset
+from ..dataset import AsyncDataset
 from ..memwal.check import ShardCheck
 from ..memwal.sharding import DEFAULT_NUM_BUCKETS, Sharding
 from ..sources.files import file_source
 from .common import (
+    STORAGE_OPTION,
     Writes,
     app,
     check_columns,
     count,
     err,
     format_of,
+    open_table,
     out,
     progress_bar,
     run_command,
@@ -34,6 +36,7 @@ def merge(
     table_uri: str = typer.Argument(..., help="The Lance table."),
     on: list[str] = typer.Option(None, "--on", help="Join column(s); default the primary key."),
     format: str | None = typer.Option(None, "--format", "-f", help="ndjson, csv or ipc."),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Upsert SOURCE into TABLE_URI (conflicts are retried by re-reading the file)."""
     if not os.path.exists(source):
@@ -41,7 +44,7 @@ def merge(
         raise typer.Exit(2)
 
     async def run() -> Any:
-        ds = await open_dataset(table_uri)
+        ds = await open_table(table_uri, storage_option)
         keys = on or ds.primary_key
         if not keys:
             raise typer.BadParameter(
@@ -88,6 +91,7 @@ def init_wal(
         False, "--manual-shards", help="No sharding spec: writers name their shards."
     ),
     no_durable: bool = typer.Option(False, "--no-durable", help="Writers ack before fsync."),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Initialize TABLE_URI's MemWAL (once), so rows can be ingested into it.
 
@@ -112,7 +116,7 @@ def init_wal(
         )
 
     async def run() -> Sharding:
-        ds = await open_dataset(table_uri)
+        ds = await open_table(table_uri, storage_option)
         if bucket_column:
             check_columns(ds, [bucket_column], "--bucket-column")
         if identity_column:
@@ -152,11 +156,12 @@ def describe_sharding(sharding: Sharding) -> str:
 @app.command()
 def compact(
     table_uri: str = typer.Argument(..., help="The Lance table."),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Merge the MemWAL's flushed generations into TABLE_URI's base table."""
 
     async def run() -> Any:
-        ds = await open_dataset(table_uri)
+        ds = await open_table(table_uri, storage_option)
         with progress_bar() as progress:
             progress.add_task("compact", total=None)
             return await ds.compact_mem_wal()
@@ -199,11 +204,12 @@ async def _info(ds: AsyncDataset) -> dict[str, Any]:
 def info(
     table_uri: str = typer.Argument(..., help="The Lance table."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Versions, rows, MemWAL shards and generations of TABLE_URI."""
 
     async def run() -> dict[str, Any]:
-        return await _info(await open_dataset(table_uri))
+        return await _info(await open_table(table_uri, storage_option))
 
     data = run_command(run)
     if as_json:
@@ -232,6 +238,7 @@ def info(
 def check(
     table_uri: str = typer.Argument(..., help="The Lance table."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Find keys in more than one MemWAL shard (exit 1 when there are any).
 
@@ -240,7 +247,7 @@ def check(
     """
 
     async def run() -> ShardCheck:
-        return await (await open_dataset(table_uri)).check_shards()
+        return await (await open_table(table_uri, storage_option)).check_shards()
 
     report = run_command(run)
     if as_json:

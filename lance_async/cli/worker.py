@@ -21,9 +21,9 @@ from ..cluster import (
 )
 from ..cluster.partitions import Partitioner
 from ..cluster.repartition import RepartitionWriter
-from ..dataset import open_dataset
 from ..feeds import ingest
-from .common import app, err, out, run_command
+from ..memwal.compactor import CompactionPolicy
+from .common import STORAGE_OPTION, app, err, open_table, out, run_command
 from .feeds import open_feed, open_partitioned, open_publisher
 
 __all__ = ["repartition", "worker"]
@@ -64,8 +64,9 @@ async def _health(port: int, worker: Worker) -> None:
 def worker(
     feed: str = typer.Argument(
         ...,
-        help="The partitioned feed: redis://HOST:PORT/KEY (streams KEY:0..N-1) or "
-        "nats://HOST:PORT/STREAM/SUBJECT (subjects SUBJECT.0..N-1); N = the table's buckets.",
+        help="The partitioned feed: redis://HOST:PORT/KEY (streams KEY:0..N-1), "
+        "nats://HOST:PORT/STREAM/SUBJECT (subjects SUBJECT.0..N-1) or "
+        "kafka://HOST:PORT/TOPIC[?session_timeout_ms=...] (N partitions); N = the table's buckets.",
     ),
     table_uri: str = typer.Argument(..., help="The Lance table (MemWAL bucket-sharded)."),
     group: str = typer.Option("lance-async", "--group", help="The worker group's name."),
@@ -86,6 +87,7 @@ def worker(
     health_port: int | None = typer.Option(
         None, "--health-port", help="Serve the stats as JSON over HTTP on 127.0.0.1:PORT."
     ),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Ingest the partitions of FEED this worker is given into TABLE_URI.
 
@@ -99,17 +101,17 @@ def worker(
     name = member or f"{socket.gethostname()}-{os.getpid()}".replace(".", "-")
 
     async def run() -> WorkerStats:
-        ds = await open_dataset(table_uri)
+        ds = await open_table(table_uri, storage_option)
         if await ds.mem_wal_index_details() is None:
             raise errors.InvalidInputError(
                 f"{table_uri} has no MemWAL; initialize it first: "
                 f"lance-async init-wal {table_uri} --num-buckets N"
             )
         partitions = (await Partitioner.for_dataset(ds)).num_partitions
-        feeds, leases, close = await open_partitioned(
+        coordinator, close = await open_partitioned(
             feed, group, name, partitions, lease_ttl, ack_wait
         )
-        w = Worker(ds, feeds, leases)
+        w = Worker(ds, coordinator=coordinator, compaction=CompactionPolicy())
         gc.freeze()  # start-up objects out of the collector's way (README, GC)
         try:
             async with anyio.create_task_group() as tg:
@@ -159,6 +161,7 @@ def repartition(
     idle_timeout: float | None = typer.Option(
         None, "--idle-timeout", help="Stop after this many seconds without a message."
     ),
+    storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Republish SOURCE's rows to their partitions of TARGET (partition = the table's bucket).
 
@@ -167,7 +170,7 @@ def repartition(
     """
 
     async def run() -> tuple[int, int]:
-        ds = await open_dataset(table_uri)
+        ds = await open_table(table_uri, storage_option)
         partitioner = await Partitioner.for_dataset(ds)
         publisher, close = await open_publisher(target, partitioner.num_partitions)
         try:

@@ -11,9 +11,13 @@ One module per job (imports run down this list):
     :class:`LeaseBalancer`: each live worker takes its fair share of leases.
 ``feeds.py``
     Partitioned feeds (one stream or subject per partition) and publishers.
+``kafka.py``
+    :class:`KafkaCoordinator`: a Kafka consumer group assigns the partitions.
 ``worker.py``
     :class:`Worker`: owns partitions, one shard writer and one ingest loop
     each; hands them over cleanly; stops acknowledging when fenced.
+``repartition.py``
+    :class:`RepartitionWriter`: a feed's rows republished to their partitions.
 
 ``docs/sharding.md`` is the design: invariants, assignment, hand-over,
 fencing, offsets, what to configure and what it costs.
@@ -21,8 +25,9 @@ fencing, offsets, what to configure and what it costs.
 
 from __future__ import annotations
 
-from .balancer import LeaseBalancer
+from .balancer import Coordinator, LeaseBalancer, LeaseCoordinator
 from .feeds import (
+    KafkaPublisher,
     NatsPartitions,
     NatsPublisher,
     PartitionedFeed,
@@ -30,12 +35,17 @@ from .feeds import (
     RedisPartitions,
     RedisPublisher,
 )
+from .kafka import KafkaCoordinator
 from .leases import LeaseTable, NatsLeaseTable, RedisLeaseTable
 from .partitions import Partitioner
 from .worker import Worker, WorkerStats
 
 __all__ = [
+    "Coordinator",
+    "KafkaCoordinator",
+    "KafkaPublisher",
     "LeaseBalancer",
+    "LeaseCoordinator",
     "LeaseTable",
     "NatsLeaseTable",
     "NatsPartitions",

@@ -25,13 +25,16 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import anyio
 from anyio.abc import TaskStatus
 
+from ..feeds.base import Feed
+from .feeds import PartitionedFeed
 from .leases import LeaseTable
 
-__all__ = ["LeaseBalancer"]
+__all__ = ["Coordinator", "LeaseBalancer", "LeaseCoordinator"]
 
 log = logging.getLogger("lance_async")
 
@@ -178,3 +181,88 @@ class LeaseBalancer:
         fenced): it is revoked (``lost=True``) and its lease released, so
         another worker -- or this one, later -- takes it over."""
         self._dropped.add(partition)
+
+
+class Coordinator(Protocol):
+    """Who owns which partition: what a :class:`~lance_async.cluster.Worker` runs under.
+
+    :class:`LeaseCoordinator` (leases in Redis or NATS) and
+    :class:`~lance_async.cluster.kafka.KafkaCoordinator` (a Kafka consumer
+    group) are the two.
+    """
+
+    member: str
+    num_partitions: int
+
+    async def run(self, on_assign: Assign, on_revoke: Revoke) -> None:
+        """Assign and revoke partitions until :meth:`stop`; then revoke all."""
+        ...
+
+    async def open_partition(self, partition: int) -> Feed:
+        """The feed of an assigned partition, resuming at its last acknowledged message."""
+        ...
+
+    def valid(self, partition: int) -> bool:
+        """Whether this member may still acknowledge ``partition``'s messages."""
+        ...
+
+    def drop(self, partition: int) -> None:
+        """Give up ``partition`` (its work failed or was fenced)."""
+        ...
+
+    def stop(self) -> None:
+        """End :meth:`run` cleanly."""
+        ...
+
+
+class LeaseCoordinator:
+    """Partitions of a :class:`PartitionedFeed` divided with a :class:`LeaseTable`.
+
+    Parameters
+    ----------
+    feeds : PartitionedFeed
+        The partitions (Redis streams or NATS subjects).
+    leases : LeaseTable
+        The group's leases; its ``member`` names this worker.
+    """
+
+    def __init__(self, feeds: PartitionedFeed, leases: LeaseTable) -> None:
+        self._feeds = feeds
+        self._leases = leases
+        self.member = leases.member
+        self.num_partitions = feeds.num_partitions
+        self._balancer: LeaseBalancer | None = None
+        self._stopping = False
+
+    @property
+    def balancer(self) -> LeaseBalancer | None:
+        """The balancer, while :meth:`run` runs."""
+        return self._balancer
+
+    async def run(self, on_assign: Assign, on_revoke: Revoke) -> None:
+        """Balance leases until :meth:`stop` (see :class:`LeaseBalancer`)."""
+        self._balancer = LeaseBalancer(
+            self._leases, self.num_partitions, on_assign=on_assign, on_revoke=on_revoke
+        )
+        if self._stopping:
+            self._balancer.stop()
+        await self._balancer.run()
+
+    async def open_partition(self, partition: int) -> Feed:
+        """The partition's feed, for this member."""
+        return await self._feeds.open_partition(partition, self.member)
+
+    def valid(self, partition: int) -> bool:
+        """True while the lease is held and not near its end."""
+        return self._balancer is not None and self._balancer.valid(partition)
+
+    def drop(self, partition: int) -> None:
+        """Release the partition at the next round."""
+        if self._balancer is not None:
+            self._balancer.drop(partition)
+
+    def stop(self) -> None:
+        """Hand every partition back, then end :meth:`run`."""
+        self._stopping = True
+        if self._balancer is not None:
+            self._balancer.stop()

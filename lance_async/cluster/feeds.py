@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from ..feeds.base import Feed
 
 __all__ = [
+    "KafkaPublisher",
     "NatsPartitions",
     "NatsPublisher",
     "PartitionedFeed",
@@ -215,36 +216,18 @@ class NatsPartitions:
             await js.add_stream(name=self.stream, subjects=[f"{self.subject}.*"])
 
     async def open_partition(self, partition: int, member: str) -> Feed:
-        import nats.js.errors
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
         from ..feeds.nats import JetStreamFeed
 
-        js = self._client.jetstream()
-        durable = f"{self.group}-p{partition}"
-        subject = self.subject_of(partition)
-        start: int | None = None
-        try:
-            info = await js.consumer_info(self.stream, durable)
-            start = int(info.ack_floor.stream_seq) + 1 if info.ack_floor else 1
-            # restart the durable at its ack floor: what the previous owner
-            # fetched and did not acknowledge comes again now, and a stale
-            # owner's subscription ends
-            await js.delete_consumer(self.stream, durable)
-        except nats.js.errors.NotFoundError:
-            pass
-        config = ConsumerConfig(
-            durable_name=durable,
-            ack_policy=AckPolicy.EXPLICIT,
+        # the durable restarts at its ack floor: what the previous owner
+        # fetched and did not acknowledge comes again now, and a stale
+        # owner's subscription ends
+        return await JetStreamFeed.from_client(
+            self._client,
+            stream=self.stream,
+            subject=self.subject_of(partition),
+            durable=f"{self.group}-p{partition}",
             ack_wait=self.ack_wait,
-            filter_subject=subject,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE if start else DeliverPolicy.ALL,
-            opt_start_seq=start,
-        )
-        await js.add_consumer(self.stream, config=config)
-        sub = await js.pull_subscribe_bind(durable, self.stream)
-        return JetStreamFeed(
-            self._client, sub, stream=self.stream, subject=subject, durable=durable
+            take_over=True,
         )
 
     async def aclose(self) -> None:
@@ -273,3 +256,40 @@ class NatsPublisher:
     async def aclose(self) -> None:
         if self._owns:
             await self._client.close()
+
+
+# -- Kafka -----------------------------------------------------------------------------
+
+
+class KafkaPublisher:
+    """aiokafka produce to partition ``p`` of one topic, acknowledged by the broker.
+
+    Parameters
+    ----------
+    producer : aiokafka.AIOKafkaProducer
+        Started by the caller (``acks="all"`` recommended).
+    topic : str
+    num_partitions : int
+    owns_producer : bool
+        Stop ``producer`` in :meth:`aclose`.
+    """
+
+    def __init__(
+        self, producer: Any, topic: str, num_partitions: int, *, owns_producer: bool = False
+    ) -> None:
+        self._producer = producer
+        self.topic = topic
+        self.num_partitions = num_partitions
+        self._owns = owns_producer
+
+    def publish(self, partition: int, payload: bytes) -> Awaitable[Any]:
+        if not 0 <= partition < self.num_partitions:
+            raise ValueError(f"partition {partition} is not in 0..{self.num_partitions - 1}")
+        result: Awaitable[Any] = self._producer.send_and_wait(
+            self.topic, payload, partition=partition
+        )
+        return result
+
+    async def aclose(self) -> None:
+        if self._owns:
+            await self._producer.stop()

@@ -35,10 +35,11 @@ import pyarrow.compute as pc
 from anyio.abc import TaskGroup
 
 from .._loop import unwrap_groups
-from ..errors import DecodeError, FencedError, LanceAsyncError
+from ..errors import DecodeError, FencedError, InvalidInputError, LanceAsyncError
 from ..feeds.base import DeadLetter, Feed, IngestStats, Message, decode_json, ingest
+from ..memwal.compactor import CompactionPolicy, Compactor
 from ..memwal.writer import AsyncShardWriter
-from .balancer import LeaseBalancer
+from .balancer import Coordinator, LeaseCoordinator
 from .feeds import PartitionedFeed
 from .leases import LeaseTable
 from .partitions import Partitioner
@@ -146,10 +147,13 @@ class Worker:
     dataset : AsyncDataset
         A table whose MemWAL is bucket-sharded with as many buckets as the
         feed has partitions.
-    feeds : PartitionedFeed
-        The partitions (``feeds.py``).
-    leases : LeaseTable
+    feeds : PartitionedFeed, optional
+        The partitions (``feeds.py``), divided with ``leases``.
+    leases : LeaseTable, optional
         The group's leases (``leases.py``); its ``member`` names this worker.
+    coordinator : Coordinator, optional
+        Instead of ``feeds`` and ``leases``: who owns which partition and
+        their feeds (``KafkaCoordinator`` for a Kafka consumer group).
     writer_options : mapping, optional
         Passed to every :class:`~lance_async.AsyncShardWriter`.
     max_batch, fetch_timeout, max_pending_acks : optional
@@ -161,6 +165,12 @@ class Worker:
         Seconds a partition handed back may take to settle its acks before
         it is cancelled (default 10; unacknowledged messages are delivered
         again to the next owner).
+    compaction : CompactionPolicy, optional
+        Compact the shards this worker owns in the background by this
+        policy (a :class:`~lance_async.memwal.Compactor` asked for the owned
+        shards at every pass). Default None: no compaction here (run
+        ``lance-async compact`` or a Compactor elsewhere); ``lance-async
+        worker`` passes ``CompactionPolicy()``.
 
     Raises
     ------
@@ -172,19 +182,24 @@ class Worker:
     def __init__(
         self,
         dataset: AsyncDataset,
-        feeds: PartitionedFeed,
-        leases: LeaseTable,
+        feeds: PartitionedFeed | None = None,
+        leases: LeaseTable | None = None,
         *,
+        coordinator: Coordinator | None = None,
         writer_options: dict[str, Any] | None = None,
         max_batch: int = 1000,
         fetch_timeout: float = 0.5,
         max_pending_acks: int = 16,
         dead_letter: DeadLetter | None = None,
         drain_timeout: float = 10.0,
+        compaction: CompactionPolicy | None = None,
     ) -> None:
+        if coordinator is None:
+            if feeds is None or leases is None:
+                raise TypeError("a Worker needs feeds and leases, or a coordinator")
+            coordinator = LeaseCoordinator(feeds, leases)
         self._dataset = dataset
-        self._feeds = feeds
-        self._leases = leases
+        self._coordinator = coordinator
         self._writer_options = dict(writer_options or {})
         self._ingest_options = {
             "max_batch": max_batch,
@@ -193,22 +208,21 @@ class Worker:
         }
         self._dead_letter = dead_letter
         self.drain_timeout = drain_timeout
+        self._compaction = compaction
         self._running: dict[int, _Running] = {}
         self._partitioner: Partitioner | None = None
-        self._balancer: LeaseBalancer | None = None
         self._tg: TaskGroup | None = None
         self._started = time.monotonic()
-        self._stats = WorkerStats(member=leases.member)
-        self._stop_requested = False
+        self._stats = WorkerStats(member=coordinator.member)
 
     def __repr__(self) -> str:
-        return f"<Worker {self._leases.member} partitions={sorted(self._running)}>"
+        return f"<Worker {self.member} partitions={sorted(self._running)}>"
 
     # -- public -----------------------------------------------------------------------
     @property
     def member(self) -> str:
         """This worker's name in its group."""
-        return self._leases.member
+        return self._coordinator.member
 
     def stats(self) -> WorkerStats:
         """A snapshot of what the worker has done (does not block)."""
@@ -232,9 +246,7 @@ class Worker:
 
     def stop(self) -> None:
         """Stop cleanly: hand every partition back (drained), then return from :meth:`run`."""
-        self._stop_requested = True
-        if self._balancer is not None:
-            self._balancer.stop()
+        self._coordinator.stop()
 
     async def __aenter__(self) -> Worker:
         return self
@@ -249,29 +261,32 @@ class Worker:
         drained and released).
         """
         partitioner = await Partitioner.for_dataset(self._dataset)
-        if partitioner.num_partitions != self._feeds.num_partitions:
-            from ..errors import InvalidInputError
-
+        partitions = self._coordinator.num_partitions
+        if partitioner.num_partitions != partitions:
             raise InvalidInputError(
-                f"the feed has {self._feeds.num_partitions} partitions and the table "
+                f"the feed has {partitions} partitions and the table "
                 f"{partitioner.num_partitions} buckets: a feed must be partitioned like the "
                 "table (see docs/sharding.md)"
             )
         self._partitioner = partitioner
-        self._balancer = LeaseBalancer(
-            self._leases,
-            partitioner.num_partitions,
-            on_assign=self._assign,
-            on_revoke=self._revoke,
-        )
-        if self._stop_requested:
-            self._balancer.stop()
         with unwrap_groups():
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                await self._balancer.run()
+                compactor = None
+                if self._compaction is not None:
+                    compactor = Compactor(self._dataset, self._compaction, shard_ids=self._owned)
+                    await compactor.start(tg)
+                try:
+                    await self._coordinator.run(self._assign, self._revoke)
+                finally:
+                    if compactor is not None:
+                        await compactor.aclose()
                 tg.cancel_scope.cancel()  # nothing of ours is left running
         return self.stats()
+
+    def _owned(self) -> list[str]:
+        """The shards of the partitions owned now (the compactor's shards)."""
+        return [r.writer.shard_id for r in self._running.values()]
 
     # -- partitions ---------------------------------------------------------------------
     def _decoder(self, partition: int) -> Callable[[Sequence[Message], pa.Schema], pa.Table]:
@@ -312,7 +327,7 @@ class Worker:
         writer = self._dataset.mem_wal_writer(shard, **self._writer_options)
         await writer.open(self._tg)  # claims the shard: a stale writer is fenced
         try:
-            feed = await self._feeds.open_partition(partition, self.member)
+            feed = await self._coordinator.open_partition(partition)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await writer.aclose()
@@ -326,10 +341,9 @@ class Worker:
         )
 
     async def _ingest(self, partition: int, running: _Running) -> None:
-        assert self._balancer is not None
-        balancer = self._balancer
+        coordinator = self._coordinator
         guarded = _LeaseGuard(
-            running.feed, lambda: balancer.valid(partition), partition, running.writer.shard_id
+            running.feed, lambda: coordinator.valid(partition), partition, running.writer.shard_id
         )
         try:
             with running.scope:
@@ -346,10 +360,10 @@ class Worker:
             log.warning(
                 "lance_async worker %s: partition %d fenced: %s", self.member, partition, exc
             )
-            balancer.drop(partition)
+            coordinator.drop(partition)
         except (LanceAsyncError, OSError, ConnectionError) as exc:
             log.error("lance_async worker %s: partition %d failed: %r", self.member, partition, exc)
-            balancer.drop(partition)
+            coordinator.drop(partition)
         finally:
             running.done.set()
 

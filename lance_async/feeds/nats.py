@@ -136,6 +136,7 @@ class JetStreamFeed(BrokerFeed):
         max_ack_pending: int | None = None,
         deliver_policy: DeliverPolicy = DeliverPolicy.ALL,
         create_stream: bool = False,
+        take_over: bool = False,
         ack_sync: bool = False,
         close_timeout: float = 5.0,
         connect_options: Mapping[str, Any] | None = None,
@@ -168,6 +169,17 @@ class JetStreamFeed(BrokerFeed):
         create_stream : bool
             Create ``stream`` with ``subjects=[subject]`` when it does not
             exist (default False: it must exist).
+        take_over : bool
+            This process is the durable's only reader and takes it over
+            (default False). An existing durable is restarted at its ack
+            floor with this configuration: what a previous, dead reader
+            fetched and never acknowledged is delivered again at once, in
+            stream order, instead of after ``ack_wait`` (and instead of
+            holding ``max_ack_pending`` until then); a stale reader's pull
+            subscription ends. Messages above the floor that were acked out
+            of order come again too (a primary key makes that harmless).
+            ``lance-async ingest`` and the cluster's workers take their
+            durables over; readers sharing one durable on purpose must not.
         ack_sync : bool
             Wait for the server to confirm each ack (see the class).
         close_timeout : float
@@ -210,6 +222,7 @@ class JetStreamFeed(BrokerFeed):
                 max_ack_pending=max_ack_pending,
                 deliver_policy=deliver_policy,
                 create_stream=create_stream,
+                take_over=take_over,
                 ack_sync=ack_sync,
                 close_timeout=close_timeout,
                 owns_client=True,
@@ -232,6 +245,7 @@ class JetStreamFeed(BrokerFeed):
         max_ack_pending: int | None = None,
         deliver_policy: DeliverPolicy = DeliverPolicy.ALL,
         create_stream: bool = False,
+        take_over: bool = False,
         ack_sync: bool = False,
         close_timeout: float = 5.0,
         owns_client: bool = False,
@@ -263,15 +277,22 @@ class JetStreamFeed(BrokerFeed):
                 await js.stream_info(stream)
             except nats.js.errors.NotFoundError:
                 await js.add_stream(name=stream, subjects=[subject])
+        start = await _restart_at_ack_floor(js, stream, durable) if take_over else None
         config = ConsumerConfig(
             durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=ack_wait,
             max_deliver=max_deliver,
             max_ack_pending=max_ack_pending,
-            deliver_policy=deliver_policy,
+            deliver_policy=deliver_policy if start is None else DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start,
+            filter_subject=subject,
         )
-        sub = await js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
+        if take_over:
+            await js.add_consumer(stream, config=config)
+            sub = await js.pull_subscribe_bind(durable, stream)
+        else:
+            sub = await js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
         return cls(
             client,
             sub,
@@ -302,6 +323,28 @@ class JetStreamFeed(BrokerFeed):
             self.acked += 1
 
         return Message(sequence, msg.data, dict(msg.headers or {}), _ack=ack)
+
+    async def backlog(self) -> int:
+        """Messages of the subject this durable has not seen acknowledged.
+
+        Returns
+        -------
+        int
+            The consumer's pending messages (not yet delivered) plus those
+            delivered and not acknowledged, from one ``consumer_info`` call.
+            ``lance-async ingest`` uses it to tell "caught up" from "stopped
+            with messages outstanding".
+
+        Raises
+        ------
+        LanceAsyncError
+            The feed is closed.
+        nats.js.errors.APIError
+            The server refused the request (for example the consumer is gone).
+        """
+        check_open(self._state, repr(self))
+        info = await self._sub.consumer_info()
+        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
     async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
         """Pull up to ``max_messages`` messages; ``[]`` when none came within ``timeout``.
@@ -371,3 +414,15 @@ class JetStreamFeed(BrokerFeed):
                     log.debug("%r: closing: %r", self, exc)
             if self._owns_client:
                 await self._client.close()
+
+
+async def _restart_at_ack_floor(js: JetStreamContext, stream: str, durable: str) -> int | None:
+    """Delete ``durable`` and return the stream sequence just above its ack
+    floor (None when it does not exist): the caller recreates it there."""
+    try:
+        info = await js.consumer_info(stream, durable)
+    except nats.js.errors.NotFoundError:
+        return None
+    floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
+    await js.delete_consumer(stream, durable)
+    return int(floor) + 1

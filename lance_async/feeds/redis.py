@@ -326,6 +326,38 @@ class RedisStreamFeed(BrokerFeed):
             self.claimed += len(fresh)
         return entries
 
+    async def backlog(self) -> int | None:
+        """Entries of the stream the group has not seen acknowledged.
+
+        Returns
+        -------
+        int or None
+            The group's lag (entries not yet delivered to any consumer) plus
+            its pending entries (delivered, not acknowledged), from one
+            ``XINFO GROUPS``; None when Redis cannot say (the lag is unknown
+            after entries were deleted from the middle of the stream, or a
+            Redis before 7.0). ``lance-async ingest`` uses it to tell
+            "caught up" from "stopped with entries outstanding".
+
+        Raises
+        ------
+        LanceAsyncError
+            The feed is closed.
+        redis.exceptions.RedisError
+            The server refused the request.
+        """
+        check_open(self._state, repr(self))
+        groups: Any = await self._client.xinfo_groups(self.stream)
+        for info in groups:
+            fields = {_text(k): v for k, v in info.items()}
+            if _text(fields.get("name", b"")) != self.group:
+                continue
+            lag = fields.get("lag")
+            if lag is None:
+                return None
+            return int(lag) + int(fields.get("pending") or 0)
+        return None
+
     async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
         """Up to ``max_messages`` entries: own pending, then claimed, then new ones.
 

@@ -33,6 +33,7 @@ from ..errors import (
     map_engine_error,
 )
 from .accumulator import Accumulator, BatchAck, Entry, Item, Kind
+from .mirror import MemtableMirror, settle_replayed
 from .policy import CommitPolicy, engine_options
 from .retired import retired_shards
 from .sharding import Sharding, sharding_of
@@ -87,6 +88,7 @@ def open_engine(
     defaults = (details or {}).get("writer_config_defaults") or {}
     opened = engine_options(policy, options, defaults)
     engine = ds.mem_wal_writer(shard_id, **opened)
+    engine = settle_replayed(engine, lambda: ds.mem_wal_writer(shard_id, **opened))
     limit = opened.get("max_memtable_rows")
     if limit is None:
         limit = defaults.get("max_memtable_rows")
@@ -110,6 +112,8 @@ class Committer:
         Called once when the writer fails (the writer marks itself FAILED).
     describe : callable
         The writer's repr, for messages.
+    mirror : MemtableMirror, optional
+        Sees every engine put and delete (the writer's LSM reads read it).
     """
 
     def __init__(
@@ -122,8 +126,10 @@ class Committer:
         key_fit: TableFit,
         on_failure: Callable[[], None],
         describe: Callable[[], str],
+        mirror: MemtableMirror | None = None,
     ) -> None:
         self.engine = engine
+        self.mirror = mirror
         self.gate = anyio.Lock()
         self._acc = accumulator
         self._shard_id = shard_id
@@ -268,11 +274,18 @@ class Committer:
         engine = self.engine
         fit = self._fit if kind is Kind.PUT else self._key_fit
 
+        mirror = self.mirror
+
         def work() -> tuple[dict[str, Any], dict[str, Any]]:
-            if kind is Kind.PUT:
-                engine.put(fit.relabel(batches))
+            data = (
+                fit.relabel(batches) if kind is Kind.PUT else fit.relabel(batches).combine_chunks()
+            )
+            if mirror is not None:  # the mirror makes the engine call and records it
+                (mirror.put if kind is Kind.PUT else mirror.delete)(engine, data)
+            elif kind is Kind.PUT:
+                engine.put(data)
             else:
-                engine.delete(fit.relabel(batches).combine_chunks())
+                engine.delete(data)
             return engine.stats(), engine.memtable_stats()
 
         async with self.gate:

@@ -2,8 +2,10 @@
 
 A lookup key is a scalar (one key column), a dict or a tuple (composite
 keys). Values are checked against the key column's type before anything
-reaches the engine: a value that does not fit is an
-:class:`~lance_async.errors.InvalidInputError`, never a lossy conversion.
+reaches the engine, by one rule for every path (:func:`key_value`: no bool
+as a number, no lossy float, the column's range checked): a value that does
+not fit is an :class:`~lance_async.errors.InvalidInputError`, never a lossy
+conversion, on the dataset's and the writer's lookups alike.
 """
 
 from __future__ import annotations
@@ -12,42 +14,113 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ..errors import InvalidInputError, SchemaMismatchError
 
-__all__ = ["key_array", "key_filter", "key_values"]
+__all__ = ["key_array", "key_filter", "key_value", "key_values"]
 
 
-def _sql_literal(value: Any, dtype: pa.DataType) -> str:
+def key_value(value: Any, field: pa.Field) -> Any:
+    """One primary-key value, converted by the one strict rule of every lookup path.
+
+    Parameters
+    ----------
+    value : object
+        The caller's value.
+    field : pa.Field
+        The key column.
+
+    Returns
+    -------
+    object
+        A Python value of the column's type: an ``int`` for integer
+        columns (a float only when it is integral: ``2.0`` is 2), a ``float``
+        for floating columns, a ``str``, a ``bool``, a date or a timestamp.
+
+    Raises
+    ------
+    InvalidInputError
+        Null; a bool for a number column or a number for a bool column; a
+        lossy float (``1.5`` for an integer key); a value outside the
+        column's range (``2**70`` for int64, ``-1`` for uint32); a value of
+        another kind (a string for a number column, a number for a string
+        column); a type lookups do not support. The message names the
+        column and its type.
+    """
+    dtype = field.type
+
+    def refuse(why: str) -> InvalidInputError:
+        return InvalidInputError(
+            f"key {value!r} does not fit {field.name!r} ({dtype}): {why}"[:300]
+        )
+
     if value is None:
-        raise InvalidInputError("a primary-key value cannot be null")
+        raise InvalidInputError(f"a primary-key value cannot be null ({field.name!r})")
+    if isinstance(value, np.generic):
+        value = value.item()
+    if pa.types.is_integer(dtype):
+        if isinstance(value, bool):
+            raise refuse("a boolean is not an integer")
+        if isinstance(value, float):
+            if not (math.isfinite(value) and value.is_integer()):
+                raise refuse("not an integer (a float key must be integral)")
+            value = int(value)
+        if not isinstance(value, int):
+            raise refuse(f"expected an integer, got {type(value).__name__}")
+        info = np.iinfo(dtype.to_pandas_dtype())
+        if not info.min <= value <= info.max:
+            raise refuse(f"out of range [{info.min}, {info.max}]")
+        return value
+    if pa.types.is_floating(dtype):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise refuse(f"expected a number, got {type(value).__name__}")
+        number = float(value)
+        if not math.isfinite(number):
+            raise refuse("not a finite number")
+        return number
+    if pa.types.is_boolean(dtype):
+        if not isinstance(value, bool):
+            raise refuse(f"expected a boolean, got {type(value).__name__}")
+        return value
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+        if not isinstance(value, str):
+            raise refuse(f"expected a string, got {type(value).__name__}")
+        return value
+    if pa.types.is_timestamp(dtype) or pa.types.is_date(dtype):
+        if isinstance(value, (bool, int, float)):
+            raise refuse(f"expected a date or datetime, got {type(value).__name__}")
+        try:
+            return pa.scalar(value, type=dtype).as_py()
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise refuse(str(exc)) from None
+    raise InvalidInputError(f"lookups by a {dtype} key are not supported ({field.name!r})")
+
+
+def _sql_literal(value: Any, field: pa.Field) -> str:
+    value = key_value(value, field)
+    dtype = field.type
     if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
         return "'" + str(value).replace("'", "''") + "'"
     if pa.types.is_integer(dtype):
-        try:
-            if isinstance(value, (bool, str, bytes)) or int(value) != value:
-                raise ValueError
-        except (TypeError, ValueError, OverflowError):
-            raise InvalidInputError(f"key {value!r} is not an integer") from None
-        return str(int(value))
+        return str(value)
     if pa.types.is_floating(dtype):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise InvalidInputError(f"key {value!r} is not a number") from None
-        if not math.isfinite(number):
-            raise InvalidInputError(f"key {value!r} is not a finite number")
-        return repr(number)
+        return repr(value)
     if pa.types.is_boolean(dtype):
         return "true" if value else "false"
-    if pa.types.is_timestamp(dtype) or pa.types.is_date(dtype):
-        scalar = pa.scalar(value, type=dtype)
-        return f"CAST('{scalar}' AS {'TIMESTAMP' if pa.types.is_timestamp(dtype) else 'DATE'})"
-    raise InvalidInputError(f"lookups by a {dtype} key are not supported")
+    scalar = pa.scalar(value, type=dtype)
+    return f"CAST('{scalar}' AS {'TIMESTAMP' if pa.types.is_timestamp(dtype) else 'DATE'})"
 
 
 def key_values(schema: pa.Schema, keys: Sequence[str], key: Any) -> list[tuple[str, Any]]:
+    """Pair each key column with the caller's value for it (shape only, no conversion).
+
+    Raises
+    ------
+    InvalidInputError, SchemaMismatchError
+        No key, the wrong number of values, a dict lacking a column.
+    """
     if not keys:
         raise InvalidInputError("point lookups need a primary key, and the table has none")
     if isinstance(key, Mapping):
@@ -65,17 +138,31 @@ def key_values(schema: pa.Schema, keys: Sequence[str], key: Any) -> list[tuple[s
 
 
 def key_filter(schema: pa.Schema, keys: Sequence[str], key: Any) -> str:
-    """A Lance SQL filter selecting one primary key (values quoted safely)."""
+    """A Lance SQL filter selecting one primary key (values quoted safely).
+
+    Raises
+    ------
+    InvalidInputError
+        A key of the wrong shape, or a value :func:`key_value` refuses.
+    """
     return " AND ".join(
-        f"`{name}` = {_sql_literal(value, schema.field(name).type)}"
+        f"`{name}` = {_sql_literal(value, schema.field(name))}"
         for name, value in key_values(schema, keys, key)
     )
 
 
 def key_array(schema: pa.Schema, keys: Sequence[str], key: Any) -> pa.Array:
-    pairs = key_values(schema, keys, key)
-    if any(value is None for _, value in pairs):
-        raise InvalidInputError("a primary-key value cannot be null")
+    """One primary key as a one-element array (a struct array for composite keys).
+
+    Raises
+    ------
+    InvalidInputError
+        A key of the wrong shape, or a value :func:`key_value` refuses.
+    """
+    pairs = [
+        (name, key_value(value, schema.field(name)))
+        for name, value in key_values(schema, keys, key)
+    ]
     try:
         arrays = [pa.array([value], type=schema.field(name).type) for name, value in pairs]
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:

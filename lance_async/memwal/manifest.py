@@ -30,13 +30,14 @@ skipped for the one before it (up to three).
 
 from __future__ import annotations
 
-import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.fs as pafs
 
+from .._storage import filesystem
 from ..errors import LanceAsyncError
 
 __all__ = [
@@ -102,11 +103,8 @@ def _fields(buf: bytes) -> list[tuple[int, int | bytes]]:
 # -- storage ------------------------------------------------------------------
 
 
-def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
-    if "://" not in uri:
-        uri = os.path.abspath(uri)
-    fs, path = pafs.FileSystem.from_uri(uri)
-    return fs, path.rstrip("/")
+def _fs(uri: str, storage_options: Mapping[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
+    return filesystem(uri, storage_options)
 
 
 def _read(fs: pafs.FileSystem, path: str) -> bytes:
@@ -185,9 +183,9 @@ def _manifest_version(name: str) -> int | None:
     return int(stem[::-1], 2)
 
 
-def list_shards(uri: str) -> list[str]:
+def list_shards(uri: str, storage_options: Mapping[str, str] | None = None) -> list[str]:
     """Shard ids that have a folder under ``<uri>/_mem_wal`` (blocking)."""
-    fs, root = _fs(uri)
+    fs, root = _fs(uri, storage_options)
     out = []
     for info in _children(fs, root + "/_mem_wal"):
         if info.type == pafs.FileType.Directory:
@@ -214,7 +212,9 @@ def _remember(cache: dict[Any, Any], key: Any, value: Any) -> Any:
     return value
 
 
-def read_shard_manifest(uri: str, shard_id: str) -> ShardManifest | None:
+def read_shard_manifest(
+    uri: str, shard_id: str, storage_options: Mapping[str, str] | None = None
+) -> ShardManifest | None:
     """The newest decodable manifest of a shard, or None if it has none (blocking).
 
     Raises
@@ -222,7 +222,7 @@ def read_shard_manifest(uri: str, shard_id: str) -> ShardManifest | None:
     ManifestFormatError
         Manifest files exist but none decodes as expected.
     """
-    fs, root = _fs(uri)
+    fs, root = _fs(uri, storage_options)
     folder = f"{root}/_mem_wal/{shard_id}/manifest"
     versions: list[tuple[int, str, str]] = []
     for info in _children(fs, folder):
@@ -256,7 +256,9 @@ def _dataset_manifest_path(fs: pafs.FileSystem, root: str, version: int) -> pafs
     raise ManifestFormatError(f"no manifest file for version {version} under {root}/_versions")
 
 
-def compacted_generations(uri: str, version: int) -> dict[str, int]:
+def compacted_generations(
+    uri: str, version: int, storage_options: Mapping[str, str] | None = None
+) -> dict[str, int]:
     """Highest compacted generation per shard id, as of dataset ``version`` (blocking).
 
     Returns
@@ -269,7 +271,7 @@ def compacted_generations(uri: str, version: int) -> dict[str, int]:
     ManifestFormatError
         The MemWAL index details are present but not in the known layout.
     """
-    fs, root = _fs(uri)
+    fs, root = _fs(uri, storage_options)
     info = _dataset_manifest_path(fs, root, version)
     key = (info.path, f"{info.size}:{info.mtime_ns}")
     cached = _compacted.get(key)

@@ -1,91 +1,103 @@
 """LSM reads: scans and point lookups over the base table, flushed SSTables and memtables.
 
-Newest row per primary key wins across the levels. :func:`lsm_scan` and
-:func:`lsm_point_lookup` read the base table and the flushed generations
-(``LsmScanner`` / ``LsmPointLookupPlanner`` on worker threads); the
-:class:`WriterReads` mixin gives a live writer the same reads over its
-memtable too, with the read-your-writes rule of
-:class:`~lance_async.AsyncShardWriter` (a sealed memtable is waited out, so
-every acked row is visible).
-
-Notes
------
-pylance 14's ``LsmScanner`` has no streaming reader: the scan is collected
-in the engine on a worker thread (without the GIL), then handed to the loop
-batch by batch. Project the columns you need.
+Newest row per primary key wins across the levels (``levels.py`` resolves
+them). :func:`lsm_scan` streams (``scan.py``): memory bounded by the batch
+size, the first batch after the small levels are read, a cancel that lands
+within one batch. :func:`lsm_point_lookup` calls issued concurrently on one
+table are answered together by a :class:`~lance_async.memwal.lookup.LookupCoalescer`
+(one view of the levels and one probe of each per batch);
+:func:`lsm_point_lookups` is the batch form. The :class:`WriterReads` mixin
+gives a live writer the same reads over its memtable too: every row acked so
+far is visible, sealed memtables included (read from the writer's
+:class:`~lance_async.memwal.mirror.MemtableMirror`, not from pylance 14's
+scanner, which hides a sealed memtable for 50-80 ms).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pyarrow as pa
-from lance.mem_wal import LsmPointLookupPlanner, LsmScanner
-from lance.mem_wal import ShardSnapshot as LanceShardSnapshot
 
+from .._filters import check_filter
 from .._schema import primary_key
 from .._threads import run_sync
-from ..errors import (
-    InvalidInputError,
-    LanceAsyncError,
-    SchemaMismatchError,
-    raise_mapped,
-)
+from ..errors import InvalidInputError, LanceAsyncError, SchemaMismatchError
 from ..sources.streams import AsyncBatchStream
-from .keys import key_array, key_filter
-from .snapshots import ShardSnapshots, lance_snapshots, shard_snapshots, with_snapshots
-from .vector import exact_knn_scan
+from .levels import open_view
+from .lookup import LookupCoalescer, coalescer_for, key_columns, lookup_view, split_rows
+from .mirror import MemtableMirror
+from .retired import NO_KEY
+from .scan import output_schema, scan_view
+from .snapshots import ShardSnapshots
+from .vector import lsm_vector_search
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..dataset import AsyncDataset
 
-__all__ = ["WriterReads", "lsm_point_lookup", "lsm_scan", "scanner_stream", "wait_unsealed"]
+__all__ = [
+    "WriterReads",
+    "lsm_point_lookup",
+    "lsm_point_lookups",
+    "lsm_scan",
+    "wait_unsealed",
+]
+
+Mirrors = Callable[[], Sequence[MemtableMirror]]
+SLICED_BELOW = 16_384
+"""Scans asking for smaller batches read batches of about this size and slice them."""
 
 
-def scanner_stream(
-    make_scanner: Callable[[], Awaitable[Any]],
-    schema: pa.Schema,
+def _no_mirrors() -> Sequence[MemtableMirror]:
+    return ()
+
+
+def _check_columns(schema: pa.Schema, columns: Sequence[str] | None) -> None:
+    if columns is None:
+        return
+    if isinstance(columns, str):
+        raise TypeError("columns must be a list of column names, not a string")
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise SchemaMismatchError(f"no column {missing[0]!r} in the table", field=missing[0])
+
+
+def scan_stream(
+    dataset: AsyncDataset,
+    mirrors: Mirrors,
+    snapshots: ShardSnapshots | None,
     columns: Sequence[str] | None,
     filter: str | None,
     limit: int | None,
+    batch_size: int | None,
+    prefetch: int = 4,
 ) -> AsyncBatchStream:
-    """An :class:`AsyncBatchStream` over an engine ``LsmScanner``.
-
-    ``schema`` is the table schema; the stream's schema is its projection.
-    """
-    if columns is not None:
-        missing = [c for c in columns if c not in schema.names]
-        if missing:
-            raise SchemaMismatchError(f"no column {missing[0]!r} in the table", field=missing[0])
-        schema = pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
+    """An LSM scan as an :class:`AsyncBatchStream` (the levels are resolved on first use)."""
+    _check_columns(dataset.schema, columns)
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    cols = list(columns) if columns is not None else None
+    filter = check_filter(filter)  # one expression, as on every read path
+    read_size, max_rows = batch_size, None
+    if batch_size is not None and batch_size < SLICED_BELOW:  # read large, slice on the loop
+        read_size, max_rows = batch_size * -(-SLICED_BELOW // batch_size), batch_size
 
     async def prepare() -> Callable[[], Any]:
-        scanner = await make_scanner()
+        view = await open_view(dataset, snapshots, mirrors())
+        return partial(scan_view, view, cols, filter, limit, read_size)
 
-        def opener() -> pa.RecordBatchReader:
-            sc = scanner
-            try:
-                if columns is not None:
-                    sc = sc.project(list(columns))
-                if filter:
-                    sc = sc.filter(filter)
-                if limit is not None:
-                    sc = sc.limit(limit)
-                batches = [b for b in sc.to_batches() if b.num_rows]
-            except (OSError, ValueError, RuntimeError) as exc:
-                raise_mapped(exc)
-                raise
-            if not batches:
-                return pa.RecordBatchReader.from_batches(schema, [])
-            return pa.RecordBatchReader.from_batches(batches[0].schema, batches)
-
-        return opener
-
-    return AsyncBatchStream(None, schema=schema, prepare=prepare)
+    schema = output_schema(dataset.schema, cols)
+    return AsyncBatchStream(
+        None, schema=schema, prepare=prepare, prefetch=prefetch, max_rows=max_rows
+    )
 
 
 def lsm_scan(
@@ -94,32 +106,99 @@ def lsm_scan(
     columns: Sequence[str] | None = None,
     filter: str | None = None,
     limit: int | None = None,
+    *,
+    batch_size: int | None = None,
 ) -> AsyncBatchStream:
-    """Scan the base table and flushed SSTables, newest row per primary key.
+    """Scan the base table and flushed SSTables, newest row per primary key, streamed.
 
     Parameters
     ----------
     dataset : AsyncDataset
     snapshots : list of ShardSnapshot, optional
-        Default: discovered now (:func:`shard_snapshots`).
+        Default: discovered when the scan starts (:func:`shard_snapshots`).
     columns : list of str, optional
     filter : str, optional
         Lance SQL, applied to the newest version of each row.
     limit : int, optional
+    batch_size : int, optional
+        Rows per batch at most.
 
     Returns
     -------
     AsyncBatchStream
-        Rows of live memtables are not included; use the writer's
-        :meth:`~lance_async.AsyncShardWriter.lsm_scan` for those.
+        Memtable rows of live writers are not included; use the writer's
+        :meth:`~lance_async.AsyncShardWriter.lsm_scan` for those. Memory is
+        bounded by the prefetch (4 batches), not by the result; closing the
+        stream (or leaving ``async with``) frees its thread within one batch.
+
+    Raises
+    ------
+    SchemaMismatchError
+        A column not in the table (at once).
+    InvalidInputError
+        The table has no primary key, or a bad filter (on the first batch).
     """
+    return scan_stream(dataset, _no_mirrors, snapshots, columns, filter, limit, batch_size)
 
-    async def make() -> Any:
-        return await with_snapshots(
-            dataset, snapshots, lambda ds, _snaps, raw: LsmScanner.from_snapshots(ds, raw)
-        )
 
-    return scanner_stream(make, dataset.schema, columns, filter, limit)
+async def lookup_batch(
+    dataset: AsyncDataset,
+    mirrors: Mirrors,
+    probe: list[pa.Array],
+    columns: Sequence[str] | None,
+    snapshots: ShardSnapshots | None = None,
+) -> tuple[pa.Table, np.ndarray]:
+    """Open a view and answer a batch of keys (see :func:`lookup_view`)."""
+    view = await open_view(dataset, snapshots, mirrors())
+    return await run_sync(partial(lookup_view, view, probe, columns))
+
+
+def _coalescer(owner: Any, dataset: AsyncDataset, mirrors: Mirrors) -> LookupCoalescer:
+    async def run(probe: list[pa.Array], columns: list[str] | None) -> tuple[pa.Table, Any]:
+        return await lookup_batch(dataset, mirrors, probe, columns)
+
+    return coalescer_for(owner, lambda: LookupCoalescer(run))
+
+
+def _keys_of(dataset: AsyncDataset, keys: Any) -> list[pa.Array]:
+    pk = primary_key(dataset.schema)
+    if not pk:
+        raise InvalidInputError(NO_KEY)
+    return key_columns(dataset.schema, pk, keys)
+
+
+async def point_lookup(
+    owner: Any,
+    dataset: AsyncDataset,
+    mirrors: Mirrors,
+    key: Any,
+    columns: Sequence[str] | None,
+    snapshots: ShardSnapshots | None,
+) -> pa.Table:
+    """One key through the owner's coalescer (or alone, with explicit snapshots)."""
+    _check_columns(dataset.schema, columns)
+    probe = _keys_of(dataset, [key])
+    if snapshots is not None:
+        rows, owner_of = await lookup_batch(dataset, mirrors, probe, columns, snapshots)
+        return split_rows(rows, owner_of, 1)[0]
+    return await _coalescer(owner, dataset, mirrors).lookup(probe, columns)
+
+
+async def point_lookups(
+    dataset: AsyncDataset,
+    mirrors: Mirrors,
+    keys: Any,
+    columns: Sequence[str] | None,
+    snapshots: ShardSnapshots | None,
+) -> pa.Table:
+    """Many keys in one batch: found rows in the order of ``keys``."""
+    _check_columns(dataset.schema, columns)
+    probe = _keys_of(dataset, keys)
+    if not len(probe[0]):
+        return output_schema(dataset.schema, columns).empty_table()
+    rows, owner_of = await lookup_batch(dataset, mirrors, probe, columns, snapshots)
+    order = owner_of.argsort(kind="stable")
+    return rows.take(pa.array(order)) if len(order) else rows
 
 
 async def lsm_point_lookup(
@@ -130,13 +209,17 @@ async def lsm_point_lookup(
 ) -> pa.Table:
     """The newest row for one primary key across base table and SSTables.
 
+    Lookups issued concurrently on one dataset are answered together, in
+    batches (one discovery of the shard manifests and one probe of each
+    level per batch).
+
     Parameters
     ----------
     key : scalar, dict or tuple
         The key value; composite keys as ``{"a": 1, "b": "x"}`` or ``(1, "x")``.
     columns : list of str, optional
     snapshots : list of ShardSnapshot, optional
-        Default: discovered now.
+        Default: discovered now (then the lookup is coalesced).
 
     Returns
     -------
@@ -146,19 +229,40 @@ async def lsm_point_lookup(
     Raises
     ------
     InvalidInputError
-        A key of the wrong shape or type.
+        A key of the wrong shape or type, or a table without a primary key.
+    SchemaMismatchError
+        A column not in the table.
     """
-    schema = dataset.schema
-    keys = primary_key(schema)
-    array = key_array(schema, keys, key)
-    cols = list(columns) if columns is not None else None
+    return await point_lookup(dataset, dataset, _no_mirrors, key, columns, snapshots)
 
-    def work(ds: Any, _snaps: list[Any], raw: list[LanceShardSnapshot]) -> pa.Table:
-        planner = LsmPointLookupPlanner(ds, raw, keys)
-        return planner.plan_lookup(array, cols).to_table()
 
-    result: pa.Table = await with_snapshots(dataset, snapshots, work)
-    return result
+async def lsm_point_lookups(
+    dataset: AsyncDataset,
+    keys: Any,
+    columns: Sequence[str] | None = None,
+    snapshots: ShardSnapshots | None = None,
+) -> pa.Table:
+    """The newest row of each of many primary keys, in one batch.
+
+    Parameters
+    ----------
+    keys : sequence of keys, or key columns (pa.Table, mapping of lists, pa.Array)
+        As :func:`lsm_point_lookup` takes one key.
+    columns : list of str, optional
+    snapshots : list of ShardSnapshot, optional
+
+    Returns
+    -------
+    pa.Table
+        One row per key found (absent and deleted keys have none), in the
+        order of ``keys``; a key given twice is answered twice.
+
+    Raises
+    ------
+    InvalidInputError, SchemaMismatchError
+        As :func:`lsm_point_lookup`.
+    """
+    return await point_lookups(dataset, _no_mirrors, keys, columns, snapshots)
 
 
 # -- a live writer's view: its memtable too ------------------------------------
@@ -185,13 +289,11 @@ async def wait_unsealed(engine: Any, timeout: float, what: str) -> None:
 class WriterReads:
     """The LSM reads of a live :class:`~lance_async.AsyncShardWriter` (a mixin).
 
-    They see this writer's memtable as well as the base table and the flushed
-    generations, and every row acked so far: pylance 14's own scanner hides a
-    sealed ("frozen") memtable's rows until its SSTable is written, so sealed
-    memtables are waited out first, without holding up the puts, and the plan
-    is made while no put can seal another one (under the writer's engine
-    gate). A subclass provides ``_engine_and_gate()``, ``_dataset``,
-    ``shard_id`` and ``schema``.
+    They see this writer's memtable (sealed ones included, through its
+    mirror), the flushed generations of every shard and the latest base
+    table: every row acked so far is visible. A subclass provides
+    ``_engine_and_gate()``, ``_committer.mirror``, ``_dataset``, ``shard_id``
+    and ``schema``.
     """
 
     shard_id: str
@@ -204,24 +306,16 @@ class WriterReads:
     def _engine_and_gate(self) -> tuple[Any, anyio.Lock]:  # pragma: no cover
         raise NotImplementedError
 
-    async def _scanner(self, snapshots: ShardSnapshots | None) -> Any:
-        """An engine LSM scanner over the memtable that sees every acked row.
+    def _mirror(self) -> MemtableMirror:
+        """The mirror of this writer's memtable (open writers only)."""
+        self._engine_and_gate()
+        mirror: MemtableMirror | None = getattr(getattr(self, "_committer", None), "mirror", None)
+        if mirror is None:  # pragma: no cover - every open writer has one
+            raise LanceAsyncError(f"{self!r} keeps no mirror of its memtable")
+        return mirror
 
-        With ``snapshots=None`` the other shards' flushed generations are
-        discovered, compacted ones included: the writer's base table is the
-        version it opened on.
-        """
-        engine, gate = self._engine_and_gate()
-        if snapshots is None:
-            snapshots = await shard_snapshots(self._dataset, include_compacted=True)
-        raw = lance_snapshots(s for s in snapshots if s.shard_id != self.shard_id)
-        deadline = time.monotonic() + 30.0
-        while True:
-            await wait_unsealed(engine, max(0.0, deadline - time.monotonic()), repr(self))
-            async with gate:
-                mt = await run_sync(engine.memtable_stats)
-                if not mt.get("frozen_count"):
-                    return await run_sync(lambda: engine.lsm_scanner(raw))
+    def _mirrors(self) -> Sequence[MemtableMirror]:
+        return [self._mirror()]
 
     async def wait_flushed(self, timeout: float = 30.0) -> None:
         """Wait until no sealed (frozen) memtable is waiting to be written.
@@ -246,20 +340,30 @@ class WriterReads:
         columns: Sequence[str] | None = None,
         filter: str | None = None,
         limit: int | None = None,
+        *,
+        batch_size: int | None = None,
     ) -> AsyncBatchStream:
-        """Scan base table, flushed SSTables and this writer's memtable.
+        """Scan base table, flushed SSTables and this writer's memtable, streamed.
 
         Newest row per primary key wins; every row acked so far is visible.
-        With ``snapshots=None`` the other shards' flushed generations are
-        discovered and included (their live memtables are not: pylance 14
-        reads a memtable only through its own writer). The base table is the
-        version the writer was opened on.
+        With ``snapshots=None`` every shard's flushed generations are
+        discovered when the scan starts (other writers' memtables are not
+        included: pylance reads a memtable only through its own writer).
+        See :func:`lsm_scan` for the parameters.
 
         Returns
         -------
         AsyncBatchStream
+
+        Raises
+        ------
+        ClosedError
+            The writer is not open (when the scan starts).
         """
-        return scanner_stream(lambda: self._scanner(snapshots), self.schema, columns, filter, limit)
+        self._engine_and_gate()
+        return scan_stream(
+            self._dataset, self._mirrors, snapshots, columns, filter, limit, batch_size
+        )
 
     async def lsm_point_lookup(
         self,
@@ -268,18 +372,21 @@ class WriterReads:
         snapshots: ShardSnapshots | None = None,
     ) -> pa.Table:
         """The newest row for ``key`` across all levels, this writer's memtable
-        included (a table of 0 or 1 row). Composite keys as a dict or tuple."""
-        schema = self.schema
-        expr = key_filter(schema, primary_key(schema), key)
-        scanner = await self._scanner(snapshots)
+        included (a table of 0 or 1 row). Composite keys as a dict or tuple.
+        Concurrent lookups on one writer are answered in batches."""
+        self._engine_and_gate()
+        return await point_lookup(self, self._dataset, self._mirrors, key, columns, snapshots)
 
-        def work() -> pa.Table:
-            sc = scanner.filter(expr).limit(1)
-            if columns is not None:
-                sc = sc.project(list(columns))
-            return sc.to_table()
-
-        return await run_sync(work)
+    async def lsm_point_lookups(
+        self,
+        keys: Any,
+        columns: Sequence[str] | None = None,
+        snapshots: ShardSnapshots | None = None,
+    ) -> pa.Table:
+        """The newest row of each of ``keys``, this writer's memtable included
+        (see :func:`lsm_point_lookups`)."""
+        self._engine_and_gate()
+        return await point_lookups(self._dataset, self._mirrors, keys, columns, snapshots)
 
     async def lsm_vector_search(
         self,
@@ -287,26 +394,21 @@ class WriterReads:
         *,
         column: str,
         k: int = 10,
-        nprobes: int = 20,
+        nprobes: int | None = 20,
         filter: str | None = None,
         snapshots: ShardSnapshots | None = None,
         columns: Sequence[str] | None = None,
         metric: str = "l2",
+        refine_factor: int | None = None,
     ) -> pa.Table:
-        """Exact k-nearest search over every level, this writer's memtable included.
+        """k nearest rows over every level, this writer's memtable included.
 
-        The parameters of :meth:`AsyncDataset.lsm_vector_search`. pylance 14
-        gives no vector planner over a live memtable, so this scans the LSM
-        view on a worker thread (only ``columns`` and ``column`` when
-        ``columns`` is given) and ranks exactly; ``nprobes`` is accepted for
-        the same call shape and has no effect. For large tables prefer
-        :meth:`AsyncDataset.lsm_vector_search` (indexed, flushed levels only).
+        The parameters of :func:`~lance_async.memwal.vector.lsm_vector_search`.
 
         Returns
         -------
         pa.Table
-            At most ``k`` rows, newest version per key, with ``_distance``
-            (``columns`` and ``_distance`` when ``columns`` is given).
+            At most ``k`` rows, newest version per key, with ``_distance``.
 
         Raises
         ------
@@ -317,11 +419,17 @@ class WriterReads:
         ClosedError
             The writer is not open.
         """
-        if k < 1:
-            raise InvalidInputError("k must be >= 1")
-        scanner = await self._scanner(snapshots)
-        return await run_sync(
-            partial(
-                exact_knn_scan, scanner, column, query, k, metric, filter=filter, columns=columns
-            )
+        self._engine_and_gate()
+        return await lsm_vector_search(
+            self._dataset,
+            query,
+            column=column,
+            k=k,
+            nprobes=nprobes,
+            filter=filter,
+            snapshots=snapshots,
+            columns=columns,
+            metric=metric,
+            refine_factor=refine_factor,
+            mirrors=self._mirrors(),
         )

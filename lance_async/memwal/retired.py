@@ -106,7 +106,9 @@ def derived_shard_id(namespace: uuid.UUID, name: str, epoch: str | None) -> str:
     return str(uuid.uuid5(namespace, name if epoch is None else f"{epoch}/{name}"))
 
 
-def initialize_mem_wal(ds: Any, options: Mapping[str, Any]) -> None:
+def initialize_mem_wal(
+    ds: Any, options: Mapping[str, Any], storage_options: Mapping[str, str] | None = None
+) -> None:
     """Retire the shard folders an earlier MemWAL left, then
     ``ds.initialize_mem_wal(**options)`` (blocking; ``ds`` moves to the
     versions committed: one, or two when there are shards to retire).
@@ -119,7 +121,7 @@ def initialize_mem_wal(ds: Any, options: Mapping[str, Any]) -> None:
     OSError, ValueError
         The engine's errors, unchanged.
     """
-    before = list_shards(ds.uri)  # first: see the module notes on order
+    before = list_shards(ds.uri, storage_options)  # first: see the module notes on order
     latest = ds.checkout_version(ds.latest_version)  # as of after the listing
     if not primary_key(latest.schema):
         raise InvalidInputError(NO_KEY)

@@ -18,8 +18,7 @@ process owns the whole table, or the shards are divided among workers (see
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Sequence
-from functools import partial
+from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -31,13 +30,17 @@ from .._schema import TableFit, primary_key
 from .._threads import run_sync, stream_limiter
 from ..errors import ClosedError, InvalidInputError, SchemaMismatchError
 from ..sources import SourceMode, resolve_source
-from ..sources.composed import ComposedBatchStream
+from ..sources.streams import AsyncBatchStream
 from .accumulator import Kind
 from .acks import Ack, PutSummary
+from .compactor import CompactionPolicy, Compactor
+from .mirror import MemtableMirror
 from .policy import WriterConfig
-from .reads import lsm_point_lookup, lsm_scan
+from .reads import point_lookup, point_lookups, scan_stream
 from .sharding import Sharding, default_shard_id, read_sharding
+from .snapshots import ShardSnapshots
 from .stats import RouterStats, WriterState, percentiles
+from .vector import lsm_vector_search
 from .writer import AsyncShardWriter
 
 if TYPE_CHECKING:
@@ -63,6 +66,10 @@ class ShardRouter:
     ----------
     dataset : AsyncDataset
         A table whose MemWAL has a sharding spec.
+    compaction : CompactionPolicy, optional
+        Run a :class:`~lance_async.memwal.compactor.Compactor` with this
+        policy in the router's task group while it is open (see
+        :attr:`compactor`).
     **writer_options
         Passed to every :class:`AsyncShardWriter`: the commit policy
         (``commit=``, ``min_put_interval=``), queue limits, ``linger``,
@@ -78,10 +85,18 @@ class ShardRouter:
         shard: ``dataset.mem_wal_writer(shard_id)``).
     """
 
-    def __init__(self, dataset: AsyncDataset, **writer_options: Any) -> None:
+    def __init__(
+        self,
+        dataset: AsyncDataset,
+        *,
+        compaction: CompactionPolicy | None = None,
+        **writer_options: Any,
+    ) -> None:
         self._dataset = dataset
         self.config = WriterConfig.from_options(**writer_options)
         """The writers' options, checked."""
+        self.compactor = Compactor(dataset, compaction) if compaction is not None else None
+        """The background :class:`~lance_async.memwal.compactor.Compactor`, if any."""
         self._options = writer_options
         self.durable_write = bool(writer_options.get("durable_write", True))
         """Whether the writers wait for the WAL flush before acking (the default)."""
@@ -138,6 +153,8 @@ class ShardRouter:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._state = WriterState.OPEN
+        if self.compactor is not None:
+            await self.compactor.start(self._tg)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -151,6 +168,8 @@ class ShardRouter:
         self._state = WriterState.CLOSING
         assert self._tg is not None
         try:
+            if self.compactor is not None:
+                await self.compactor.aclose()
             with unwrap_groups(), anyio.CancelScope(shield=True):
                 async with anyio.create_task_group() as closing:
                     for writer in self._writers.values():
@@ -336,85 +355,65 @@ class ShardRouter:
         )
 
     # -- reads ----------------------------------------------------------------------
-    async def lsm_point_lookup(self, key: Any, columns: Sequence[str] | None = None) -> pa.Table:
+    def _mirrors(self) -> list[MemtableMirror]:
+        """The memtables of every writer this router has open."""
+        self._check_open()
+        return [w._mirror() for w in self._writers.values()]
+
+    async def lsm_point_lookup(
+        self,
+        key: Any,
+        columns: Sequence[str] | None = None,
+        snapshots: ShardSnapshots | None = None,
+    ) -> pa.Table:
         """The newest row for ``key`` (a table of 0 or 1 row).
 
-        Read through the key's shard writer when this router has it open
-        (every row acked through it is visible), else from the base table
-        and flushed generations.
+        Every row acked through this router is visible (its writers'
+        memtables are read too), with the base table and every shard's
+        flushed generations. Concurrent lookups are answered in batches.
         """
         self._check_open()
-        shard_id = await run_sync(
-            lambda: self.sharding.shard_of_key(self.schema, self._keys, key),
-            limiter=stream_limiter(),
-        )
-        writer = self._writers.get(shard_id)
-        if writer is not None:
-            return await writer.lsm_point_lookup(key, columns=columns)
-        return await lsm_point_lookup(self._dataset, key, columns=columns)
+        return await point_lookup(self, self._dataset, self._mirrors, key, columns, snapshots)
+
+    async def lsm_point_lookups(
+        self,
+        keys: Any,
+        columns: Sequence[str] | None = None,
+        snapshots: ShardSnapshots | None = None,
+    ) -> pa.Table:
+        """The newest row of each of ``keys``, in their order (see
+        :func:`~lance_async.memwal.reads.lsm_point_lookups`); memtables included."""
+        self._check_open()
+        return await point_lookups(self._dataset, self._mirrors, keys, columns, snapshots)
 
     def lsm_scan(
         self,
         columns: Sequence[str] | None = None,
         filter: str | None = None,
         limit: int | None = None,
-    ) -> ComposedBatchStream:
-        """Scan the LSM view with every row acked through this router.
+        *,
+        snapshots: ShardSnapshots | None = None,
+        batch_size: int | None = None,
+    ) -> AsyncBatchStream:
+        """Scan the LSM view with every row acked through this router, streamed.
 
-        Each open writer contributes the rows of its own shard (its memtable
-        included); the other shards come from the base table and flushed
-        generations. Since every key has one shard, the parts never overlap.
+        The open writers' memtables, every shard's flushed generations and
+        the base table, newest row per key (see
+        :func:`~lance_async.memwal.reads.lsm_scan`).
         """
         self._check_open()
-        names = list(columns) if columns is not None else list(self.schema.names)
-        out_schema = pa.schema([self.schema.field(c) for c in names], metadata=self.schema.metadata)
-        router = self
+        return scan_stream(
+            self._dataset, self._mirrors, snapshots, columns, filter, limit, batch_size
+        )
 
-        async def batches() -> AsyncGenerator[pa.RecordBatch, None]:
-            sharding = router.sharding
-            column = sharding.column
-            read_cols = list(dict.fromkeys([*names, *([column] if column else [])]))
-            owned = dict(router._writers)
-            remaining = limit
-            sources: list[tuple[str | None, Any]] = [
-                (sid, w.lsm_scan(columns=read_cols, filter=filter)) for sid, w in owned.items()
-            ]
-            sources.append((None, lsm_scan(router._dataset, columns=read_cols, filter=filter)))
-            for shard_id, stream in sources:
-                async with stream:
-                    async for batch in stream:
-                        keep = await run_sync(
-                            partial(_keep, sharding, batch, shard_id, set(owned)),
-                            limiter=stream_limiter(),
-                        )
-                        if keep.num_rows == 0:
-                            continue
-                        keep = keep.select(names)
-                        if remaining is not None:
-                            keep = keep.slice(0, remaining)
-                            remaining -= keep.num_rows
-                        yield keep
-                        if remaining == 0:
-                            return
-
-        return ComposedBatchStream(batches(), schema=out_schema)
+    async def lsm_vector_search(self, query: Any, *, column: str, **options: Any) -> pa.Table:
+        """k nearest rows over every level, the open writers' memtables included
+        (the keywords of :func:`~lance_async.memwal.vector.lsm_vector_search`)."""
+        return await lsm_vector_search(
+            self._dataset, query, column=column, mirrors=self._mirrors(), **options
+        )
 
 
 def _batch_list(data: Any) -> bool:
     """Whether ``data`` is a list of record batches (``send_many``'s argument)."""
     return isinstance(data, list) and all(isinstance(b, pa.RecordBatch) for b in data)
-
-
-def _keep(
-    sharding: Sharding, batch: pa.RecordBatch, shard_id: str | None, owned: set[str]
-) -> pa.RecordBatch:
-    """The rows of ``batch`` this source answers for: its own shard's (a
-    writer), or those of shards no writer of the router holds (the dataset)."""
-    import pyarrow.compute as pc
-
-    ids = [sharding.shard_id(v) for v in sharding.values(batch).to_pylist()]
-    if shard_id is not None:
-        mask = pa.array([i == shard_id for i in ids])
-    else:
-        mask = pa.array([i not in owned for i in ids])
-    return batch.filter(pc.fill_null(mask, False))

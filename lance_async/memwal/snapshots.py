@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ShardSnapshot",
     "ShardSnapshots",
+    "discover_latest",
     "lance_snapshots",
     "shard_snapshots",
     "with_snapshots",
@@ -86,14 +87,17 @@ def _discover(
     shard_ids: Iterable[str] | None = None,
     include_compacted: bool = False,
     retired: frozenset[str] = frozenset(),
+    storage_options: dict[str, str] | None = None,
 ) -> list[ShardSnapshot]:
-    compacted = {} if include_compacted else _manifest.compacted_generations(uri, version)
+    compacted = (
+        {} if include_compacted else _manifest.compacted_generations(uri, version, storage_options)
+    )
     wanted = set(shard_ids) if shard_ids is not None else None
     out: list[ShardSnapshot] = []
-    for sid in _manifest.list_shards(uri):
+    for sid in _manifest.list_shards(uri, storage_options):
         if sid in retired or (wanted is not None and sid not in wanted):
             continue
-        manifest = _manifest.read_shard_manifest(uri, sid)
+        manifest = _manifest.read_shard_manifest(uri, sid, storage_options)
         if manifest is None:
             continue
         done = compacted.get(sid, 0)
@@ -148,16 +152,37 @@ async def shard_snapshots(
     ManifestFormatError
         The on-disk layout is not the one pylance 14.0.2 writes.
     """
-    await dataset.refresh()
-    uri, version, ds = dataset.uri, dataset.version, dataset.lance
     ids = list(shard_ids) if shard_ids is not None else None
+    options = dataset.storage_options
+    newer, snaps = await run_sync(
+        partial(discover_latest, dataset.lance, dataset.uri, ids, include_compacted, options)
+    )
+    if newer is not None:
+        dataset._replace(newer)
+    return snaps
 
-    def work() -> list[ShardSnapshot]:
-        if ds.mem_wal_index_details() is None:
-            return []  # no MemWAL at this version: folders are an earlier MemWAL's
-        return _discover(uri, version, ids, include_compacted, retired_shards(ds))
 
-    return await run_sync(work)
+def discover_latest(
+    ds: Any,
+    uri: str,
+    shard_ids: list[str] | None = None,
+    include_compacted: bool = False,
+    storage_options: dict[str, str] | None = None,
+) -> tuple[Any, list[ShardSnapshot]]:
+    """(the latest version of ``ds`` if newer, else None; its shard snapshots) (blocking).
+
+    What :func:`shard_snapshots` does, in one call on one worker thread.
+    """
+    latest = ds.latest_version
+    newer = ds.checkout_version(latest) if latest != ds.version else None
+    base = newer if newer is not None else ds
+    if base.mem_wal_index_details() is None:
+        return newer, []  # no MemWAL at this version: folders are an earlier MemWAL's
+    retired = retired_shards(base)
+    snaps = _discover(
+        uri, int(base.version), shard_ids, include_compacted, retired, storage_options
+    )
+    return newer, snaps
 
 
 def lance_snapshots(snapshots: Iterable[Any]) -> list[LanceShardSnapshot]:

@@ -1,33 +1,56 @@
-"""LSM vector search: k nearest rows across the levels, newest version per key.
+"""LSM vector search: the k nearest rows across the levels, newest version per key.
 
-With a vector index that covers every base row (and the SSTables), the
-engine's ``LsmVectorSearchPlanner`` runs with over-fetch; otherwise the
-search is exact over the LSM view (slower, always right). :func:`exact_knn`
-ranks in numpy on a worker thread.
+Each level is searched for its own k nearest *live* rows, and the candidates
+are merged by distance:
+
+* the base table by the engine, with its vector index when it has one
+  (``nprobes``, ``refine_factor``) and with the rows a newer level hides
+  excluded *before* ranking (``row_addr_blocklist``, a prefilter: so k rows
+  come back even when newer generations shadow many base rows);
+* each flushed generation by the engine, exactly (its index, when a flush
+  built one, is quantized), restricted to its winning rows
+  (``row_addr_allowlist``);
+* the memtables exactly, in numpy (:func:`exact_knn`).
+
+A row whose key a newer level holds is never returned, and k rows come back
+whenever k live rows exist. The base table's keys and row addresses are read
+once per table version to find the hidden rows. Measured in
+``scratch/lsm/vector_blocklist.py``: the blocklist never leaks a blocked row
+and always fills k (flat and IVF_PQ).
 """
 
 from __future__ import annotations
 
-import posixpath
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-from lance.mem_wal import LsmScanner, LsmVectorSearchPlanner
-from lance.mem_wal import ShardSnapshot as LanceShardSnapshot
 
-from .._schema import primary_key
-from ..errors import InvalidInputError, SchemaMismatchError
-from .snapshots import ShardSnapshot, ShardSnapshots, with_snapshots
+from .._filters import check_filter
+from .._threads import run_sync
+from ..errors import InvalidInputError, SchemaMismatchError, raise_mapped
+from .levels import ROWADDR, LsmView, open_view
+from .mirror import TOMBSTONE, MemtableMirror
+from .scan import filter_in_memory
+from .snapshots import ShardSnapshots
 
 if TYPE_CHECKING:
     from ..dataset import AsyncDataset
 
-__all__ = ["exact_knn", "exact_knn_scan", "lsm_vector_search"]
+__all__ = ["exact_knn", "lsm_vector_search", "search_view"]
+
+_METRICS = ("l2", "cosine", "dot")
+_base_keys: OrderedDict[tuple[str, int, tuple[str, ...]], tuple[list[pa.Array], np.ndarray]] = (
+    OrderedDict()
+)
+_base_lock = threading.Lock()
 
 
-def _distances(vectors: pa.Array, query: np.ndarray, metric: str) -> np.ndarray:
+def _distances(vectors: pa.Array | pa.ChunkedArray, query: np.ndarray, metric: str) -> np.ndarray:
     if len(vectors) == 0:
         return np.zeros(0, dtype=np.float32)
     if isinstance(vectors, pa.ChunkedArray):
@@ -43,7 +66,7 @@ def _distances(vectors: pa.Array, query: np.ndarray, metric: str) -> np.ndarray:
         norms = np.linalg.norm(mat, axis=1) * np.linalg.norm(query)
         out = 1.0 - (mat @ query) / np.where(norms == 0, np.nan, norms)
     elif metric == "dot":
-        out = -(mat @ query)
+        out = 1.0 - mat @ query  # Lance's dot distance
     else:
         raise InvalidInputError(f"unknown metric {metric!r}; use l2, cosine or dot")
     return np.where(np.isnan(out), np.inf, out).astype(np.float32)
@@ -53,7 +76,8 @@ def exact_knn(table: pa.Table, column: str, query: Any, k: int, metric: str = "l
     """Rank ``table``'s rows by exact distance from ``query`` (blocking, numpy).
 
     Returns the ``k`` nearest rows with a ``_distance`` column (float32, the
-    squared L2 distance for ``"l2"`` as Lance reports it).
+    distance as Lance reports it: squared L2, 1 - cosine similarity, or
+    1 - dot product).
     """
     if k < 1:
         raise InvalidInputError("k must be >= 1")
@@ -67,44 +91,108 @@ def exact_knn(table: pa.Table, column: str, query: Any, k: int, metric: str = "l
     return picked.append_column("_distance", pa.array(dist[order], type=pa.float32()))
 
 
-def exact_knn_scan(
-    scanner: Any,
+def base_keys(view: LsmView) -> tuple[list[pa.Array], np.ndarray]:
+    """(key columns, row addresses) of every base row, read once per version (blocking)."""
+    base = view.base
+    cache_key = (base.uri, int(base.version), tuple(view.keys))
+    with _base_lock:
+        hit = _base_keys.get(cache_key)
+    if hit is not None:
+        return hit
+    t = base.to_table(columns=view.keys, with_row_address=True)
+    value = ([t.column(k).combine_chunks() for k in view.keys], t.column(ROWADDR).to_numpy())
+    with _base_lock:
+        _base_keys[cache_key] = value
+        while len(_base_keys) > 4:
+            _base_keys.popitem(last=False)
+    return value
+
+
+def _serialize(addresses: np.ndarray) -> bytes:
+    from lance.dataset import serialize_row_addrs
+
+    result: bytes = serialize_row_addrs(addresses.tolist())
+    return result
+
+
+def search_view(
+    view: LsmView,
+    query: np.ndarray,
     column: str,
-    query: Any,
     k: int,
-    metric: str = "l2",
     *,
+    nprobes: int | None = None,
+    refine_factor: int | None = None,
     filter: str | None = None,
     columns: Sequence[str] | None = None,
+    metric: str = "l2",
 ) -> pa.Table:
-    """Exact k nearest rows of an engine ``LsmScanner`` (blocking).
-
-    Reads only ``columns`` plus the vector column when ``columns`` is given
-    (every column otherwise); the result has ``columns`` (or all) and
-    ``_distance``.
-    """
-    sc = scanner.filter(filter) if filter else scanner
-    if columns is not None:
-        sc = sc.project(list(dict.fromkeys([*columns, column])))
-    result = exact_knn(sc.to_table(), column, query, k, metric)
-    return result.select([*columns, "_distance"]) if columns is not None else result
-
-
-def _has_vector_index(ds: Any, column: str, *, complete: bool = False) -> bool:
-    """True when ``column`` has a vector index (covering every row if ``complete``)."""
-    try:
-        names = [
-            d.name
-            for d in ds.describe_indices()
-            if column in (d.field_names or []) and "VectorIndex" in (d.type_url or "")
-        ]
-        if not names:
-            return False
-        if not complete:
-            return True
-        return any(int(ds.stats.index_stats(n).get("num_unindexed_rows", 1)) == 0 for n in names)
-    except (OSError, ValueError, RuntimeError, KeyError):
-        return False
+    """The ``k`` nearest live rows of a view's levels (blocking; see the module notes)."""
+    cols = list(columns) if columns is not None else list(view.schema.names)
+    read = list(dict.fromkeys([*cols, column, *view.keys]))
+    nearest: dict[str, Any] = {"column": column, "q": query, "k": k, "metric": metric}
+    found: list[pa.Table] = []
+    hides_mem = any(m.table.num_rows for m in view.memtables)
+    for mem in view.memtables:
+        live = ~mem.tomb
+        if live.any():
+            table = mem.table.filter(pa.array(live)).drop_columns([TOMBSTONE])
+            found.append(exact_knn(filter_in_memory(table, read, filter), column, query, k, metric))
+    for shard in view.shards:
+        for gen, winner in zip(shard.generations, shard.winners, strict=True):
+            keep = winner & ~gen.tomb
+            if hides_mem and keep.any():
+                keep &= ~view.memtable_index.contains(gen.keys)
+            if not keep.any():
+                continue
+            allow = None if keep.all() else _serialize(np.sort(gen.rowaddr[keep]))
+            found.append(
+                gen.dataset.scanner(
+                    columns=[*read, "_distance"],
+                    nearest={**nearest, "use_index": False},  # exact: generations are small
+                    filter=filter,
+                    prefilter=True,
+                    row_addr_allowlist=allow,
+                ).to_table()
+            )
+    base_nearest = dict(nearest)
+    if nprobes is not None:
+        base_nearest["nprobes"] = nprobes
+    if refine_factor is not None:
+        base_nearest["refine_factor"] = refine_factor
+    block = None
+    if view.shadow.size or hides_mem:
+        keys, addresses = base_keys(view)
+        hidden = addresses[view.hidden(keys)]
+        block = _serialize(hidden) if len(hidden) else None
+    found.append(
+        view.base.scanner(
+            columns=[*read, "_distance"],
+            nearest=base_nearest,
+            filter=filter,
+            prefilter=True,
+            row_addr_blocklist=block,
+        ).to_table()
+    )
+    names = list(dict.fromkeys([*cols, *view.keys]))
+    fields = [view.schema.field(c) for c in names] + [pa.field("_distance", pa.float32())]
+    merged_schema = pa.schema(fields, metadata=view.schema.metadata)
+    parts = [
+        pa.Table.from_arrays(
+            [t.column(c) for c in names] + [t.column("_distance").cast(pa.float32())],
+            schema=merged_schema,
+        )
+        for t in found
+        if t.num_rows
+    ]
+    if not parts:
+        return merged_schema.empty_table().select([*cols, "_distance"])
+    merged = pa.concat_tables(parts)
+    # nearest first; equal distances in key order, so the answer is deterministic
+    ranked = merged.sort_by(
+        [("_distance", "ascending")] + [(key, "ascending") for key in view.keys]
+    )
+    return ranked.slice(0, k).select([*cols, "_distance"]).combine_chunks()
 
 
 async def lsm_vector_search(
@@ -113,70 +201,93 @@ async def lsm_vector_search(
     *,
     column: str,
     k: int = 10,
-    nprobes: int = 20,
+    nprobes: int | None = 20,
     filter: str | None = None,
     snapshots: ShardSnapshots | None = None,
     columns: Sequence[str] | None = None,
     metric: str = "l2",
-    overfetch_factor: float = 4.0,
+    overfetch_factor: float | None = None,
+    refine_factor: int | None = None,
+    mirrors: Sequence[MemtableMirror] = (),
 ) -> pa.Table:
-    """k nearest rows across the base table and SSTables, newest version per key.
+    """k nearest rows across the base table, SSTables and memtables, newest version per key.
 
-    With a vector index on ``column`` that covers every base row, created
-    before the MemWAL writes (so the SSTables carry it too), this runs
-    ``LsmVectorSearchPlanner`` with ``overfetch_factor`` (default 4: the
-    planner otherwise under-fills when newer generations shadow base rows).
-    pylance 14's planner ignores unindexed base rows, so without such an
-    index -- or when an SSTable lacks it -- the search is exact over the LSM
-    view (slower, always right). :func:`compact_mem_wal` brings indexes up to
-    date after compacting, keeping the fast path.
+    Parameters
+    ----------
+    dataset : AsyncDataset
+    query : array-like of float, shape (dim,)
+    column : str
+        The vector column (fixed-size list of floats).
+    k : int
+        Rows to return (default 10).
+    nprobes : int, optional
+        IVF partitions to search in the base table's index (default 20).
+    filter : str, optional
+        Lance SQL, applied before ranking (a prefilter).
+    snapshots : list of ShardSnapshot, optional
+        Default: discovered now.
+    columns : list of str, optional
+        Columns to return besides ``_distance`` (default all).
+    metric : {"l2", "cosine", "dot"}
+    overfetch_factor : float, optional
+        Accepted for compatibility; has no effect (hidden base rows are
+        excluded before ranking, so no over-fetch is needed).
+    refine_factor : int, optional
+        Re-rank ``refine_factor * k`` base candidates with exact distances.
+    mirrors : sequence of MemtableMirror
+        Live writers' memtables to include (a writer's own search passes it).
 
     Returns
     -------
     pa.Table
-        At most ``k`` rows with ``_distance``, nearest first.
+        At most ``k`` rows with ``_distance`` (float32), nearest first.
 
     Raises
     ------
     InvalidInputError
-        ``k`` < 1, a bad metric or query.
+        ``k`` < 1, an unknown metric, or a query of the wrong shape.
+    SchemaMismatchError
+        ``column`` or a ``columns`` entry is not in the table.
+
+    Notes
+    -----
+    Every engine call runs on a worker thread. The base table's search is as
+    exact as its index (``nprobes``, ``refine_factor``); the other levels are
+    searched exactly.
     """
+    del overfetch_factor
+    filter = check_filter(filter)  # one expression, as on every read path
     if k < 1:
         raise InvalidInputError("k must be >= 1")
-    q = np.asarray(query, dtype=np.float32).reshape(-1)
-    cols = list(columns) if columns is not None else None
-    keys = primary_key(dataset.schema)
-    uri = dataset.uri
-
-    def index_covers(ds: Any, snaps: list[Any]) -> bool:
-        import lance
-
-        if not _has_vector_index(ds, column, complete=True):
-            return False
-        for snap in snaps:
-            if not isinstance(snap, ShardSnapshot):
-                continue  # an engine snapshot given by the caller: trust it
-            for _gen, path in snap.sstables:
-                gen_ds = lance.dataset(posixpath.join(uri, "_mem_wal", snap.shard_id, path))
-                if not _has_vector_index(gen_ds, column):
-                    return False
-        return True
-
-    def work(ds: Any, snaps: list[Any], raw: list[LanceShardSnapshot]) -> pa.Table:
-        if index_covers(ds, snaps):
-            planner = LsmVectorSearchPlanner(
-                ds, raw, column, pk_columns=keys or None, distance_type=metric, filter=filter
-            )
-            plan = planner.plan_search(
-                pa.array(q, type=pa.float32()),
-                k=k,
-                nprobes=nprobes,
-                columns=[*(cols if cols is not None else ds.schema.names), "_distance"],
-                overfetch_factor=overfetch_factor,
-            )
-            return plan.to_table()
-        sc = LsmScanner.from_snapshots(ds, raw)
-        return exact_knn_scan(sc, column, q, k, metric, filter=filter, columns=cols)
-
-    table: pa.Table = await with_snapshots(dataset, snapshots, work)
-    return table
+    if metric not in _METRICS:
+        raise InvalidInputError(f"unknown metric {metric!r}; use l2, cosine or dot")
+    schema = dataset.schema
+    for name in [column, *(columns or [])]:
+        if name not in schema.names:
+            raise SchemaMismatchError(f"no column {name!r} in the table", field=name)
+    vtype = schema.field(column).type
+    dim = getattr(vtype, "list_size", None)
+    try:
+        q = np.asarray(query, dtype=np.float32).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"the query is not a vector of numbers: {exc}") from exc
+    if dim is not None and dim > 0 and q.shape[0] != dim:
+        raise InvalidInputError(f"the query has {q.shape[0]} dimensions; {column!r} has {dim}")
+    view = await open_view(dataset, snapshots, mirrors)
+    work = partial(
+        search_view,
+        view,
+        q,
+        column,
+        k,
+        nprobes=nprobes,
+        refine_factor=refine_factor,
+        filter=filter,
+        columns=columns,
+        metric=metric,
+    )
+    try:
+        return await run_sync(work)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise_mapped(exc)
+        raise

@@ -88,6 +88,7 @@ from ..errors import ClosedError, InvalidInputError, raise_mapped
 from .accumulator import Accumulator, Kind
 from .acks import Ack, PutSummary
 from .committer import Committer, open_engine
+from .mirror import MemtableMirror
 from .policy import WriterConfig
 from .reads import WriterReads
 from .retired import NO_KEY
@@ -244,7 +245,8 @@ class AsyncShardWriter(WriterReads):
         config = self.config
         if not self._keys:
             raise InvalidInputError(f"{self!r}: {NO_KEY}")
-        opener = partial(open_engine, self._dataset.lance, self.shard_id, config.engine)
+        ds = self._dataset.lance
+        opener = partial(open_engine, ds, self.shard_id, config.engine)
         try:
             engine, memtable_rows, sharding, opened = await run_sync(partial(opener, config.policy))
         except (OSError, ValueError, RuntimeError) as exc:
@@ -271,6 +273,9 @@ class AsyncShardWriter(WriterReads):
             key_fit=self._key_fit,
             on_failure=self._mark_failed,
             describe=self.__repr__,
+            mirror=MemtableMirror(
+                ds.uri, self.shard_id, self._table_schema, self._keys, self._dataset.storage_options
+            ),
         )
         if task_group is None:
             self._tg = anyio.create_task_group()

@@ -9,6 +9,11 @@ worker thread (:meth:`WriteSource.open_reader`). The concrete kinds live in
 Every pass is checked batch by batch against the declared schema
 (:func:`checked`, :func:`achecked`); a mismatch on a later pass of a
 replayable source is a :class:`~lance_async.errors.SourceChangedError`.
+So is a later pass with other values: every pass of a REPLAYABLE source that
+an engine call drains (:meth:`WriteSource.reader_plan`) is summarised as it
+streams (row count and a hash of its values, :class:`~.digest.PassDigest`)
+and compared with the first complete pass; the difference is raised before
+the engine sees the end of the pass, so nothing of it is committed.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from .._loop import aclose_shielded
 from .._schema import conform_batch
 from .._threads import run_sync, stream_limiter
 from ..errors import SchemaMismatchError, SourceChangedError, SourceConsumedError, SourceError
+from .digest import PassDigest
 from .streams import AsyncBatchStream, bridge_reader
 
 __all__ = [
@@ -188,6 +194,11 @@ class WriteSource:
         self.passes = 0
         """How many passes were opened so far (each retry of a replay adds one)."""
         self._pass_errors: dict[int, BaseException] = {}
+        self.verify_replays = mode is SourceMode.REPLAYABLE
+        """Compare every pass an engine drains with the first complete one
+        (rows and a digest of the values; True for REPLAYABLE sources). Set
+        it False only for a source whose passes cannot differ."""
+        self._reference: tuple[int, tuple[int, tuple[tuple[str, str], ...]]] | None = None
 
     def __repr__(self) -> str:
         schema = self._schema.names if self._schema is not None else "?"
@@ -235,6 +246,50 @@ class WriteSource:
             self._pass_errors.setdefault(pass_no, exc)
 
         return record
+
+    def _verified(
+        self, batches: Iterable[pa.RecordBatch], pass_no: int
+    ) -> Iterator[pa.RecordBatch]:
+        """``batches`` of pass ``pass_no``, digested as they stream and compared
+        with the first complete pass (blocking; on the thread that drains them).
+
+        Raises :class:`SourceChangedError` -- after the batch that passes the
+        first pass's row count, or instead of the end of a pass whose digest
+        differs -- so an engine reading the pass aborts without committing.
+        """
+        digest = PassDigest()
+        reference = self._reference
+        try:
+            for batch in batches:
+                digest.update(batch)
+                if reference is not None and digest.rows > reference[1][0]:
+                    raise SourceChangedError(
+                        f"pass {pass_no} of {self!r} holds more rows than pass {reference[0]} "
+                        f"({reference[1][0]:,}); a replayable source must give the same rows "
+                        "on every pass; nothing was committed"
+                    )
+                yield batch
+            result = digest.result()
+            if reference is None:
+                self._reference = (pass_no, result)
+            elif result != reference[1]:
+                what = "fewer rows" if result[0] < reference[1][0] else "other values or order"
+                raise SourceChangedError(
+                    f"pass {pass_no} of {self!r} gave {what} than pass {reference[0]} "
+                    f"({result[0]:,} rows against {reference[1][0]:,}); a replayable source "
+                    "must give the same values in the same order on every pass; nothing was "
+                    "committed"
+                )
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            self._sink(pass_no)(exc)
+            raise
+
+    def _verified_reader(self, reader: pa.RecordBatchReader, pass_no: int) -> pa.RecordBatchReader:
+        if not self.verify_replays:
+            return reader
+        return pa.RecordBatchReader.from_batches(reader.schema, self._verified(reader, pass_no))
 
     def _begin_pass(self) -> int:
         if self.mode is SourceMode.STREAMING and self.passes >= 1:
@@ -313,7 +368,7 @@ class WriteSource:
 
             def make() -> pa.RecordBatchReader:
                 try:
-                    return self._open_reader(pass_no)
+                    return self._verified_reader(self._open_reader(pass_no), pass_no)
                 except BaseException as exc:
                     self._sink(pass_no)(exc)
                     raise
@@ -327,6 +382,7 @@ class WriteSource:
             return
         schema = await self.resolve_schema()
         iterator = self.open()
+        pass_no = self.passes
         async with bridge_reader(
             iterator,
             schema,
@@ -334,7 +390,13 @@ class WriteSource:
             max_bytes=max_bytes or DEFAULT_BRIDGE_BYTES,
             check=False,
         ) as bridged:
-            yield ReaderPlan(lambda: bridged.reader, lambda: bridged.error)
+            try:
+                yield ReaderPlan(
+                    lambda: self._verified_reader(bridged.reader, pass_no),
+                    lambda: self._pass_errors.get(pass_no) or bridged.error,
+                )
+            finally:
+                self._pass_errors.pop(pass_no, None)
 
     @asynccontextmanager
     async def reader(

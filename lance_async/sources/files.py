@@ -32,7 +32,7 @@ from .._threads import run_sync, stream_limiter
 from ..errors import DecodeError, SourceChangedError, SourceError
 from .base import SourceMode, WriteSource, achecked, checked
 from .decoders import FORMATS, Decoder, make_decoder
-from .jsonrows import LEADING_NULL
+from .jsonrows import LEADING_NULL, check_json_depth
 
 __all__ = ["FileSource", "file_source", "guess_format", "open_async_file"]
 
@@ -163,6 +163,8 @@ class FileSource(WriteSource):
             raise SourceError(f"{self.path!r} is empty; pass schema=")
         if self.format != "csv" and LEADING_NULL.match(sample):  # pyarrow would crash
             raise DecodeError(f"line 1 of {self.path!r}: expected a JSON object, got null")
+        if self.format != "csv":
+            check_json_depth(sample)  # inferred types recurse: pyarrow would crash
         try:
             if self.format == "csv":
                 return pcsv.read_csv(pa.py_buffer(sample)).schema

@@ -4,8 +4,17 @@ One coercion rule for JSON everywhere in lance_async: values are parsed with
 the table's schema; when that fails (for example a number sent as a string),
 the chunk is parsed with inferred types and each column is cast to the
 table's type with ``safe=True`` casts, which parse strings into numbers and
-timestamps but refuse anything that would lose data. What still does not fit
-raises :class:`~lance_async.errors.DecodeError` naming the line and field.
+timestamps but refuse anything that would lose data; a JSON boolean is never
+taken for a number, nor a number for a boolean (``true`` is not the key 1).
+What still does not fit raises :class:`~lance_async.errors.DecodeError`
+naming the line and field.
+
+Nesting is limited (:data:`MAX_JSON_DEPTH` levels). pyarrow's JSON reader
+with an explicit schema stops at the first value that does not fit, so deep
+input never nests there; but with inferred types it recurses and crashes the
+process (SIGSEGV) from about 7,000 levels, and Python's ``json`` raises an
+untyped ``RecursionError`` from about 1,000. Input is measured with
+:func:`check_json_depth` before either of them sees it.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pjson
@@ -20,7 +30,126 @@ import pyarrow.json as pjson
 from .._schema import conform_batch
 from ..errors import DecodeError, SchemaMismatchError
 
-__all__ = ["LEADING_NULL", "conform_all", "decode_json_rows"]
+__all__ = [
+    "LEADING_NULL",
+    "MAX_JSON_DEPTH",
+    "check_json_depth",
+    "conform_all",
+    "decode_json_rows",
+    "json_depth",
+]
+
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects lance_async decodes (a row object is level 1)."""
+
+_IS_BRACKET = np.zeros(256, dtype=bool)
+_IS_BRACKET[[ord("["), ord("]"), ord("{"), ord("}")]] = True
+_BRACKET_STEP = np.zeros(256, dtype=np.int64)
+_BRACKET_STEP[[ord("["), ord("{")]] = 1
+_BRACKET_STEP[[ord("]"), ord("}")]] = -1
+
+
+def _unescaped(arr: np.ndarray, quotes: np.ndarray) -> np.ndarray:
+    """The quotes of ``quotes`` (positions in ``arr``) not escaped by a backslash."""
+    after = quotes[quotes > 0]
+    suspects = after[arr[after - 1] == ord("\\")]
+    if not len(suspects):
+        return quotes
+    run = np.ones(len(suspects), dtype=np.int64)  # backslashes right before each suspect
+    live = np.arange(len(suspects))
+    while len(live):
+        at = suspects[live] - run[live] - 1
+        more = at >= 0
+        more[more] = arr[at[more]] == ord("\\")
+        live = live[more]
+        run[live] += 1
+    escaped = suspects[(run & 1) == 1]
+    return np.setdiff1d(quotes, escaped, assume_unique=True) if len(escaped) else quotes
+
+
+def _depths(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of the brackets outside strings, and an upper bound of the
+    nesting depth a JSON parser can reach at each (vectorized, numpy)."""
+    arr = np.frombuffer(data, dtype=np.uint8)
+    brackets = np.flatnonzero(np.take(_IS_BRACKET, arr))
+    if not len(brackets):
+        return brackets, brackets
+    quotes = np.flatnonzero(arr == ord('"'))
+    if len(quotes):
+        quotes = _unescaped(arr, quotes)
+        # A raw newline cannot be inside a JSON string, so every line starts
+        # outside one: count the quotes before a bracket from its line's start.
+        newlines = np.flatnonzero(arr == ord("\n"))
+        starts = np.concatenate(([0], newlines + 1))[np.searchsorted(newlines, brackets)]
+        inside = (np.searchsorted(quotes, brackets) - np.searchsorted(quotes, starts)) & 1
+        brackets = brackets[inside == 0]
+    level = np.cumsum(_BRACKET_STEP[arr[brackets]])
+    # A parse may start at any line (the error paths parse line by line) and
+    # a value may span lines: bound the depth by the rise over any start.
+    floor = np.minimum.accumulate(np.concatenate(([0], level)))[:-1]
+    return brackets, level - floor
+
+
+def json_depth(data: bytes) -> int:
+    """An upper bound of how deep the JSON text ``data`` nests (0 for scalars).
+
+    Parameters
+    ----------
+    data : bytes
+        JSON text: one value, or newline-delimited values.
+
+    Returns
+    -------
+    int
+        For valid JSON, the exact depth (``{"a": [1]}`` is 2); for invalid
+        JSON, at least the depth any parser reaches before it stops at the
+        error, wherever it starts reading (at any line).
+
+    Notes
+    -----
+    Blocking CPU work, linear in ``len(data)`` and vectorized (numpy): about
+    as long as parsing the text. Brackets inside strings (escapes included)
+    do not count.
+    """
+    _, depth = _depths(data)
+    return int(depth.max()) if len(depth) else 0
+
+
+def check_json_depth(data: bytes, *, first_line: int = 1, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Refuse JSON text that nests deeper than ``max_depth`` levels.
+
+    Call it before handing untrusted JSON to a parser that recurses: pyarrow's
+    JSON reader with inferred types crashes the process from about 7,000
+    levels, Python's ``json`` raises ``RecursionError`` from about 1,000.
+
+    Parameters
+    ----------
+    data : bytes
+        JSON text (one value or newline-delimited values).
+    first_line : int
+        The line number of ``data``'s first line, for the message.
+    max_depth : int
+        Levels allowed (default :data:`MAX_JSON_DEPTH`, 64).
+
+    Raises
+    ------
+    DecodeError
+        The text nests deeper; the message names the line (1-based).
+
+    Notes
+    -----
+    Blocking CPU work (see :func:`json_depth`); a text with at most
+    ``max_depth`` brackets is passed after two ``bytes.count`` calls.
+    """
+    if data.count(b"[") + data.count(b"{") <= max_depth:
+        return
+    positions, depth = _depths(data)
+    deep = np.flatnonzero(depth > max_depth)
+    if len(deep):
+        line = first_line + data.count(b"\n", 0, int(positions[deep[0]]))
+        raise _LineError(
+            f"line {line}: JSON nested deeper than {max_depth} levels; nothing was decoded"
+        )
 
 
 def _coerce_table(table: pa.Table, schema: pa.Schema, extra: str) -> pa.Table:
@@ -32,6 +161,13 @@ def _coerce_table(table: pa.Table, schema: pa.Schema, extra: str) -> pa.Table:
         if field.name in table.column_names:
             col = table.column(field.name)
             if not col.type.equals(field.type):
+                if pa.types.is_boolean(col.type) != pa.types.is_boolean(field.type) and not (
+                    pa.types.is_null(col.type) or pa.types.is_string(col.type)
+                ):
+                    raise DecodeError(
+                        f"field {field.name!r}: cannot convert {col.type} to {field.type}: "
+                        "JSON true and false are not numbers, nor numbers booleans"
+                    )
                 try:
                     col = pc.cast(col, field.type, safe=True)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
@@ -130,6 +266,7 @@ def _first_non_object(data: bytes, first_line: int) -> str | None:
     Python's JSON parser, line by line). Several values on one line (pyarrow
     reads ``{..} {..}`` as two rows) are checked one by one; a line Python
     cannot parse is left to pyarrow's verdict."""
+    check_json_depth(data, first_line=first_line)  # before Python's recursive parser
     decoder = json.JSONDecoder()
     for number, raw in enumerate(data.split(b"\n"), first_line):
         text = raw.decode("utf-8", errors="replace")
@@ -195,6 +332,7 @@ def _decode_json(data: bytes, schema: pa.Schema, extra_fields: str, first_line: 
     except pa.ArrowInvalid as first:
         if "unexpected" in str(first).lower():
             raise DecodeError(f"unknown field in JSON: {first}") from first
+        check_json_depth(data, first_line=first_line)  # inferred types recurse: measure first
         try:
             inferred = pjson.read_json(
                 buf,
@@ -218,6 +356,10 @@ def _first_bad_line(
     data: bytes, schema: pa.Schema, extra_fields: str, first_line: int
 ) -> str | None:
     """Find the first line that fails, and say why (only on the error path)."""
+    try:
+        check_json_depth(data, first_line=first_line)  # before Python's recursive parser
+    except _LineError as exc:
+        return str(exc)
     for number, line in enumerate(data.split(b"\n"), first_line):
         if not line.strip():
             continue

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from .._loop import LoopHandle, aclose_shielded, unwrap_groups
 from .._schema import conform_batch
-from .._threads import reader_limiter
+from .._threads import reader_limiter, stop_threads_at_loop_end, track_thread, untrack_thread
 from ..errors import ClosedError, LanceAsyncError, SourceError
 
 __all__ = [
@@ -65,16 +65,13 @@ class StreamStatistics:
     Attributes
     ----------
     state : StreamState
-    buffered_batches : int
-        Batches read by the thread, not yet taken by the loop.
-    buffered_bytes : int
-        Their size in bytes (``RecordBatch.nbytes``).
+    buffered_batches, buffered_bytes : int
+        Batches read by the thread, not yet taken by the loop, and their size
+        in bytes (``RecordBatch.nbytes``).
     max_buffered_batches : int
         The most batches ever buffered at once.
-    batches_read : int
-        Batches handed to the loop so far.
-    rows_read : int
-        Rows handed to the loop so far.
+    batches_read, rows_read : int
+        Batches and rows handed to the loop so far.
     """
 
     state: StreamState
@@ -86,15 +83,10 @@ class StreamStatistics:
 
 
 def _has_room(
-    buf: deque[tuple[pa.RecordBatch, int]],
-    buf_bytes: int,
-    nbytes: int,
-    max_batches: int,
-    max_bytes: int | None,
+    buf: deque[Any], buf_bytes: int, nbytes: int, cap: int, max_bytes: int | None
 ) -> bool:
-    """Room for one more batch of ``nbytes`` in a bounded buffer (an empty
-    buffer takes any batch, so one batch larger than ``max_bytes`` passes)."""
-    if len(buf) >= max_batches:
+    """Room for ``nbytes`` more (an empty buffer takes any batch, however large)."""
+    if len(buf) >= cap:
         return False
     return not (max_bytes and buf and buf_bytes + nbytes > max_bytes)
 
@@ -175,8 +167,8 @@ class _ReaderThread:
                 self.done = True
                 ev, self.waiter = self.waiter, None
             self._wake(ev)
+            self.loop.call_soon(self.on_finish)  # the slot is free before aclose() returns
             self.loop.call_soon(self.finished.set)
-            self.loop.call_soon(self.on_finish)
 
     def request_stop(self) -> None:
         with self.cond:
@@ -209,6 +201,8 @@ class AsyncBatchStream:
         Maximum batches buffered ahead of the consumer (default 4, >= 1).
     max_bytes : int, optional
         Maximum bytes buffered ahead (a single larger batch still passes).
+    max_rows : int, optional
+        Slice larger batches on the loop (zero-copy) to at most this many rows.
 
     Notes
     -----
@@ -226,6 +220,11 @@ class AsyncBatchStream:
     * Bound to the event loop of its first use; another loop raises
       :class:`~lance_async.errors.WrongEventLoopError`.
     * Errors raised by the reader are raised by ``__anext__`` unchanged.
+    * A stream still open when its event loop ends (``asyncio.run`` or
+      ``trio.run`` returns) is stopped then: its thread is asked to stop and
+      joined, and its reader closed, so no engine reader outlives the loop
+      (pylance aborts the process when one is still running as the
+      interpreter finalizes).
     """
 
     def __init__(
@@ -236,9 +235,12 @@ class AsyncBatchStream:
         prefetch: int = 4,
         max_bytes: int | None = None,
         prepare: Callable[[], Awaitable[Callable[[], ReaderLike]]] | None = None,
+        max_rows: int | None = None,
     ) -> None:
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        if prefetch < 1 or (max_rows is not None and max_rows < 1):
+            raise ValueError(f"prefetch and max_rows must be >= 1, got {prefetch}, {max_rows}")
+        self._max_rows = max_rows
+        self._slices: deque[pa.RecordBatch] = deque()
         if (opener is None) == (prepare is None):
             raise ValueError("pass exactly one of opener and prepare")
         self._opener = opener
@@ -320,6 +322,8 @@ class AsyncBatchStream:
             self._opener = await self._prepare()
         limiter = reader_limiter()
         holder = object()
+        key = self._loop.key
+        await stop_threads_at_loop_end(key)
         await limiter.acquire_on_behalf_of(holder)
         try:
             shared = _ReaderThread(
@@ -329,7 +333,15 @@ class AsyncBatchStream:
                 self._loop,
                 lambda: limiter.release_on_behalf_of(holder),
             )
-            thread = threading.Thread(target=shared.run, name="lance_async-stream", daemon=True)
+
+            def run() -> None:
+                try:
+                    shared.run()
+                finally:
+                    untrack_thread(key, thread)
+
+            thread = threading.Thread(target=run, name="lance_async-stream", daemon=True)
+            track_thread(key, thread, shared.request_stop)
             thread.start()
         except BaseException:
             limiter.release_on_behalf_of(holder)
@@ -342,6 +354,10 @@ class AsyncBatchStream:
         return self
 
     async def __anext__(self) -> pa.RecordBatch:
+        if self._slices and self._state is not StreamState.CLOSED:  # rest of a sliced batch
+            batch = self._slices.popleft()
+            self._batches, self._rows = self._batches + 1, self._rows + batch.num_rows
+            return batch
         if self._state is StreamState.EXHAUSTED:
             raise StopAsyncIteration
         await self._start()
@@ -361,10 +377,13 @@ class AsyncBatchStream:
                     raise StopAsyncIteration
                 ev = shared.waiter = anyio.Event()
             await ev.wait()
-        self._batches += 1
-        self._rows += batch.num_rows
         if self._schema is None:
             self._schema = batch.schema
+        step = self._max_rows
+        if step is not None and batch.num_rows > step:
+            self._slices.extend(batch.slice(i, step) for i in range(step, batch.num_rows, step))
+            batch = batch.slice(0, step)
+        self._batches, self._rows = self._batches + 1, self._rows + batch.num_rows
         return batch
 
     async def aclose(self) -> None:
@@ -438,10 +457,8 @@ def iterate_reader(
     ----------
     reader : pa.RecordBatchReader, iterable of pa.RecordBatch, or callable
         The reader, or a blocking callable that opens it on the worker thread.
-    prefetch : int
-        Batches read ahead (default 4).
-    max_bytes : int, optional
-        Bytes read ahead at most.
+    prefetch, max_bytes : int
+        Batches read ahead (default 4), and bytes at most (optional).
 
     Returns
     -------
@@ -471,10 +488,9 @@ class BridgeStatistics:
 
     Attributes
     ----------
-    buffered_batches, buffered_bytes : int
-        What the producer queued and the reader has not taken yet.
-    max_buffered_batches : int
-        The most batches ever queued at once.
+    buffered_batches, buffered_bytes, max_buffered_batches : int
+        What the producer queued and the reader has not taken yet; the most
+        batches ever queued at once.
     batches_produced, batches_consumed : int
         Totals on each side.
     """

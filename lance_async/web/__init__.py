@@ -95,12 +95,14 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..errors import (
     BodyConsumedError,
+    BodyTimeoutError,
     ClientDisconnectedError,
     EmptyBodyError,
     FilterError,
     NoShardWriterError,
     NotAcceptableError,
     PayloadTooLargeError,
+    ServerBusyError,
     UnknownTableError,
     UnsupportedMediaTypeError,
 )
@@ -147,6 +149,7 @@ __all__ = [
     "BodyDrainMiddleware",
     "BodyLimits",
     "BodyStats",
+    "BodyTimeoutError",
     "ClientDisconnectedError",
     "DatasetDep",
     "EmptyBodyError",
@@ -156,6 +159,7 @@ __all__ = [
     "OpenTable",
     "PayloadTooLargeError",
     "RegistryState",
+    "ServerBusyError",
     "TableDep",
     "TableRegistry",
     "TableSpec",

@@ -43,6 +43,7 @@ from ..errors import (
 from ..sources import WriteSource, replayable
 from ..sources.decoders import CsvDecoder, Decoder, NdjsonDecoder
 from ..sources.ipc import IpcFramer
+from ..sources.jsonrows import check_json_depth
 from .limits import (
     FEED_BYTES,
     SLICE_ROWS,
@@ -501,6 +502,7 @@ class BodyBatches:
             if line.strip():
                 break
             pos = nl + 1
+        check_json_depth(line)  # before Python's recursive parser
         try:
             first = json.loads(line)
         except ValueError as exc:
@@ -555,6 +557,10 @@ class BodyBatches:
         known = set(self._schema.names)
         for line in data.splitlines():
             if not line.strip():
+                continue
+            try:
+                check_json_depth(line)  # before Python's recursive parser
+            except DecodeError:
                 continue
             try:
                 row = json.loads(line)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -11,6 +12,7 @@ from starlette.responses import Response
 from ..errors import (
     BackpressureTimeoutError,
     BodyConsumedError,
+    BodyTimeoutError,
     ClientDisconnectedError,
     ClosedError,
     ConflictError,
@@ -22,6 +24,7 @@ from ..errors import (
     NoShardWriterError,
     NotAcceptableError,
     PayloadTooLargeError,
+    ServerBusyError,
     SourceError,
     UnknownTableError,
     UnsupportedMediaTypeError,
@@ -41,6 +44,8 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (UnsupportedMediaTypeError, 415),
     (NotAcceptableError, 406),
     (ClientDisconnectedError, 499),
+    (BodyTimeoutError, 408),
+    (ServerBusyError, 503),
     (BodyConsumedError, 400),
     (EmptyBodyError, 400),
     (FilterError, 400),
@@ -66,6 +71,8 @@ def http_status(exc: BaseException) -> int:
     UnsupportedMediaTypeError                               415
     NotAcceptableError                                      406
     ClientDisconnectedError                                 499
+    BodyTimeoutError                                        408
+    ServerBusyError (with Retry-After)                      503
     BodyConsumedError, EmptyBodyError, FilterError          400
     UnknownTableError, DatasetNotFoundError                 404
     NoShardWriterError, ConflictError, ContentionError      409
@@ -96,7 +103,8 @@ def error_payload(exc: BaseException) -> dict[str, Any]:
 async def lance_error_handler(request: Request, exc: Exception) -> Response:
     """Exception handler: a lance_async error as a JSON response (see :func:`http_status`).
 
-    Retryable errors and 503s carry ``Retry-After: 1``.
+    Retryable errors and 503s carry ``Retry-After`` (the error's
+    ``retry_after`` seconds, rounded up; 1 by default).
     """
     status = http_status(exc)
     if status == 499:
@@ -105,7 +113,7 @@ async def lance_error_handler(request: Request, exc: Exception) -> Response:
         log.error("lance_async: %s %s failed: %r", request.method, request.url.path, exc)
     headers = {}
     if status == 503 or getattr(exc, "retryable", False):
-        headers["Retry-After"] = "1"
+        headers["Retry-After"] = str(max(1, math.ceil(getattr(exc, "retry_after", 1))))
     return Response(
         dumps_json(error_payload(exc)),
         status_code=status,

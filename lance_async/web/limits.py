@@ -108,6 +108,13 @@ class BodyLimits:
         :class:`lance_async.fastapi.BodyDrainMiddleware` may have read the
         body (a server then never delivers it again), or the client stalled.
         Only :func:`lance_async.fastapi.request_batches` applies it.
+    body_idle_timeout : float
+        Seconds the client may go without sending body bytes once the body
+        has started (default 30; 0 waits forever). Past it the request fails
+        with :class:`~lance_async.errors.BodyTimeoutError` (HTTP 408) and
+        nothing is written: a stalled upload holds a connection, never an
+        engine thread, and not for longer than this. Only
+        :func:`lance_async.fastapi.request_batches` applies it.
 
     Raises
     ------
@@ -121,13 +128,15 @@ class BodyLimits:
     drain_bytes: int = 8 << 20
     drain_timeout: float = 5.0
     body_start_timeout: float = 10.0
+    body_idle_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_batch_rows", "max_batch_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.drain_bytes < 0 or self.drain_timeout < 0 or self.body_start_timeout < 0:
-            raise ValueError("drain_bytes, drain_timeout and body_start_timeout must be >= 0")
+        for name in ("drain_bytes", "drain_timeout", "body_start_timeout", "body_idle_timeout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

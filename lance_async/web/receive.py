@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import (
     BodyConsumedError,
+    BodyTimeoutError,
     ClientDisconnectedError,
 )
 from .bodies import BodyBatches
@@ -83,7 +84,9 @@ async def _receive_chunks(request: Request, limits: BodyLimits) -> AsyncIterator
     middleware refuses to wait for a body message that will never come), and
     so is a body of which fewer bytes reached us than the server delivered.
     Without one (or when the body was consumed outside the middleware), the
-    wait for the first bytes is bounded by ``limits.body_start_timeout``.
+    wait for the first bytes is bounded by ``limits.body_start_timeout``;
+    every later wait by ``limits.body_idle_timeout``
+    (:class:`BodyTimeoutError`).
     """
     ledger = request.scope.get(BODY_LEDGER_SCOPE_KEY)
     if not isinstance(ledger, _BodyLedger):
@@ -107,6 +110,17 @@ async def _receive_chunks(request: Request, limits: BodyLimits) -> AsyncIterator
                                 f"no body bytes arrived within {limits.body_start_timeout:g} s "
                                 "(body_start_timeout); either the client stalled, or a "
                                 "middleware outside BodyDrainMiddleware read the body"
+                            )
+                    elif not first and limits.body_idle_timeout > 0:
+                        with anyio.move_on_after(limits.body_idle_timeout) as idle:
+                            chunk = await anext(iterator)
+                        if idle.cancelled_caught:
+                            if ledger is not None:
+                                ledger.stalled = True
+                            raise BodyTimeoutError(
+                                f"no body bytes arrived for {limits.body_idle_timeout:g} s "
+                                f"(body_idle_timeout) after {received:,} bytes; nothing was "
+                                "written"
                             )
                     else:
                         chunk = await anext(iterator)

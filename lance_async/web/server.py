@@ -18,10 +18,11 @@ first's writers).
 Endpoints
 ---------
 ``POST /tables/{name}/merge?on=KEY``
-    Streams the body (Arrow IPC stream, NDJSON or CSV) into one merge_insert
-    (update matched rows, insert the rest; ``on`` defaults to the primary
-    key, repeat it for composite keys) and answers the MergeResult as JSON.
-    Conflicts are retried from a spool of the body (see
+    Reads the body (Arrow IPC stream, NDJSON or CSV) to its end into a spool
+    (memory up to 4 MiB, then a temporary file), then merges the spool with
+    one merge_insert (update matched rows, insert the rest; ``on`` defaults
+    to the primary key, repeat it for composite keys) and answers the
+    MergeResult as JSON. Conflicts replay the spool (see
     :func:`lance_async.fastapi.merge_body`).
 ``POST /tables/{name}/ingest``
     Reads the body to its end, checking every row and spooling it (memory
@@ -47,28 +48,42 @@ unknown ``Content-Type``, 422 when the body does not fit the table (naming
 the column), 404 for unknown tables, 400 for filters outside the allowed form
 and for bodies already consumed, 409 when a table does not take that kind of
 write.
+
+Slow clients
+------------
+No engine thread ever waits on a client: bodies are read whole before the
+engine runs. A body that pauses longer than ``BodyLimits.body_idle_timeout``
+(30 s by default) is a 408 and writes nothing; past ``max_uploads`` bodies
+in flight (16 by default) a new upload is a 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import logging
 import os
 import re
 import threading
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
+from .._storage import filesystem, join
 from .._threads import ThreadLimits, run_sync, stream_limiter
 from ..dataset import open_dataset
-from ..errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
+from ..errors import (
+    DatasetNotFoundError,
+    InvalidInputError,
+    SchemaMismatchError,
+    ServerBusyError,
+)
+from ..memwal.compactor import CompactionPolicy
 from . import (
     BatchStreamResponse,
     BodyBatches,
@@ -89,6 +104,7 @@ from . import (
     request_batches,
     scan_response,
 )
+from .settings import ServeSettings
 
 __all__ = ["create_app", "discover_tables", "main"]
 
@@ -99,27 +115,36 @@ DEFAULT_SCAN_BATCH = 8192
 _TABLE_DIR = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})\.lance")
 
 
-def _list_table_dirs(root: str) -> list[tuple[str, str]]:
+def _list_table_dirs(
+    root: str, storage_options: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """(name, uri) of every ``<name>.lance`` directory under a local or object-store root."""
+    fs, base = filesystem(root, storage_options)
+    selector = pafs.FileSelector(base, allow_not_found=False, recursive=False)
     found = []
-    with os.scandir(root) as entries:
-        for entry in entries:
-            match = _TABLE_DIR.fullmatch(entry.name)
-            if match and ".." not in match.group(1) and entry.is_dir():
-                found.append((match.group(1), entry.path))
+    for info in fs.get_file_info(selector):
+        match = _TABLE_DIR.fullmatch(info.base_name)
+        if match and ".." not in match.group(1) and info.type == pafs.FileType.Directory:
+            found.append((match.group(1), join(root, info.base_name)))
     return sorted(found)
 
 
 async def discover_tables(
-    root: str | os.PathLike[str], *, writer_options: Mapping[str, Any] | None = None
+    root: str | os.PathLike[str],
+    *,
+    writer_options: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> dict[str, TableSpec]:
     """Find the tables under ``root`` (``<name>.lance`` directories).
 
     Parameters
     ----------
     root : str or PathLike
-        A local directory.
+        A local directory or an object-store prefix (``s3://bucket/tables``).
     writer_options : mapping, optional
         ``TableSpec.writer_options`` of every MemWAL table found.
+    storage_options : mapping, optional
+        The object-store options of the root and its tables.
 
     Returns
     -------
@@ -135,23 +160,36 @@ async def discover_tables(
     Lists the directory on a worker thread and opens each dataset with
     :func:`lance_async.open_dataset`; never blocks the loop.
     """
-    entries = await run_sync(partial(_list_table_dirs, os.fspath(root)), limiter=stream_limiter())
+    options = dict(storage_options) if storage_options else None
+    entries = await run_sync(
+        partial(_list_table_dirs, os.fspath(root), options), limiter=stream_limiter()
+    )
     specs: dict[str, TableSpec] = {}
     for name, path in entries:
         try:
-            dataset = await open_dataset(path)
+            dataset = await open_dataset(path, storage_options=options)
         except DatasetNotFoundError:
             log.warning("lance_async.serve: %s holds no Lance dataset; skipped", path)
             continue
         if await dataset.mem_wal_index_details() is None:
-            specs[name] = TableSpec(path)
+            specs[name] = TableSpec(path, storage_options=options)
             continue
         sharding = await dataset.sharding()
-        options = dict(writer_options or {})
+        writing = dict(writer_options or {})
         if sharding.sharded:
-            specs[name] = TableSpec(path, route=True, writer_options=options)
+            specs[name] = TableSpec(
+                path,
+                route=True,
+                writer_options={"compaction": CompactionPolicy(), **writing},
+                storage_options=options,
+            )
         else:
-            specs[name] = TableSpec(path, shard_id=sharding.default_shard(), writer_options=options)
+            specs[name] = TableSpec(
+                path,
+                shard_id=sharding.default_shard(),
+                writer_options=writing,
+                storage_options=options,
+            )
     return specs
 
 
@@ -160,6 +198,7 @@ class _Gauges:
     uploads_in_flight: int = 0
     uploads_ok: int = 0
     uploads_failed: int = 0
+    uploads_refused: int = 0
     scans_open: int = 0
     scans_done: int = 0
     rows_streamed: int = 0
@@ -225,14 +264,16 @@ def create_app(
     spool_dir: str | None = None,
     threads: ThreadLimits | None = None,
     writer_options: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    max_uploads: int | None = 16,
 ) -> FastAPI:
     """Build the example app.
 
     Parameters
     ----------
     root : str or PathLike, optional
-        Serve every ``<name>.lance`` dataset in this directory (found at
-        startup).
+        Serve every ``<name>.lance`` dataset in this directory, or under this
+        object-store prefix (``s3://bucket/tables``), found at startup.
     tables : mapping, optional
         Tables to serve as well (name -> :class:`TableSpec` or URI).
     limits : BodyLimits, optional
@@ -259,6 +300,16 @@ def create_app(
         memory until their memtable is flushed, up to
         ``max_unflushed_memtable_bytes`` (pylance's default: 1 GB); set it
         (with ``max_memtable_size`` below it) to bound a server's memory.
+    max_uploads : int or None
+        Request bodies (merges and ingests) read at once (default 16; None:
+        no cap). One more is answered 503 with ``Retry-After``
+        (:class:`~lance_async.errors.ServerBusyError`) before its body is
+        read. Bodies are read whole (spooled) before any engine call, so
+        slow or stalled uploads never hold engine threads; this cap bounds
+        the connections, spools and decoder work they can hold instead.
+
+    storage_options : mapping, optional
+        Object-store options of ``root`` and its tables.
 
     Returns
     -------
@@ -267,10 +318,13 @@ def create_app(
     Raises
     ------
     ValueError
-        ``root`` is not a directory, or a table name is invalid.
+        ``root`` is not a directory, a table name is invalid, or
+        ``max_uploads`` < 1.
     """
+    if max_uploads is not None and max_uploads < 1:
+        raise ValueError(f"max_uploads must be >= 1 or None, got {max_uploads}")
     root_dir = os.fspath(root) if root is not None else None
-    if root_dir is not None and not os.path.isdir(root_dir):
+    if root_dir is not None and "://" not in root_dir and not os.path.isdir(root_dir):
         raise ValueError(f"root {root_dir!r} is not a directory")
     body_limits = limits or BodyLimits()
     registry = TableRegistry(tables)
@@ -280,7 +334,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if root_dir is not None:
-            found = await discover_tables(root_dir, writer_options=writer_options)
+            found = await discover_tables(
+                root_dir, writer_options=writer_options, storage_options=storage_options
+            )
             for name, spec in found.items():
                 if name not in registry.names:
                     registry.add(name, spec)
@@ -307,6 +363,7 @@ def create_app(
                 "upload_bytes_received": gauges.upload_bytes(),
                 "uploads_ok": gauges.uploads_ok,
                 "uploads_failed": gauges.uploads_failed,
+                "uploads_refused": gauges.uploads_refused,
                 "scans_open": gauges.scans_open,
                 "scans_done": gauges.scans_done,
                 "rows_streamed": gauges.rows_streamed,
@@ -334,6 +391,12 @@ def create_app(
         request: Request, schema: pa.Schema, **options: Any
     ) -> AsyncIterator[BodyBatches]:
         """The request body, spooled, counted in the gauges while in flight."""
+        if max_uploads is not None and gauges.uploads_in_flight >= max_uploads:
+            gauges.uploads_refused += 1
+            raise ServerBusyError(
+                f"the server is reading {gauges.uploads_in_flight} uploads, as many as it takes "
+                "at once (max_uploads); nothing was read, retry later"
+            )
         gauges.uploads_in_flight += 1
         try:
             async with request_batches(
@@ -380,6 +443,7 @@ def create_app(
                 keys,
                 conflict_retries=conflict_retries,
                 retry_timeout=retry_timeout,
+                spool_dir=spool_dir,
             )
             stats = body.statistics()
         return json_response(
@@ -471,70 +535,29 @@ def create_app(
     return app
 
 
-def main(
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    root: str | os.PathLike[str] = ".",
-    *,
-    allow_raw_sql: bool = False,
-    max_body_bytes: int | None = None,
-    spool_dir: str | None = None,
-    log_level: str = "info",
-) -> None:
+def main(settings: ServeSettings) -> None:
     """Serve the example app with uvicorn until interrupted (blocks).
 
     Parameters
     ----------
-    host : str
-        Interface to bind (default 127.0.0.1).
-    port : int
-        TCP port (default 8000; 0 picks a free one).
-    root : str or PathLike
-        The directory of ``<name>.lance`` tables (default: the current one).
-    allow_raw_sql : bool
-        Accept raw Lance SQL filters (trusted clients only).
-    max_body_bytes : int, optional
-        Largest request body (default 1 GiB).
-    spool_dir : str, optional
-        Where merge and ingest bodies are spooled.
-    log_level : str
-        uvicorn's log level.
+    settings : ServeSettings
+        Where the tables are, where to listen, limits (see
+        :mod:`lance_async.web.settings`).
 
     Raises
     ------
     ValueError
-        ``root`` is not a directory.
+        ``root`` is a local path that is not a directory.
     """
     import uvicorn
 
-    limits = BodyLimits(max_body_bytes=max_body_bytes) if max_body_bytes else None
-    app = create_app(root, limits=limits, allow_raw_sql=allow_raw_sql, spool_dir=spool_dir)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
-
-
-def _cli(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="lance-async serve", description="Serve a directory of Lance tables over HTTP."
+    limits = BodyLimits(max_body_bytes=settings.max_body_bytes) if settings.max_body_bytes else None
+    app = create_app(
+        settings.root,
+        limits=limits,
+        allow_raw_sql=settings.allow_raw_sql,
+        spool_dir=settings.spool_dir,
+        writer_options=settings.writer_options,
+        storage_options=settings.storage_options or None,
     )
-    parser.add_argument("--root", default=".", help="directory of <name>.lance tables")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--allow-raw-sql", action="store_true", help="accept raw SQL filters")
-    parser.add_argument("--max-body-bytes", type=int, default=None)
-    parser.add_argument("--spool-dir", default=None)
-    parser.add_argument("--log-level", default="info")
-    args = parser.parse_args(argv)
-    main(
-        args.host,
-        args.port,
-        args.root,
-        allow_raw_sql=args.allow_raw_sql,
-        max_body_bytes=args.max_body_bytes,
-        spool_dir=args.spool_dir,
-        log_level=args.log_level,
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_cli())
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)

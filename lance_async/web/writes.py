@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 import anyio
 import pyarrow as pa
 
+from .._keys import DUPLICATE_POLICIES, KeyTracker
 from .._schema import TableFit, primary_key
 from .._threads import run_sync, stream_limiter
 from ..errors import (
@@ -29,7 +31,7 @@ from ..errors import (
     PayloadTooLargeError,
 )
 from ..merge import backoff_delay
-from ..sources import replayable
+from ..sources import WriteSource, replayable
 from .bodies import BodyBatches
 from .limits import FEED_BYTES, SLICE_ROWS
 from .spool import Spool
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from ..memwal.writer import AsyncShardWriter
     from ..merge import AsyncMergeInsertBuilder, MergeResult
 
-__all__ = ["ingest_body", "merge_body"]
+__all__ = ["ingest_body", "merge_body", "read_whole_body"]
 
 
 async def merge_body(
@@ -53,6 +55,8 @@ async def merge_body(
     conflict_retries: int = 10,
     retry_timeout: float = 30.0,
     replay: str = "spool",
+    read_first: bool = True,
+    spool_dir: str | None = None,
 ) -> MergeResult:
     """Upsert a request body into a table with one commit.
 
@@ -90,20 +94,35 @@ async def merge_body(
             RAM per request.
         ``"none"``
             One pass, no retry: a conflict raises :class:`ContentionError`.
+    read_first : bool
+        Read (decode, check and spool) the whole body before the engine
+        starts (default True), so no engine thread ever waits on the client:
+        a slow or stalled upload holds its connection and its spool, not
+        engine capacity that lookups, scans and other merges need. The merge
+        then reads the spool, and a conflict replays it (``replay="spool"``;
+        ``"none"`` allows no retry). With False, the first pass streams the
+        body into the engine as it arrives (lower latency for large bodies
+        from fast clients; an engine thread waits while the client is slow,
+        up to ``BodyLimits.body_idle_timeout`` per pause). ``replay="lance"``
+        always streams.
+    spool_dir : str, optional
+        Directory of the spool file when ``read_first`` spools a body that
+        keeps no spool of its own (default: the system's temporary directory).
 
     Returns
     -------
     MergeResult
         Of the committed attempt; ``num_attempts`` counts the first pass, and
-        ``source_mode`` is STREAMING when the first pass committed, REPLAYABLE
-        when a replay did.
+        ``source_mode`` is REPLAYABLE when the merge read the spool (always
+        with ``read_first``), STREAMING when a streamed first pass committed.
 
     Raises
     ------
     PayloadTooLargeError, SchemaMismatchError, DecodeError, EmptyBodyError
         The body broke a limit or does not fit (nothing committed).
-    ClientDisconnectedError
-        The client left before the body ended (nothing committed).
+    ClientDisconnectedError, BodyTimeoutError
+        The client left, or went silent, before the body ended (nothing
+        committed).
     ContentionError, ConflictError
         Conflicts outlasted the retries, or cannot be retried.
 
@@ -127,6 +146,10 @@ async def merge_body(
         return builder.conflict_retries(retries).retry_timeout(timedelta(seconds=timeout))
 
     schema = await body.start()
+    if read_first and replay != "lance":
+        async with read_whole_body(body, spool_dir=spool_dir) as spooled:
+            retries = conflict_retries if replay == "spool" else 0
+            return await build(retries, retry_timeout).execute(spooled)
     started = time.monotonic()
     first_retries = conflict_retries if replay == "lance" else 0
     try:
@@ -149,6 +172,7 @@ async def ingest_body(
     max_bytes: int | None = None,
     timeout: float | None = None,
     spool_dir: str | None = None,
+    duplicate_keys: str = "error",
 ) -> PutSummary:
     """Write a request body to a MemWAL shard; return after the (durable) ack.
 
@@ -188,6 +212,11 @@ async def ingest_body(
     spool_dir : str, optional
         Directory of the spool file when this function spools (default: the
         system's temporary directory). Deleted before returning.
+    duplicate_keys : {"error", "keep_last"}
+        A primary key repeated inside the body: ``"error"`` (default) refuses
+        the body with :class:`~lance_async.errors.DuplicateKeyError` naming
+        the key, before anything is written; ``"keep_last"`` writes it as it
+        is, in body order, so the LSM's newest-wins keeps its last occurrence.
 
     Returns
     -------
@@ -201,6 +230,8 @@ async def ingest_body(
     PayloadTooLargeError
         The body holds more than ``max_rows`` rows or ``max_bytes`` bytes
         (nothing written).
+    DuplicateKeyError
+        The body repeats a primary key (nothing written).
     EmptyBodyError, SchemaMismatchError, DecodeError, ClientDisconnectedError
         As :meth:`BodyBatches.start` and iteration (nothing written).
     InvalidInputError, BackpressureTimeoutError, WriterFailedError, ClosedError
@@ -220,35 +251,100 @@ async def ingest_body(
     byte_cap = max_bytes if max_bytes is not None else math.inf
     if row_cap < 1 or byte_cap < 1:
         raise ValueError("max_rows and max_bytes must be >= 1")
-    fit = TableFit(writer.schema, primary_key(writer.schema))
+    if duplicate_keys not in DUPLICATE_POLICIES:
+        raise ValueError(f"duplicate_keys must be one of {DUPLICATE_POLICIES}")
+    keys = primary_key(writer.schema)
+    fit = TableFit(writer.schema, keys)
+    tracker = KeyTracker(keys, what="the body") if keys and duplicate_keys == "error" else None
+    rows = 0
+    nbytes = 0
+
+    def check(batch: pa.RecordBatch, index: int) -> None:
+        nonlocal rows, nbytes
+        rows += batch.num_rows
+        nbytes += batch.nbytes
+        if rows > row_cap:
+            raise PayloadTooLargeError(
+                f"an ingest body may hold at most {row_cap:,} rows (max_ingest_rows); "
+                "split it into several requests; nothing was written",
+                limit="max_ingest_rows",
+                maximum=int(row_cap),
+                actual=rows,
+            )
+        if nbytes > byte_cap:
+            raise PayloadTooLargeError(
+                f"an ingest body may hold at most {byte_cap:,} bytes of rows "
+                "(max_ingest_bytes); nothing was written",
+                limit="max_ingest_bytes",
+                maximum=int(byte_cap),
+                actual=nbytes,
+            )
+        fit.check(batch, index)
+        if tracker is not None:
+            tracker.add(batch)
+
+    async with read_whole_body(body, check=check, spool_dir=spool_dir) as source:
+        if tracker is not None:
+            await run_sync(tracker.check, limiter=stream_limiter())
+        # The body is complete and valid: queue all of it, or (on a writer
+        # error) as much as the writer took. A cancelled caller must not leave
+        # a prefix of a good body queued and the rest dropped.
+        with anyio.CancelScope(shield=True):
+            ack = await writer.send(source, timeout=timeout)
+        return await ack
+
+
+@asynccontextmanager
+async def read_whole_body(
+    body: BodyBatches,
+    *,
+    check: Callable[[pa.RecordBatch, int], None] | None = None,
+    spool_dir: str | None = None,
+) -> AsyncIterator[WriteSource]:
+    """Read a body to its end into a spool; yield the spool as a replayable source.
+
+    Parameters
+    ----------
+    body : BodyBatches
+        Started or not; read once. A body made with ``spool=True`` spools
+        itself; otherwise a spool is made here (deleted on exit).
+    check : callable, optional
+        ``check(batch, index)`` for every batch, on the loop; what it raises
+        ends the read (nothing is written).
+    spool_dir : str, optional
+        Directory of the spool file made here.
+
+    Yields
+    ------
+    WriteSource
+        REPLAYABLE: every pass reads the spool (memory up to 4 MiB, then an
+        Arrow IPC file), never the client.
+
+    Raises
+    ------
+    EmptyBodyError
+        The body holds no rows.
+    BaseException
+        What reading the body raised (limits, decode errors, a client that
+        left or went silent: :class:`BodyTimeoutError`).
+
+    Notes
+    -----
+    Nothing here runs on an engine thread: decoding and spool writes run on
+    the library's ``stream`` threads, so a slow or stalled client holds a
+    connection and at most a spool, never engine capacity.
+    """
     own = None if body.spooled else Spool(spool_dir, SLICE_ROWS)
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
     rows = 0
-    nbytes = 0
     index = 0
     try:
         schema = await body.start()
         async for batch in body:
             rows += batch.num_rows
-            nbytes += batch.nbytes
-            if rows > row_cap:
-                raise PayloadTooLargeError(
-                    f"an ingest body may hold at most {row_cap:,} rows (max_ingest_rows); "
-                    "split it into several requests; nothing was written",
-                    limit="max_ingest_rows",
-                    maximum=int(row_cap),
-                    actual=rows,
-                )
-            if nbytes > byte_cap:
-                raise PayloadTooLargeError(
-                    f"an ingest body may hold at most {byte_cap:,} bytes of rows "
-                    "(max_ingest_bytes); nothing was written",
-                    limit="max_ingest_bytes",
-                    maximum=int(byte_cap),
-                    actual=nbytes,
-                )
-            fit.check(batch, index)
+            if check is not None:
+                check(batch, index)
             index += 1
             if own is not None:
                 pending.append(batch)
@@ -268,12 +364,7 @@ async def ingest_body(
                 await run_sync(partial(own.add_batches, schema, chunk), limiter=stream_limiter())
             await run_sync(own.seal, limiter=stream_limiter())
             source = replayable(own.factory(schema), schema=schema)
-        # The body is complete and valid: queue all of it, or (on a writer
-        # error) as much as the writer took. A cancelled caller must not leave
-        # a prefix of a good body queued and the rest dropped.
-        with anyio.CancelScope(shield=True):
-            ack = await writer.send(source, timeout=timeout)
-        return await ack
+        yield source
     finally:
         if own is not None:
             with anyio.CancelScope(shield=True):

@@ -94,3 +94,46 @@ async def test_a_feed_with_other_partitions_than_the_table_is_refused(
     worker = Worker(ds, RedisPartitions(client, "k", "g", 3), RedisLeaseTable(client, "k", "m"))
     with pytest.raises(la.InvalidInputError, match="partitioned like the table"):
         await worker.run()
+
+
+async def test_a_worker_compacts_the_shards_it_owns(tmp_path: Path, client: Any) -> None:
+    ds = await la.write_dataset(
+        KV_SCHEMA.empty_table(), str(tmp_path / "t.lance"), schema=KV_SCHEMA
+    )
+    await ds.initialize_mem_wal(num_buckets=2, bucket_column="id")
+    partitioner = await Partitioner.for_dataset(ds)
+    key = f"w-{uuid.uuid4().hex[:8]}"
+    rows = [{"id": i, "value": 2, "name": "x"} for i in range(60)]
+    publisher = RedisPublisher(client, key, 2)
+    for row, p in zip(rows, partitioner.partition_of_rows(rows), strict=True):
+        await publisher.publish(p, json.dumps(row).encode())
+    worker = Worker(
+        ds,
+        RedisPartitions(client, key, "g", 2),
+        RedisLeaseTable(client, f"{key}:leases", "solo", 2.0),
+        writer_options={"max_memtable_rows": 5},
+        compaction=la.CompactionPolicy(max_generations=1, interval=0.05, optimize_indices=False),
+    )
+
+    async def base_ids() -> list[int]:
+        fresh = await la.open_dataset(ds.uri)
+        return sorted((await fresh.to_table(columns=["id"])).column("id").to_pylist())
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            await eventually(lambda: worker.stats().messages == 60, 30, "every message acked")
+            for _ in range(300):  # the memtables flush and the compactor merges them
+                if len(await base_ids()) >= 40:
+                    break
+                await anyio.sleep(0.1)
+            worker.stop()
+        merged = await base_ids()
+        assert len(merged) >= 40 and set(merged) <= set(range(60))  # compacted into the base
+        table = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+        assert sorted(r["id"] for r in table) == list(range(60))
+        assert {r["value"] for r in table} == {2}
+    finally:
+        for p in range(2):
+            await client.delete(f"{key}:{p}")
+        await client.delete(f"{key}:leases:member:solo")

@@ -1,7 +1,8 @@
 """Worker processes sharing one partitioned feed: kills, restarts, pauses (real brokers).
 
 Each test runs ``lance-async worker`` as separate processes against one table
-and a NATS or Redis feed of 4 partitions, publishes versioned updates (each
+(local, or on a moto S3 server with ``storage_options`` only) and a Redis,
+NATS or Kafka feed partitioned like it, publishes versioned updates (each
 key's value is an increasing version), and checks at the end that every key
 holds its highest version exactly once: in the LSM view, in point lookups,
 after ``lance-async check``, and after compaction.
@@ -25,14 +26,20 @@ import anyio
 import pytest
 
 import lance_async as la
-from lance_async.cluster import NatsPartitions, NatsPublisher, Partitioner, RedisPublisher
+from lance_async.cluster import (
+    KafkaPublisher,
+    NatsPartitions,
+    NatsPublisher,
+    Partitioner,
+    RedisPublisher,
+)
 
 from ..conftest import broker_or_skip
 from ..helpers import KV_SCHEMA, eventually
+from ..services import FAST_GROUP, create_topic
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-PARTITIONS = 4
 KEYS = 120
 TTL = 2.0
 
@@ -52,11 +59,17 @@ class Feed:
     publisher: Any
     client: Any
     name: str
+    partitions: int
+    published: dict[int, int] = field(default_factory=dict)
+
+    async def publish(self, partition: int, payload: bytes) -> None:
+        await self.publisher.publish(partition, payload)
+        self.published[partition] = self.published.get(partition, 0) + 1
 
     async def drained(self) -> bool:
-        """Every message published so far was acknowledged by the group."""
+        """Every message published so far was acknowledged (committed) by the group."""
         if self.kind == "redis":
-            for p in range(PARTITIONS):
+            for p in range(self.partitions):
                 key = f"{self.name}:{p}"
                 last = (await self.client.xinfo_stream(key))["last-generated-id"]
                 groups = await self.client.xinfo_groups(key)
@@ -64,10 +77,17 @@ class Feed:
                 if group is None or group["pending"] or group["last-delivered-id"] != last:
                     return False
             return True
+        if self.kind == "kafka":  # committed offsets (Tansu's end offsets are unreliable)
+            from aiokafka import TopicPartition
+
+            for p, count in self.published.items():
+                if (await self.client.committed(TopicPartition(self.name, p)) or 0) != count:
+                    return False
+            return True
         js = self.client.jetstream()
         import nats.js.errors
 
-        for p in range(PARTITIONS):
+        for p in range(self.partitions):
             try:
                 info = await js.consumer_info(self.name, f"{self.group}-p{p}")
             except nats.js.errors.NotFoundError:
@@ -77,57 +97,124 @@ class Feed:
         return True
 
 
-@pytest.fixture(params=["redis", "nats"])
-async def feed(request: pytest.FixtureRequest) -> AsyncIterator[Feed]:
+async def open_feed(kind: str, partitions: int, request: pytest.FixtureRequest) -> Feed:
     name = f"lance-async-test-{uuid.uuid4().hex[:10]}"
     group = f"g{uuid.uuid4().hex[:8]}"
-    if request.param == "redis":
+    if kind == "redis":
         broker_or_skip("Redis", 6379)
         import redis.asyncio
 
         client = redis.asyncio.Redis.from_url("redis://127.0.0.1:6379")
-        yield Feed(
-            "redis",
-            f"redis://127.0.0.1:6379/{name}",
-            group,
-            RedisPublisher(client, name, PARTITIONS),
-            client,
-            name,
-        )
-        for p in range(PARTITIONS):
-            await client.delete(f"{name}:{p}")
-        async for key in client.scan_iter(match=f"lance-async:leases:{group}:*"):
-            await client.delete(key)
-        await client.aclose()
-    else:
+        publisher: Any = RedisPublisher(client, name, partitions)
+        url = f"redis://127.0.0.1:6379/{name}"
+    elif kind == "nats":
         broker_or_skip("NATS", 4222)
         import nats
 
-        nc = await nats.connect("nats://127.0.0.1:4222")
-        await NatsPartitions(nc, name, name, group, PARTITIONS).ensure_stream()
-        yield Feed(
-            "nats",
-            f"nats://127.0.0.1:4222/{name}/{name}",
-            group,
-            NatsPublisher(nc, name, PARTITIONS),
-            nc,
-            name,
-        )
-        js = nc.jetstream()
-        await js.delete_stream(name)
+        client = await nats.connect("nats://127.0.0.1:4222")
+        await NatsPartitions(client, name, name, group, partitions).ensure_stream()
+        publisher = NatsPublisher(client, name, partitions)
+        url = f"nats://127.0.0.1:4222/{name}/{name}"
+    else:
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+        bootstrap = request.getfixturevalue("kafka_bootstrap")
+        await create_topic(bootstrap, name, partitions)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        await producer.start()
+        publisher = KafkaPublisher(producer, name, partitions, owns_producer=True)
+        client = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+        await client.start()  # reads the group's committed offsets; never joins it
+        fast = "&".join(f"{k}={v}" for k, v in FAST_GROUP.items())
+        url = f"kafka://{bootstrap}/{name}?{fast}"
+    return Feed(kind, url, group, publisher, client, name, partitions)
+
+
+async def close_feed(feed: Feed) -> None:
+    if feed.kind == "redis":
+        for p in range(feed.partitions):
+            await feed.client.delete(f"{feed.name}:{p}")
+        async for key in feed.client.scan_iter(match=f"lance-async:leases:{feed.group}:*"):
+            await feed.client.delete(key)
+        await feed.client.aclose()
+    elif feed.kind == "nats":
+        js = feed.client.jetstream()
+        await js.delete_stream(feed.name)
         try:
-            await js.delete_key_value(f"lance-async-leases-{group}-{name}")
+            await js.delete_key_value(f"lance-async-leases-{feed.group}-{feed.name}")
         except Exception:  # the bucket may not exist
             pass
-        await nc.close()
+        await feed.client.close()
+    else:
+        await feed.publisher.aclose()
+        await feed.client.stop()
+
+
+@dataclass
+class Setup:
+    """A feed, and a table partitioned like it (local, or on the moto S3 server)."""
+
+    feed: Feed
+    uri: str
+    storage_options: dict[str, str] | None
+
+    @property
+    def flags(self) -> list[str]:
+        return [f"--storage-option={k}={v}" for k, v in (self.storage_options or {}).items()]
+
+    async def table(self) -> Partitioner:
+        ds = await la.write_dataset(
+            KV_SCHEMA.empty_table(),
+            self.uri,
+            schema=KV_SCHEMA,
+            storage_options=self.storage_options,
+        )
+        await ds.initialize_mem_wal(num_buckets=self.feed.partitions, bucket_column="id")
+        return await Partitioner.for_dataset(ds)
+
+    async def open(self) -> la.AsyncDataset:
+        return await la.open_dataset(self.uri, storage_options=self.storage_options)
+
+
+CASES = {
+    "redis-local": ("redis", "local", 4),
+    "nats-s3": ("nats", "s3", 4),
+    "kafka-s3": ("kafka", "s3", 6),
+}
+
+
+async def make_setup(
+    case: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[Setup]:
+    kind, storage, partitions = CASES[case]
+    feed = await open_feed(kind, partitions, request)
+    try:
+        if storage == "s3":
+            bucket = request.getfixturevalue("s3_bucket")
+            yield Setup(feed, bucket.uri("t.lance"), bucket.storage_options)
+        else:
+            yield Setup(feed, str(tmp_path / "t.lance"), None)
+    finally:
+        await close_feed(feed)
+
+
+@pytest.fixture(params=list(CASES))
+async def chaos_setup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Setup]:
+    async for setup in make_setup(request.param, request, tmp_path):
+        yield setup
+
+
+@pytest.fixture(params=["redis-local", "nats-s3"])
+async def pause_setup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Setup]:
+    async for setup in make_setup(request.param, request, tmp_path):
+        yield setup
 
 
 @dataclass
 class Workers:
     """``lance-async worker`` processes of one group."""
 
-    feed: Feed
-    table: str
+    setup: Setup
     logs: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     started: int = 0
@@ -145,10 +232,11 @@ class Workers:
                 "-m",
                 "lance_async",
                 "worker",
-                self.feed.url,
-                self.table,
+                self.setup.feed.url,
+                self.setup.uri,
+                *self.setup.flags,
                 "--group",
-                self.feed.group,
+                self.setup.feed.group,
                 "--member",
                 member,
                 "--lease-ttl",
@@ -190,20 +278,14 @@ class Workers:
                 proc.wait()
 
 
-async def make_table(uri: str) -> Partitioner:
-    ds = await la.write_dataset(KV_SCHEMA.empty_table(), uri, schema=KV_SCHEMA)
-    await ds.initialize_mem_wal(num_buckets=PARTITIONS, bucket_column="id")
-    return await Partitioner.for_dataset(ds)
-
-
 async def publish_version(feed: Feed, partitioner: Partitioner, version: int) -> None:
     rows = [{"id": k, "value": version, "name": f"v{version}"} for k in range(KEYS)]
     for row, p in zip(rows, partitioner.partition_of_rows(rows), strict=True):
-        await feed.publisher.publish(p, json.dumps(row).encode())
+        await feed.publish(p, json.dumps(row).encode())
 
 
-async def assert_final(uri: str, version: int) -> None:
-    ds = await la.open_dataset(uri)
+async def assert_final(setup: Setup, version: int) -> None:
+    ds = await setup.open()
     table = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
     ids = [r["id"] for r in table]
     assert len(ids) == len(set(ids)), "a key appears twice"
@@ -220,10 +302,12 @@ async def assert_final(uri: str, version: int) -> None:
     assert {r["value"] for r in base} == {version}
 
 
-async def test_three_workers_killed_and_restarted_lose_nothing(feed: Feed, tmp_path: Path) -> None:
-    uri = str(tmp_path / "t.lance")
-    partitioner = await make_table(uri)
-    workers = Workers(feed, uri, tmp_path)
+async def test_three_workers_killed_and_restarted_lose_nothing(
+    chaos_setup: Setup, tmp_path: Path
+) -> None:
+    setup, feed = chaos_setup, chaos_setup.feed
+    partitioner = await setup.table()
+    workers = Workers(setup, tmp_path)
     members = ["w1", "w2", "w3"]
     versions = 8
     rng = random.Random(13)
@@ -256,19 +340,19 @@ async def test_three_workers_killed_and_restarted_lose_nothing(feed: Feed, tmp_p
         workers.kill("w3")
         await publish_version(feed, partitioner, versions - 1)
         await eventually(feed.drained, 90, "the feed to be consumed and acknowledged")
-        codes = await workers.stop_all()
+        codes = await workers.stop_all()  # SIGTERM: drained, committed, exit 0
         assert codes["w1"] == codes["w2"] == 0, workers.output("w1")[-2000:]
     finally:
         workers.kill_everything()
-    await assert_final(uri, versions - 1)
+    await assert_final(setup, versions - 1)
 
 
 async def test_a_paused_worker_is_fenced_and_acknowledges_nothing_after(
-    feed: Feed, tmp_path: Path
+    pause_setup: Setup, tmp_path: Path
 ) -> None:
-    uri = str(tmp_path / "t.lance")
-    partitioner = await make_table(uri)
-    workers = Workers(feed, uri, tmp_path)
+    setup, feed = pause_setup, pause_setup.feed
+    partitioner = await setup.table()
+    workers = Workers(setup, tmp_path)
     try:
         workers.start("a")
         await publish_version(feed, partitioner, 0)
@@ -281,17 +365,38 @@ async def test_a_paused_worker_is_fenced_and_acknowledges_nothing_after(
         workers.start("b")
         await eventually(feed.drained, 60, "b to take over and consume version 1")
         workers.kill("a", signal.SIGCONT)
-        await publish_version(feed, partitioner, 2)  # a must not fetch nor ack any of it
-        await eventually(lambda: "lost 4" in workers.output("a"), 30, "a to see it lost all")
-        await eventually(feed.drained, 60, "b to consume version 2")
+        # a must not ack anything on the leases it held: its next acks come
+        # only after it saw every partition lost and took some back afresh
+        # (the group's fair share gives a rejoining member its part again)
+        await publish_version(feed, partitioner, 2)
+        lost = f"lost {feed.partitions}"
+        await eventually(lambda: lost in workers.output("a"), 30, "a to see it lost all")
+        await eventually(feed.drained, 60, "version 2 to be consumed")
         codes = await workers.stop_all()
         assert codes == {"a": 0, "b": 0}
         out_a = workers.output("a")
-        assert _last_messages(out_a) == before, out_a[-2000:]  # nothing acked after the fence
-        assert _last_messages(workers.output("b")) == 2 * KEYS
+        for messages, taken, gone in _stats_lines(out_a):
+            if messages > before:  # acked after the pause: only on partitions taken again
+                assert gone == feed.partitions and taken > feed.partitions, out_a[-2000:]
+        acked_after = _last_messages(out_a) - before + _last_messages(workers.output("b"))
+        assert acked_after >= 2 * KEYS
     finally:
         workers.kill_everything()
-    await assert_final(uri, 2)
+    await assert_final(setup, 2)
+
+
+def _stats_lines(output: str) -> list[tuple[int, int, int]]:
+    """(messages, taken, lost) of each of a worker's stats lines."""
+    out = []
+    for line in output.splitlines():
+        if " messages, " not in line or "; taken " not in line:
+            continue
+        messages = int(line.split(" messages, ")[0].rsplit(" ", 1)[-1].replace(",", ""))
+        tail = line.split("; taken ", 1)[1]
+        taken = int(tail.split(",")[0])
+        lost = int(tail.rsplit("lost ", 1)[1].split()[0].rstrip(","))
+        out.append((messages, taken, lost))
+    return out
 
 
 def _last_messages(output: str) -> int:

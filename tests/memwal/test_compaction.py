@@ -37,6 +37,7 @@ async def test_compaction_of_chosen_shards_leaves_the_others(table_uri: str) -> 
     assert plain(await ds.to_table()) == model_plain(model.rows)
 
 
+@pytest.mark.commit_lock
 async def test_compaction_that_loses_a_commit_race_replays_the_sstable(table_uri: str) -> None:
     ds, model = await setup(table_uri)
     async with ds.mem_wal_writer(str(uuid.uuid4()), max_memtable_rows=20, max_put_rows=20) as w:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import anyio
+import lance
 import pyarrow as pa
 import pytest
 
@@ -343,3 +347,70 @@ async def test_loop_stays_free_while_a_bridge_moves_1_gib() -> None:
         ticker.running = False
     assert moved == back == 1024 * chunk.nbytes
     assert ticker.max_lag < LAG_LIMIT, ticker.max_lag
+
+
+async def test_max_rows_slices_large_batches_on_the_loop(table_uri: str) -> None:
+    """Small requested batches are sliced from larger engine batches, in order."""
+    ds = await la.write_dataset(pa.table({"id": list(range(5000))}), table_uri)
+    stream = ds.scan(batch_size=300)
+    sizes: list[int] = []
+    ids: list[int] = []
+    async with stream:
+        async for batch in stream:
+            sizes.append(batch.num_rows)
+            ids.extend(batch.column("id").to_pylist())
+    assert ids == list(range(5000))
+    assert max(sizes) == 300 and len(sizes) >= 5000 // 300
+    assert stream.statistics().rows_read == 5000
+    with pytest.raises(ValueError):
+        la.AsyncBatchStream(lambda: iter([]), max_rows=0)
+
+
+# -- issue 17, item 10: streams left open when their loop ends ---------------------
+
+
+def _stream_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "lance_async-stream"]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_regression_a_stream_left_open_is_stopped_when_its_loop_ends(
+    backend: str, tmp_path: Path
+) -> None:
+    # Before: the reader thread outlived the loop, inside the engine, and the
+    # process aborted (SIGABRT) at exit about one run in five.
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": list(range(10_000))}), uri)
+    kept: list[la.AsyncBatchStream] = []
+
+    async def main() -> None:
+        ds = await la.open_dataset(uri)
+        stream = ds.scan(batch_size=10, prefetch=1)
+        await stream.__anext__()
+        kept.append(stream)  # still held, never closed
+
+    anyio.run(main, backend=backend)
+    assert _stream_threads() == []
+    assert kept[0].statistics().buffered_batches == 0
+
+
+def test_regression_a_process_leaving_scans_open_exits_cleanly(tmp_path: Path) -> None:
+    lance.write_dataset(pa.table({"id": list(range(200_000))}), str(tmp_path / "t.lance"))
+    code = f"""
+import asyncio, lance_async as la
+streams = []
+async def main():
+    ds = await la.open_dataset({str(tmp_path / "t.lance")!r})
+    for _ in range(4):
+        s = ds.scan(batch_size=100)
+        await s.__anext__()
+        streams.append(s)
+asyncio.run(main())
+print("done")
+"""
+    for _ in range(3):
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip() == "done"

@@ -2,6 +2,7 @@
 
     python -m tests.web.app --root DIR [--strict] [--spool-dir DIR]
                                 [--threads ENGINE,STREAM,READER]
+                                [--max-uploads N] [--idle-timeout SECONDS]
 
 It listens on an ephemeral port of 127.0.0.1 and prints ``PORT <n>`` once the
 socket is bound (``GET /health`` answers once startup is done).
@@ -36,6 +37,7 @@ Test-only hooks, on top of :func:`lance_async.web.server.create_app`:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -101,11 +103,21 @@ class PlainConsumeMiddleware:
 
 
 def build_app(
-    root: str, *, strict: bool, spool_dir: str | None, threads: ThreadLimits | None = None
+    root: str,
+    *,
+    strict: bool,
+    spool_dir: str | None,
+    threads: ThreadLimits | None = None,
+    max_uploads: int | None = 16,
+    idle_timeout: float | None = None,
 ) -> FastAPI:
+    limits = STRICT_LIMITS if strict else MAIN_LIMITS
+    if idle_timeout is not None:
+        limits = dataclasses.replace(limits, body_idle_timeout=idle_timeout)
     app = create_app(
         root,
-        limits=STRICT_LIMITS if strict else MAIN_LIMITS,
+        limits=limits,
+        max_uploads=max_uploads,
         allow_raw_sql=strict,
         max_ingest_rows=STRICT_INGEST_ROWS if strict else None,
         spool_dir=spool_dir,
@@ -139,12 +151,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true")
     parser.add_argument("--spool-dir", default=None)
     parser.add_argument("--threads", default=None, help="ENGINE,STREAM,READER thread limits")
+    parser.add_argument("--max-uploads", type=int, default=16)
+    parser.add_argument("--idle-timeout", type=float, default=None)
     args = parser.parse_args(argv)
     threads = None
     if args.threads:
         engine, stream, reader = (int(n) for n in args.threads.split(","))
         threads = ThreadLimits(engine=engine, stream=stream, reader=reader)
-    app = build_app(args.root, strict=args.strict, spool_dir=args.spool_dir, threads=threads)
+    app = build_app(
+        args.root,
+        strict=args.strict,
+        spool_dir=args.spool_dir,
+        threads=threads,
+        max_uploads=args.max_uploads,
+        idle_timeout=args.idle_timeout,
+    )
     asgi: ASGIApp = app
     if args.strict:
         asgi = PlainConsumeMiddleware(app, b"x-test-consume-outside")

@@ -1,0 +1,227 @@
+"""Kafka consumer groups as the coordinator of workers: :class:`KafkaCoordinator`.
+
+With Kafka the broker assigns partitions itself: every worker joins the same
+consumer group on one topic of N partitions (N = the table's buckets), and the
+group's assignment is the ownership. :class:`KafkaCoordinator` turns the
+group's rebalance callbacks into a :class:`~lance_async.cluster.Worker`'s
+assign and revoke:
+
+* **assigned** partitions get their shard writer (opening it fences any
+  stale writer) and a feed of their own;
+* **revoked** partitions are drained before the callback returns -- no more
+  fetches, the acks in flight settled, their offsets committed (the partition
+  is still ours during the callback, as Kafka's guidance asks), the writer
+  closed -- so the next owner starts after everything acknowledged here.
+
+One consumer fetches for every assigned partition
+(:class:`~lance_async.feeds.KafkaFeed`: contiguous per-partition commits,
+never past an unacknowledged record, fenced by assignment epoch); a
+dispatcher hands each record to its partition's queue, read by that
+partition's ingest loop. A member paused past its session timeout finds its
+commits refused by the group (a new generation) and its puts fenced by the
+next owner's writer epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ..feeds.base import Message
+from ..feeds.kafka import KafkaFeed
+from .balancer import Assign, Revoke
+
+__all__ = ["KafkaCoordinator"]
+
+log = logging.getLogger("lance_async")
+
+
+class _PartitionFeed:
+    """One assigned partition's records, as dispatched from the shared consumer."""
+
+    def __init__(self, receive: MemoryObjectReceiveStream[Message]) -> None:
+        self._receive = receive
+
+    @property
+    def exhausted(self) -> bool:
+        return False
+
+    async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
+        out: list[Message] = []
+        with anyio.move_on_after(timeout):
+            try:
+                out.append(await self._receive.receive())
+            except anyio.EndOfStream:
+                return out
+        while len(out) < max_messages:
+            try:
+                out.append(self._receive.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+        return out
+
+    async def aclose(self) -> None:
+        self._receive.close()
+
+
+class KafkaCoordinator:
+    """A Kafka consumer group assigns a worker its partitions (one topic).
+
+    Parameters
+    ----------
+    consumer : aiokafka.AIOKafkaConsumer
+        Created by the caller with ``group_id`` and
+        ``enable_auto_commit=False`` (not started, not subscribed: the
+        coordinator subscribes it to ``topic`` and starts and stops it).
+    topic : str
+        The topic; its partition count must be the table's buckets.
+    num_partitions : int
+        The topic's partitions (checked when the consumer starts).
+    member : str
+        This worker's name, for logs and stats.
+    queue : int
+        Records dispatched to a partition and not yet fetched by its ingest
+        loop before the dispatcher waits (default 10,000).
+    """
+
+    def __init__(
+        self,
+        consumer: Any,
+        topic: str,
+        num_partitions: int,
+        member: str,
+        *,
+        queue: int = 10_000,
+    ) -> None:
+        self._consumer = consumer
+        self._topic = topic
+        self.num_partitions = num_partitions
+        self.member = member
+        self._queue = queue
+        self._feed = KafkaFeed(consumer, revoke_timeout=0.0)
+        self._queues: dict[int, MemoryObjectSendStream[Message]] = {}
+        self._assigned: set[int] = set()
+        self._on_assign: Assign | None = None
+        self._on_revoke: Revoke | None = None
+        self._stop = anyio.Event()
+        self._dropped: set[int] = set()
+        self._ready: dict[int, anyio.Event] = {}
+
+    # -- the Coordinator protocol ---------------------------------------------------
+    def valid(self, partition: int) -> bool:
+        """True while the group has ``partition`` assigned to this member."""
+        return partition in self._assigned and partition not in self._dropped
+
+    def drop(self, partition: int) -> None:
+        """Stop acknowledging ``partition`` (its shard was fenced, or its work
+        failed). A fence means the group moved it already: the rebalance that
+        follows revokes it here (``lost=True``)."""
+        self._dropped.add(partition)
+
+    def stop(self) -> None:
+        """Leave the group cleanly: every partition is drained and committed."""
+        self._stop.set()
+
+    async def open_partition(self, partition: int) -> _PartitionFeed:
+        """The feed of an assigned partition (records from the shared consumer)."""
+        send, receive = anyio.create_memory_object_stream[Message](self._queue)
+        self._queues[partition] = send
+        return _PartitionFeed(receive)
+
+    async def run(self, on_assign: Assign, on_revoke: Revoke) -> None:
+        """Join the group and dispatch records until :meth:`stop`; leave cleanly."""
+        from aiokafka.abc import ConsumerRebalanceListener
+
+        coordinator = self
+
+        class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+            async def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
+                await coordinator._revoked({tp.partition for tp in revoked})
+                await coordinator._feed._on_revoked(set(revoked))
+
+            async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
+                assigned = set(assigned)
+                coordinator._feed._on_assigned(assigned)
+                await coordinator._assigned_now({tp.partition for tp in assigned})
+
+        self._on_assign, self._on_revoke = on_assign, on_revoke
+        self._consumer.subscribe([self._topic], listener=Listener())
+        await self._consumer.start()
+        try:
+            partitions = self._consumer.partitions_for_topic(self._topic)
+            if partitions is not None and len(partitions) != self.num_partitions:
+                from ..errors import InvalidInputError
+
+                raise InvalidInputError(
+                    f"topic {self._topic!r} has {len(partitions)} partitions and the table "
+                    f"{self.num_partitions} buckets: a feed must be partitioned like the table"
+                )
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._dispatch)
+                await self._stop.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                # leaving the group revokes everything: drained and committed first
+                await self._revoked(set(self._assigned))
+                await self._feed.commit()
+                await self._consumer.stop()
+
+    # -- internals --------------------------------------------------------------------
+    def _ready_event(self, partition: int) -> anyio.Event:
+        event = self._ready.get(partition)
+        if event is None:
+            event = self._ready[partition] = anyio.Event()
+        return event
+
+    def _owned_by_group(self, partition: int) -> bool:
+        return any(tp.partition == partition for tp in self._consumer.assignment())
+
+    async def _dispatch(self) -> None:
+        while True:
+            messages = await self._feed.fetch(1000, 0.2)
+            for message in messages:
+                partition = int(message.offset.partition)
+                queue = self._queues.get(partition)
+                while queue is None and self._owned_by_group(partition):
+                    # the fetcher may run ahead of the assignment callback: wait for
+                    # the partition's writer and queue instead of losing the record
+                    with anyio.move_on_after(0.5):
+                        await self._ready_event(partition).wait()
+                    queue = self._queues.get(partition)
+                if queue is None:
+                    continue  # fetched before a revocation: never acked, read again by the owner
+                try:
+                    await queue.send(message)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    continue
+
+    async def _assigned_now(self, partitions: set[int]) -> None:
+        assert self._on_assign is not None
+        for p in sorted(partitions - self._assigned):
+            self._assigned.add(p)
+            self._dropped.discard(p)
+            try:
+                await self._on_assign(p)
+            except Exception as exc:
+                log.error("lance_async: starting partition %d failed: %r", p, exc)
+                self._assigned.discard(p)
+            finally:
+                self._ready_event(p).set()
+
+    async def _revoked(self, partitions: set[int]) -> None:
+        assert self._on_revoke is not None
+        for p in sorted(partitions & self._assigned):
+            lost = p in self._dropped
+            try:
+                await self._on_revoke(p, lost)
+            finally:
+                self._assigned.discard(p)
+                self._ready.pop(p, None)
+                queue = self._queues.pop(p, None)
+                if queue is not None:
+                    queue.close()

@@ -1,0 +1,355 @@
+"""Background compaction: :class:`CompactionPolicy` and the :class:`Compactor` that runs it.
+
+LSM reads slow down with every flushed generation they must consult; after a
+sustained ingest a shard can hold dozens. A :class:`Compactor` watches the
+shards of one table and compacts a shard as soon as it holds more than
+``policy.max_generations`` flushed generations (or more than
+``policy.max_bytes`` of them on disk), so reads stay bounded while ingest
+runs. It is the job a Paimon or RocksDB writer hands to its background
+compaction thread, done here from a task in the caller's task group:
+
+* one compaction per table at a time (shared with :func:`compact_mem_wal`);
+* a commit lost to a concurrent writer is retried with backoff
+  (merge_insert replays the immutable SSTables: nothing is buffered);
+* ingestion is never blocked: puts go to the MemWAL, the compaction commits
+  to the base table, and the two meet only in the engine's thread pool;
+* nothing is lost or resurrected (see ``compaction.py`` for the two commits);
+* :meth:`Compactor.stats` tells what it did.
+
+Run it standalone (``async with Compactor(dataset, policy):``), from a task
+group you own (``await compactor.start(task_group)``), or let the routing
+writer run it (``dataset.mem_wal_writer(compaction=CompactionPolicy())``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import posixpath
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import anyio
+import pyarrow.fs as pafs
+from anyio.abc import TaskGroup
+
+from .._loop import unwrap_groups
+from .._threads import run_sync
+from ..errors import ClosedError, ConflictError, LanceAsyncError
+from .compaction import CompactionResult, compact_shard, optimize_after, table_lock
+from .manifest import _fs
+from .snapshots import ShardSnapshot, shard_snapshots
+from .stats import WriterState
+
+if TYPE_CHECKING:
+    from ..dataset import AsyncDataset
+
+__all__ = ["CompactionPolicy", "Compactor", "CompactorStats"]
+
+log = logging.getLogger("lance_async")
+_sizes: dict[str, int] = {}  # generation folder -> bytes (folders never change)
+
+
+@dataclass(frozen=True)
+class CompactionPolicy:
+    """When a shard's flushed generations are compacted into the base table.
+
+    Attributes
+    ----------
+    max_generations : int
+        Compact a shard once it holds more than this many flushed
+        generations (default 8). 0 compacts every generation at once.
+    max_bytes : int, optional
+        Or once its flushed generations take more than this many bytes on
+        disk (default None: generations only).
+    interval : float
+        Seconds between two looks at the shard manifests (default 1.0).
+    max_backoff : float
+        Longest wait after failed attempts, in seconds (doubling from
+        ``interval``; default 30).
+    optimize_indices : bool
+        Bring the table's indexes up to date after each compaction (default
+        True; one more commit).
+    chunk_rows : int
+        Rows per batch read from an SSTable (default 65,536).
+
+    Raises
+    ------
+    ValueError
+        A negative count, a non-positive interval.
+    """
+
+    max_generations: int = 8
+    max_bytes: int | None = None
+    interval: float = 1.0
+    max_backoff: float = 30.0
+    optimize_indices: bool = True
+    chunk_rows: int = 65_536
+
+    def __post_init__(self) -> None:
+        if self.max_generations < 0:
+            raise ValueError("max_generations must be >= 0")
+        if self.max_bytes is not None and self.max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        if not (self.interval > 0 and math.isfinite(self.interval)):
+            raise ValueError("interval must be a positive number of seconds")
+        if self.max_backoff < self.interval:
+            raise ValueError("max_backoff must be >= interval")
+        if self.chunk_rows < 1:
+            raise ValueError("chunk_rows must be >= 1")
+
+
+@dataclass(frozen=True)
+class CompactorStats:
+    """What a :class:`Compactor` has done.
+
+    Attributes
+    ----------
+    state : WriterState
+    passes : int
+        Looks at the shard manifests.
+    compactions : int
+        Shards compacted (each: at most two commits, plus an index update).
+    generations : int
+        Flushed generations merged into the base table.
+    rows_upserted, rows_deleted : int
+    commits : int
+    conflicts : int
+        Compactions lost to a concurrent writer, retried later.
+    failures : int
+        Other failed attempts (logged; retried with backoff).
+    last_error : BaseException or None
+    busy_seconds : float
+        Time spent compacting.
+    last_version : int
+        The dataset version of the last compaction (0 before any).
+    """
+
+    state: WriterState
+    passes: int = 0
+    compactions: int = 0
+    generations: int = 0
+    rows_upserted: int = 0
+    rows_deleted: int = 0
+    commits: int = 0
+    conflicts: int = 0
+    failures: int = 0
+    last_error: BaseException | None = None
+    busy_seconds: float = 0.0
+    last_version: int = 0
+
+
+def _folder_bytes(
+    uri: str, shard_id: str, path: str, storage_options: dict[str, str] | None = None
+) -> int:
+    """Bytes on disk of one generation folder (blocking; cached, folders never change)."""
+    fs, root = _fs(uri, storage_options)
+    folder = posixpath.join(root, "_mem_wal", shard_id, path)
+    if folder not in _sizes:
+        infos = fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+        _sizes[folder] = sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+    return _sizes[folder]
+
+
+class Compactor:
+    """Compacts a table's flushed MemWAL generations in the background.
+
+    Parameters
+    ----------
+    dataset : AsyncDataset
+        The table (moved to each version a compaction commits).
+    policy : CompactionPolicy, optional
+        Default ``CompactionPolicy()``.
+    shard_ids : iterable of str, or a callable returning them, optional
+        Only these shards (default every shard). A callable is asked at
+        every pass: a cluster worker passes the shards it owns now.
+
+    Notes
+    -----
+    Use it as ``async with`` (it owns its task) or call :meth:`start` with a
+    task group and :meth:`aclose` before the group ends. Closing cancels the
+    task; a compaction in flight stops after its current engine call, and its
+    commits (each atomic) are either in or out. Failures are logged, counted
+    in :meth:`stats` and retried with backoff; an error that is not about
+    the engine, storage or data (a bug) ends the task and reaches the task
+    group.
+    """
+
+    def __init__(
+        self,
+        dataset: AsyncDataset,
+        policy: CompactionPolicy | None = None,
+        *,
+        shard_ids: Iterable[str] | Callable[[], Iterable[str]] | None = None,
+    ) -> None:
+        self._dataset = dataset
+        self.policy = policy or CompactionPolicy()
+        self._shard_ids: list[str] | Callable[[], Iterable[str]] | None = (
+            shard_ids if shard_ids is None or callable(shard_ids) else list(shard_ids)
+        )
+        self._stats = CompactorStats(WriterState.NEW)
+        self._scope = anyio.CancelScope()
+        self._done: anyio.Event | None = None
+        self._tg: TaskGroup | None = None
+        self._wake: anyio.Event | None = None
+
+    def __repr__(self) -> str:
+        return f"<Compactor {self._dataset.uri!r} state={self._stats.state.value}>"
+
+    def stats(self) -> CompactorStats:
+        """What it has done so far (does not block)."""
+        return self._stats
+
+    # -- life cycle ---------------------------------------------------------------
+    async def __aenter__(self) -> Compactor:
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        try:
+            await self.start(tg)
+        except BaseException:
+            self._tg = None
+            await tg.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self, task_group: TaskGroup) -> Compactor:
+        """Start the compaction task in ``task_group``; :meth:`aclose` it before the group ends.
+
+        Raises
+        ------
+        ClosedError
+            Started before.
+        """
+        if self._stats.state is not WriterState.NEW:
+            raise ClosedError(f"{self!r} was already started")
+        self._done = anyio.Event()
+        self._wake = anyio.Event()
+        self._stats = replace(self._stats, state=WriterState.OPEN)
+        task_group.start_soon(self._run, name=f"lance_async compactor {self._dataset.uri}")
+        return self
+
+    async def aclose(self) -> None:
+        """Stop the task (safe to call twice); waits for it, shielded from cancellation."""
+        if self._stats.state in (WriterState.CLOSED, WriterState.NEW):
+            self._stats = replace(self._stats, state=WriterState.CLOSED)
+            return
+        self._stats = replace(self._stats, state=WriterState.CLOSING)
+        self._scope.cancel()
+        try:
+            with anyio.CancelScope(shield=True):
+                assert self._done is not None
+                await self._done.wait()
+        finally:
+            self._stats = replace(self._stats, state=WriterState.CLOSED)
+            if self._tg is not None:
+                tg, self._tg = self._tg, None
+                with unwrap_groups():
+                    await tg.__aexit__(None, None, None)
+
+    def wake(self) -> None:
+        """Look at the shards now instead of at the end of the interval (does not block)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- the task -------------------------------------------------------------------
+    async def _run(self) -> None:
+        assert self._done is not None
+        try:
+            with self._scope:
+                wait = self.policy.interval
+                while True:
+                    try:
+                        await self.run_once()
+                        wait = self.policy.interval
+                    except (LanceAsyncError, OSError) as exc:
+                        wait = min(wait * 2, self.policy.max_backoff)
+                        log.warning("lance_async: %r: compaction failed (%s); retrying", self, exc)
+                    with anyio.move_on_after(wait):
+                        assert self._wake is not None
+                        await self._wake.wait()
+                    self._wake = anyio.Event()
+        finally:
+            self._done.set()
+
+    async def _due(self, snap: ShardSnapshot) -> bool:
+        policy = self.policy
+        if not snap.sstables:
+            return False
+        if len(snap.sstables) > policy.max_generations:
+            return True
+        if policy.max_bytes is None:
+            return False
+        uri, sid, options = self._dataset.uri, snap.shard_id, self._dataset.storage_options
+
+        def size() -> int:
+            return sum(_folder_bytes(uri, sid, path, options) for _g, path in snap.sstables)
+
+        return await run_sync(size) > policy.max_bytes
+
+    async def run_once(self) -> CompactionResult:
+        """Look at the shards once and compact those the policy says are due.
+
+        Returns
+        -------
+        CompactionResult
+            What this pass did (counted in :meth:`stats` too).
+
+        Raises
+        ------
+        LanceAsyncError, OSError
+            A failed compaction (counted; what committed before stays).
+        """
+        ds = self._dataset
+        done: dict[str, list[int]] = {}
+        upserted = deleted = commits = attempts = 0
+        self._count(passes=1)
+        wanted = self._shard_ids() if callable(self._shard_ids) else self._shard_ids
+        if wanted is not None:
+            wanted = list(wanted)
+            if not wanted:
+                return CompactionResult({}, 0, 0, 0, 0, ds.version)
+        async with table_lock(ds.uri):
+            for snap in await shard_snapshots(ds, wanted):
+                if not await self._due(snap):
+                    continue
+                started = time.monotonic()
+                try:
+                    gens, up, dl, cm, at = await compact_shard(
+                        ds, snap, chunk_rows=self.policy.chunk_rows
+                    )
+                    if cm and self.policy.optimize_indices and await optimize_after(ds):
+                        cm += 1
+                except ConflictError as exc:
+                    self._count(conflicts=1, last_error=exc)
+                    raise
+                except (LanceAsyncError, OSError) as exc:
+                    self._count(failures=1, last_error=exc)
+                    raise
+                finally:
+                    self._count(busy_seconds=time.monotonic() - started)
+                done[snap.shard_id] = gens
+                upserted, deleted = upserted + up, deleted + dl
+                commits, attempts = commits + cm, attempts + at
+                self._count(
+                    compactions=1,
+                    generations=len(gens),
+                    rows_upserted=up,
+                    rows_deleted=dl,
+                    commits=cm,
+                    last_version=ds.version,
+                )
+        return CompactionResult(done, upserted, deleted, commits, attempts, ds.version)
+
+    def _count(self, **changes: object) -> None:
+        s = self._stats
+        values = {
+            name: (value if name in ("last_error", "last_version") else getattr(s, name) + value)
+            for name, value in changes.items()
+        }
+        self._stats = replace(s, **values)  # type: ignore[arg-type]

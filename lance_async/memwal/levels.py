@@ -1,0 +1,497 @@
+"""The LSM levels of one read, resolved once: :class:`LsmView` and :func:`open_view`.
+
+A MemWAL table has three levels: the base table, each shard's flushed
+generations (SSTables: immutable Lance datasets under ``_mem_wal/``) and each
+live writer's memtable (read from its :class:`~lance_async.memwal.mirror.MemtableMirror`).
+Within a shard the newest version of a key wins: memtable, then generations
+newest first, then the base table; across shards keys are disjoint (the
+MemWAL contract, kept by the routing writer).
+
+Resolution works on keys only and is cached: each generation's key columns,
+row addresses and tombstone flags are read once (SSTables never change), and
+each shard's winners -- which row of which generation holds the newest
+version of each key -- are computed once per list of generations. A view
+then answers, with one probe of a :class:`~lance_async.memwal.keyindex.KeyIndex`
+per batch, which base rows are shadowed. The scan (``scan.py``), the batched
+point lookups (``lookup.py``) and the vector search (``vector.py``) all read
+through a view.
+
+The idea is the prototype's ``resolve`` (``scratch/lsm/lsmread.py``): 40
+generations over 1M base rows resolved in about 0.1 s, against 12-38 s for
+pylance 14's ``LsmScanner``.
+"""
+
+from __future__ import annotations
+
+import operator
+import posixpath
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property, partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from .._schema import primary_key
+from .._threads import run_sync
+from ..errors import InvalidInputError
+from .keyindex import KeyIndex, key_codes
+from .mirror import TOMBSTONE, MemPart, MemtableMirror
+from .retired import NO_KEY
+from .snapshots import ShardSnapshot, discover_latest
+
+if TYPE_CHECKING:
+    from ..dataset import AsyncDataset
+
+__all__ = [
+    "ROWADDR",
+    "Generation",
+    "LsmView",
+    "MemLevel",
+    "ShardLevels",
+    "load_generation",
+    "open_view",
+]
+
+ROWADDR = "_rowaddr"
+_GENERATIONS = 1024  # generations whose keys are kept (about 17 bytes per row)
+_SHARDS = 256  # resolved shards kept
+_SHADOWS = 8  # combined shadow indexes kept
+
+
+class _Lru(OrderedDict[Any, Any]):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.lock = threading.Lock()
+
+    def get_item(self, key: Any) -> Any:
+        with self.lock:
+            hit = self.get(key)
+            if hit is not None:
+                self.move_to_end(key)
+            return hit
+
+    def put(self, key: Any, value: Any) -> Any:
+        with self.lock:
+            self[key] = value
+            while len(self) > self.size:
+                self.popitem(last=False)
+        return value
+
+
+_gen_cache = _Lru(_GENERATIONS)
+_shard_cache = _Lru(_SHARDS)
+_shadow_cache = _Lru(_SHADOWS)
+
+
+@dataclass
+class Generation:
+    """The keys of one flushed generation (immutable; cached per folder).
+
+    Attributes
+    ----------
+    uri : str
+        The generation's Lance dataset.
+    shard_id : str
+    generation : int
+    keys : list of pa.Array
+        Primary-key columns of its rows, in scan order (n rows). The engine
+        keeps one row per key in a generation (a deletion vector hides the
+        older ones); a key seen twice anyway resolves to its last row.
+    rowaddr : np.ndarray of uint64, shape (n,)
+    tomb : np.ndarray of bool, shape (n,)
+        True where the row is a delete.
+    """
+
+    uri: str
+    shard_id: str
+    generation: int
+    keys: list[pa.Array]
+    rowaddr: np.ndarray
+    tomb: np.ndarray
+    _ds: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def dataset(self) -> Any:
+        """The generation's ``LanceDataset`` (opened once; blocking the first time)."""
+        with self._lock:
+            if self._ds is None:
+                import lance
+
+                self._ds = lance.dataset(self.uri)
+            return self._ds
+
+    def __len__(self) -> int:
+        return len(self.rowaddr)
+
+
+def load_generation(
+    uri: str,
+    shard_id: str,
+    generation: int,
+    path: str,
+    keys: Sequence[str],
+    storage_options: dict[str, str] | None = None,
+) -> Generation:
+    """The keys, row addresses and tombstones of one generation (blocking; cached).
+
+    Raises
+    ------
+    OSError, ValueError
+        The engine's errors (a generation folder removed by a clean-up).
+    """
+    gen_uri = posixpath.join(uri, "_mem_wal", shard_id, path)
+    hit: Generation | None = _gen_cache.get_item((gen_uri, tuple(keys)))
+    if hit is not None:
+        return hit
+    import lance
+
+    ds = lance.dataset(gen_uri, storage_options=storage_options)
+    t = ds.to_table(columns=[*keys, TOMBSTONE], with_row_address=True)
+    cols = [t.column(k).combine_chunks() for k in keys]
+    tomb = np.asarray(t.column(TOMBSTONE).to_numpy(zero_copy_only=False), dtype=bool)
+    gen = Generation(
+        gen_uri, shard_id, generation, cols, t.column(ROWADDR).to_numpy(), tomb, _ds=ds
+    )
+    result: Generation = _gen_cache.put((gen_uri, tuple(keys)), gen)
+    return result
+
+
+def _first_occurrence(columns: list[pa.Array], total: int) -> np.ndarray:
+    """Mask of the first row of each distinct key (exact, whatever the key type)."""
+    codes, exact = key_codes(columns)
+    win = np.zeros(total, dtype=bool)
+    if exact:
+        _, first = np.unique(codes, return_index=True)
+        win[first] = True
+        return win
+    t = pa.table(
+        [*columns, pa.array(np.arange(total))], names=[*map(str, range(len(columns))), "__o"]
+    )
+    first = t.group_by([str(i) for i in range(len(columns))], use_threads=False).aggregate(
+        [("__o", "min")]
+    )
+    win[first.column("__o_min").to_numpy()] = True
+    return win
+
+
+@dataclass
+class ShardLevels:
+    """One shard's flushed generations, resolved (immutable; cached).
+
+    Attributes
+    ----------
+    shard_id : str
+    generations : list of Generation
+        Newest first.
+    winners : list of np.ndarray of bool
+        Per generation, its rows that hold the newest version of their key
+        among the shard's generations (tombstones included).
+    """
+
+    shard_id: str
+    generations: list[Generation]
+    winners: list[np.ndarray]
+
+    @cached_property
+    def index(self) -> tuple[KeyIndex, np.ndarray, np.ndarray]:
+        """(index over every winning key, generation number in ``generations``,
+        row position in it), built on first use (blocking)."""
+        src, pos, cols = [], [], []
+        for i, (gen, win) in enumerate(zip(self.generations, self.winners, strict=True)):
+            rows = np.flatnonzero(win)
+            src.append(np.full(len(rows), i, dtype=np.int32))
+            pos.append(rows)
+            cols.append(
+                [k.take(pa.array(rows)) for k in gen.keys] if len(rows) < len(gen) else gen.keys
+            )
+        if not cols:
+            return (
+                KeyIndex([pa.array([], pa.int64())]),
+                np.zeros(0, np.int32),
+                np.zeros(0, np.int64),
+            )
+        merged = [pa.concat_arrays([c[j] for c in cols]) for j in range(len(cols[0]))]
+        return KeyIndex(merged), np.concatenate(src), np.concatenate(pos)
+
+    def winner_keys(self) -> list[pa.Array]:
+        """Key columns of every winning row (tombstones included)."""
+        index = self.index[0]
+        return index.columns
+
+
+def resolve_shard(
+    uri: str, snapshot: ShardSnapshot, keys: Sequence[str], generations: list[Generation]
+) -> ShardLevels:
+    """Which row of which generation is the newest version of each key (blocking; cached)."""
+    cache_key = (uri, snapshot.shard_id, tuple(snapshot.sstables), tuple(keys))
+    hit: ShardLevels | None = _shard_cache.get_item(cache_key)
+    if hit is not None:
+        return hit
+    gens = sorted(generations, key=lambda g: -g.generation)
+    total = sum(len(g) for g in gens)
+    if total == 0:
+        levels = ShardLevels(snapshot.shard_id, gens, [np.zeros(0, bool) for _ in gens])
+    else:
+        # newest generation first; inside one, its last row of a key first
+        order = [np.arange(len(g) - 1, -1, -1) for g in gens]
+        cols = [
+            pa.concat_arrays(
+                [g.keys[j].take(pa.array(o)) for g, o in zip(gens, order, strict=True)]
+            )
+            for j in range(len(keys))
+        ]
+        win = _first_occurrence(cols, total)
+        winners, offset = [], 0
+        for g, o in zip(gens, order, strict=True):
+            mask = np.zeros(len(g), dtype=bool)
+            mask[o] = win[offset : offset + len(g)]
+            winners.append(mask)
+            offset += len(g)
+        levels = ShardLevels(snapshot.shard_id, gens, winners)
+    result: ShardLevels = _shard_cache.put(cache_key, levels)
+    return result
+
+
+@dataclass
+class MemLevel:
+    """The newest mirrored row of each key of one shard's unflushed memtables.
+
+    Attributes
+    ----------
+    shard_id : str
+    table : pa.Table
+        One row per key (table columns, nullable, plus ``_tombstone``).
+    index : KeyIndex
+        Over ``table``'s key columns.
+    """
+
+    shard_id: str
+    table: pa.Table
+    index: KeyIndex
+
+    @property
+    def tomb(self) -> np.ndarray:
+        """True where the newest state of the key is a delete."""
+        return np.asarray(self.table.column(TOMBSTONE).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def resolve_memtable(shard_id: str, parts: Sequence[MemPart], keys: Sequence[str]) -> MemLevel:
+    """The newest row per key among a shard's mirrored memtable parts (blocking)."""
+    ordered = sorted(parts, key=lambda p: p.generation)
+    table = pa.concat_tables([p.table for p in ordered]) if ordered else None
+    if table is None or table.num_rows == 0:
+        empty = ordered[0].table.schema.empty_table() if ordered else pa.table({})
+        return MemLevel(shard_id, empty, KeyIndex([pa.array([], pa.int64())]))
+    n = table.num_rows
+    rev = pa.array(np.arange(n - 1, -1, -1))
+    cols = [table.column(k).combine_chunks().take(rev) for k in keys]
+    win = _first_occurrence(cols, n)
+    rows = np.sort(n - 1 - np.flatnonzero(win))
+    newest = table.take(pa.array(rows)).combine_chunks()
+    return MemLevel(shard_id, newest, KeyIndex([newest.column(k) for k in keys]))
+
+
+@dataclass
+class LsmView:
+    """Every level of one read, resolved.
+
+    Attributes
+    ----------
+    base : lance.LanceDataset
+        The base table at the version read.
+    schema : pa.Schema
+        The table schema.
+    keys : list of str
+        The primary-key columns.
+    shards : list of ShardLevels
+        Flushed generations, per shard.
+    memtables : list of MemLevel
+        Mirrored memtables of live writers, per shard.
+    """
+
+    base: Any
+    schema: pa.Schema
+    keys: list[str]
+    shards: list[ShardLevels]
+    memtables: list[MemLevel]
+    shadow: KeyIndex
+    """Every key a generation holds (deletes too): base rows with one are hidden."""
+
+    @cached_property
+    def memtable_index(self) -> KeyIndex:
+        """Every key a memtable holds: older levels' rows with one are hidden."""
+        if len(self.memtables) == 1:
+            return self.memtables[0].index
+        cols = [m.index.columns for m in self.memtables if m.table.num_rows]
+        if not cols:
+            return KeyIndex([pa.array([], self.schema.field(self.keys[0]).type)])
+        return KeyIndex([pa.concat_arrays([c[j] for c in cols]) for j in range(len(self.keys))])
+
+    def hidden(self, columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
+        """Mask of base rows (given their key columns) that a newer level hides."""
+        mask = self.shadow.contains(columns)
+        if any(m.table.num_rows for m in self.memtables):
+            mask |= self.memtable_index.contains(columns)
+        return mask
+
+
+def _shadow(shards: list[ShardLevels], key_types: list[pa.DataType]) -> KeyIndex:
+    cache_key = tuple(id(s) for s in shards)
+    hit: tuple[list[ShardLevels], KeyIndex] | None = _shadow_cache.get_item(cache_key)
+    if (
+        hit is not None
+        and len(hit[0]) == len(shards)
+        and all(a is b for a, b in zip(hit[0], shards, strict=True))
+    ):
+        return hit[1]
+    cols = [s.winner_keys() for s in shards if s.index[0].size]
+    if not cols:
+        index = KeyIndex([pa.array([], t) for t in key_types])
+    elif len(cols) == 1:
+        index = shards[[s.index[0].size > 0 for s in shards].index(True)].index[0]
+    else:
+        index = KeyIndex([pa.concat_arrays([c[j] for c in cols]) for j in range(len(key_types))])
+    _shadow_cache.put(cache_key, (list(shards), index))
+    return index
+
+
+def _snapshot_parts(
+    mirrors: Sequence[MemtableMirror],
+) -> list[tuple[MemtableMirror, list[MemPart]]]:
+    return [(m, m.parts()[1]) for m in mirrors]
+
+
+async def open_view(
+    dataset: AsyncDataset,
+    snapshots: Sequence[ShardSnapshot] | None = None,
+    mirrors: Sequence[MemtableMirror] = (),
+) -> LsmView:
+    """Resolve the levels of one read: base table, flushed generations, memtables.
+
+    The mirrors' rows are taken first, then (with ``snapshots=None``) the
+    dataset is moved to its latest version and the shard manifests are read:
+    a memtable generation flushed in between is then read from its SSTable,
+    so every row acked before this call is visible.
+
+    Parameters
+    ----------
+    dataset : AsyncDataset
+    snapshots : sequence of ShardSnapshot, optional
+        Default: discovered now (:func:`~lance_async.memwal.shard_snapshots`).
+    mirrors : sequence of MemtableMirror
+        Live writers' memtables to include.
+
+    Returns
+    -------
+    LsmView
+
+    Raises
+    ------
+    InvalidInputError
+        The table has no primary key.
+
+    Notes
+    -----
+    Runs on worker threads, one generation at a time (cancellable between
+    them); a generation's keys are read once per process.
+    """
+    keys = primary_key(dataset.schema)
+    if not keys:
+        raise InvalidInputError(NO_KEY)
+    taken = _snapshot_parts(mirrors)
+    uri = dataset.uri
+    options = dataset.storage_options
+    key_types = [dataset.schema.field(k).type for k in keys]
+    if snapshots is None:
+        # one hop: the latest version, the shard manifests, and (when every
+        # shard is resolved already, the common case) the whole view
+        newer, snaps, view = await run_sync(
+            partial(_discover_and_view, dataset.lance, uri, keys, key_types, taken, options)
+        )
+        if newer is not None:
+            dataset._replace(newer)
+        if view is not None:
+            return view
+    else:
+        snaps = list(snapshots)
+    base = dataset.lance
+    shards: list[ShardLevels] = []
+    for snap in snaps:
+        if not isinstance(snap, ShardSnapshot):
+            raise InvalidInputError(
+                "LSM reads take lance_async ShardSnapshot objects (dataset.shard_snapshots())"
+            )
+        cached: ShardLevels | None = _shard_cache.get_item(
+            (uri, snap.shard_id, tuple(snap.sstables), tuple(keys))
+        )
+        if cached is not None:  # no thread hop for a resolved shard
+            shards.append(cached)
+            continue
+        gens = []
+        for generation, path in snap.sstables:  # one generation per hop: cancellable
+            gens.append(
+                await run_sync(
+                    partial(load_generation, uri, snap.shard_id, generation, path, keys, options)
+                )
+            )
+        shards.append(await run_sync(partial(resolve_shard, uri, snap, keys, gens)))
+    finish = partial(_finish, base, dataset.schema, keys, key_types, snaps, shards, taken)
+    hit: tuple[list[ShardLevels], KeyIndex] | None = _shadow_cache.get_item(
+        tuple(id(s) for s in shards)
+    )
+    same = hit is not None and len(hit[0]) == len(shards)
+    if not taken and hit is not None and same and all(map(operator.is_, hit[0], shards)):
+        return LsmView(base, dataset.schema, keys, shards, [], hit[1])  # no thread hop
+    return await run_sync(finish)
+
+
+def _finish(
+    base: Any,
+    schema: pa.Schema,
+    keys: list[str],
+    key_types: list[pa.DataType],
+    snaps: Sequence[ShardSnapshot],
+    shards: list[ShardLevels],
+    taken: list[tuple[MemtableMirror, list[MemPart]]],
+) -> LsmView:
+    """The view, once every shard is resolved: memtables and the shadow index (blocking)."""
+    by_shard = {s.shard_id: s for s in snaps}
+    mems = []
+    for mirror, parts in taken:
+        snap = by_shard.get(mirror.shard_id)
+        flushed = {g for g, _ in snap.sstables} if snap is not None else set()
+        done = snap.compacted_generation if snap is not None else 0
+        live = [p for p in parts if p.generation not in flushed and p.generation > done]
+        mirror.forget({p.generation for p in parts} - {p.generation for p in live})
+        if live:
+            mems.append(resolve_memtable(mirror.shard_id, live, keys))
+    return LsmView(base, schema, keys, shards, mems, _shadow(shards, key_types))
+
+
+def _discover_and_view(
+    ds: Any,
+    uri: str,
+    keys: list[str],
+    key_types: list[pa.DataType],
+    taken: list[tuple[MemtableMirror, list[MemPart]]],
+    storage_options: dict[str, str] | None,
+) -> tuple[Any, list[ShardSnapshot], LsmView | None]:
+    """The latest version and its shards; the view too when every shard is cached (blocking)."""
+    newer, snaps = discover_latest(ds, uri, storage_options=storage_options)
+    shards = []
+    for snap in snaps:
+        cached: ShardLevels | None = _shard_cache.get_item(
+            (uri, snap.shard_id, tuple(snap.sstables), tuple(keys))
+        )
+        if cached is None:
+            return newer, snaps, None  # generations to read: one per hop, on the loop's call
+        shards.append(cached)
+    base = newer if newer is not None else ds
+    schema = base.schema
+    return newer, snaps, _finish(base, schema, keys, key_types, snaps, shards, taken)

@@ -1,0 +1,228 @@
+"""A shard writer's memtable, mirrored: what every LSM read of the writer sees.
+
+pylance 14's ``ShardWriter.lsm_scanner()`` hides the rows of a *sealed*
+memtable until its SSTable is written (50-80 ms after the put that sealed
+it), and its ``LsmScanner`` collects its whole result before returning. So
+lance_async reads a live shard itself: the committer routes each engine put
+and delete through :meth:`MemtableMirror.put` / :meth:`MemtableMirror.delete`,
+which keep references to the rows (no copy) grouped by the memtable
+generation they went into, until the shard manifest lists that generation
+as flushed. A read takes :meth:`MemtableMirror.parts` *before* it reads the
+shard manifests; a part whose generation the manifest lists is skipped (the
+SSTable has the same rows), so no acked row is ever missing.
+
+Which generation a put went into is read from ``memtable_stats()`` before
+and after it (a put is never split across memtables, measured on pylance
+14.0.2): the generation did not change; or it advanced and the memtable now
+holds exactly the put's rows (sealed before the put); or it advanced and the
+memtable is empty (sealed after the put, which went into the one before).
+Anything else marks the mirror broken: reads then fail loudly rather than
+miss rows.
+
+A writer that reopens a shard gets the previous writer's unflushed rows
+replayed from the WAL into its memtable, which the mirror never saw:
+:func:`settle_replayed` closes such an engine writer (closing flushes the
+memtable to an SSTable) and opens it again, empty.
+
+The idea is the prototype's ``MirroredWriter`` (``scratch/lsm/lsmread.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import LanceAsyncError
+from . import manifest as _manifest
+
+__all__ = ["TOMBSTONE", "MemPart", "MemtableMirror", "settle_replayed"]
+
+TOMBSTONE = "_tombstone"
+"""The column flagging a deleted key (in flushed generations and mirrored rows)."""
+
+
+def settle_replayed(engine: Any, reopen: Callable[[], Any]) -> Any:
+    """Flush rows an engine writer replayed from the WAL, then reopen it (blocking).
+
+    Returns the engine writer to use: ``engine`` itself when its memtable is
+    empty, else a new one from ``reopen()`` after ``engine.close()`` wrote the
+    replayed rows as a flushed generation.
+    """
+    stats = engine.memtable_stats()
+    if not stats.get("row_count") and not stats.get("frozen_count"):
+        return engine
+    engine.close()
+    return reopen()
+
+
+@dataclass(frozen=True)
+class MemPart:
+    """The mirrored rows of one memtable generation of one shard.
+
+    Attributes
+    ----------
+    shard_id : str
+    generation : int
+    table : pa.Table
+        Table columns (all nullable) plus ``_tombstone``, in put order: the
+        last row of a key is its newest state.
+    """
+
+    shard_id: str
+    generation: int
+    table: pa.Table
+
+
+class MemtableMirror:
+    """The rows of a shard writer's unflushed memtables (see the module notes).
+
+    Parameters
+    ----------
+    uri : str
+        The table's URI (to read the shard manifest when forgetting).
+    shard_id : str
+    schema : pa.Schema
+        The table schema.
+    keys : list of str
+        The primary-key columns.
+    storage_options : dict, optional
+        The table's (an object store's credentials and endpoint).
+
+    Notes
+    -----
+    :meth:`put` and :meth:`delete` run on the committer's worker thread, one
+    at a time (the writer's gate); :meth:`parts` may run on any thread.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        shard_id: str,
+        schema: pa.Schema,
+        keys: list[str],
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.uri = uri
+        self.storage_options = storage_options
+        self.shard_id = shard_id
+        self.keys = list(keys)
+        self.schema = pa.schema(
+            [f.with_nullable(True).remove_metadata() for f in schema]
+            + [pa.field(TOMBSTONE, pa.bool_(), nullable=False)]
+        )
+        self._lock = threading.Lock()
+        self._parts: dict[int, list[pa.Table]] = {}
+        self._version = 0
+        self.broken: BaseException | None = None
+
+    # -- the committer's side --------------------------------------------------
+    def put(self, engine: Any, table: pa.Table) -> dict[str, Any]:
+        """``engine.put(table)`` and mirror its rows (blocking).
+
+        Returns the engine's ``memtable_stats()`` after the put. The engine's
+        errors are raised unchanged (nothing is mirrored then).
+        """
+        before = engine.memtable_stats()
+        engine.put(table)
+        rows = table.append_column(
+            pa.field(TOMBSTONE, pa.bool_(), nullable=False),
+            pa.array(np.zeros(table.num_rows, dtype=bool)),
+        )
+        return self._after(engine, before, rows)
+
+    def delete(self, engine: Any, keys: pa.Table) -> dict[str, Any]:
+        """``engine.delete(keys)`` and mirror the deletes as tombstones (blocking)."""
+        before = engine.memtable_stats()
+        engine.delete(keys)
+        n = keys.num_rows
+        columns = [
+            keys.column(f.name) if f.name in self.keys else pa.nulls(n, f.type)
+            for f in self.schema
+            if f.name != TOMBSTONE
+        ]
+        rows = pa.Table.from_arrays(
+            [*columns, pa.array(np.ones(n, dtype=bool))], names=self.schema.names
+        )
+        return self._after(engine, before, rows)
+
+    def _after(self, engine: Any, before: dict[str, Any], rows: pa.Table) -> dict[str, Any]:
+        try:
+            after: dict[str, Any] = engine.memtable_stats()
+            target = self._generation(before, after, rows.num_rows)
+            relabelled = pa.Table.from_arrays(rows.columns, schema=self.schema)
+            with self._lock:
+                self._parts.setdefault(target, []).append(relabelled)
+                self._version += 1
+            if not after.get("frozen_count") and any(g < after["generation"] for g in self._parts):
+                self._forget_flushed()
+            return after
+        except BaseException as exc:
+            self.broken = exc
+            raise
+
+    def _generation(self, before: dict[str, Any], after: dict[str, Any], n: int) -> int:
+        old, new = int(before["generation"]), int(after["generation"])
+        if new == old:
+            return old
+        if int(after["row_count"]) == 0:
+            return new - 1  # the put filled its memtable, which was then sealed
+        if int(after["row_count"]) == n:
+            return new  # sealed before the put, which went into a new memtable
+        raise LanceAsyncError(
+            f"shard {self.shard_id}: cannot tell which memtable a put of {n} rows went into "
+            f"(generation {old} -> {new}, {after['row_count']} rows after); the writer's LSM "
+            "reads are disabled. Close the writer and open it again"
+        )
+
+    def _forget_flushed(self) -> None:
+        manifest = _manifest.read_shard_manifest(self.uri, self.shard_id, self.storage_options)
+        if manifest is not None:
+            self.forget({s.generation for s in manifest.sstables})
+
+    # -- the readers' side ------------------------------------------------------
+    def forget(self, flushed: set[int]) -> None:
+        """Drop the rows of generations the shard manifest lists as flushed."""
+        with self._lock:
+            gone = [g for g in self._parts if g in flushed]
+            for g in gone:
+                del self._parts[g]
+            if gone:
+                self._version += 1
+
+    @property
+    def version(self) -> int:
+        """Changes whenever the mirrored rows change (for caches)."""
+        return self._version
+
+    def parts(self) -> tuple[int, list[MemPart]]:
+        """(version, the mirrored generations), oldest first (does not block).
+
+        Raises
+        ------
+        LanceAsyncError
+            The mirror is broken (a put it could not place, or an engine
+            failure between a put and its stats).
+        """
+        if self.broken is not None:
+            raise LanceAsyncError(
+                f"shard {self.shard_id}: the writer's memtable cannot be read ({self.broken}); "
+                "close the writer and open it again"
+            ) from self.broken
+        with self._lock:
+            items = [(g, list(ts)) for g, ts in sorted(self._parts.items())]
+            version = self._version
+        return version, [
+            MemPart(self.shard_id, g, pa.concat_tables(ts) if len(ts) > 1 else ts[0])
+            for g, ts in items
+            if ts
+        ]
+
+    def rows(self) -> int:
+        """Rows (puts and deletes) mirrored now (does not block)."""
+        with self._lock:
+            return sum(t.num_rows for ts in self._parts.values() for t in ts)

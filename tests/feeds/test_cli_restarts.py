@@ -1,0 +1,157 @@
+"""``lance-async ingest`` restarted after a crash resumes at once (issue 17, item 9).
+
+A killed run leaves the broker holding what it fetched and never
+acknowledged. These tests leave that state behind with a raw client (fetch,
+no ack, disconnect: what the server sees of a ``kill -9``), then run the real
+command against the real broker and check the table: every message is in it,
+and an idle stop that could not reach some messages says so with exit status 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import lance
+import nats
+import pytest
+import redis
+
+from ..conftest import broker_or_skip
+from ..helpers import kv_table
+from .support import row_json
+
+pytestmark = pytest.mark.broker
+
+ROWS = 60
+HELD = 25  # messages the "killed" run fetched and never acknowledged
+
+
+def table_with_wal(tmp_path: Path) -> str:
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(kv_table([]), uri).initialize_mem_wal()
+    return uri
+
+
+def ingest(source: str, uri: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lance_async", "ingest", source, uri, "--idle-timeout", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def lsm_ids(uri: str) -> list[int]:
+    import anyio
+
+    import lance_async as la
+
+    async def read() -> list[int]:
+        ds = await la.open_dataset(uri)
+        table = await ds.lsm_scan(columns=["id"]).to_table()
+        return sorted(table.column("id").to_pylist())
+
+    return anyio.run(read)
+
+
+def test_nats_restart_redelivers_what_the_killed_run_held_at_once(tmp_path: Path) -> None:
+    broker_or_skip("NATS JetStream", 4222)
+    stream = f"LA_{uuid.uuid4().hex}"
+    uri = table_with_wal(tmp_path)
+
+    async def killed_run() -> None:
+        nc = await nats.connect("nats://127.0.0.1:4222")
+        js = nc.jetstream()
+        await js.add_stream(name=stream, subjects=[f"{stream}.rows"])
+        for i in range(ROWS):
+            await js.publish(f"{stream}.rows", row_json(i))
+        # the durable the command uses, created as the last run left it: 30 s
+        # ack wait, and HELD messages fetched and never acknowledged
+        sub = await js.pull_subscribe(
+            f"{stream}.rows",
+            durable=f"lance-async-{stream}",
+            stream=stream,
+            config=nats.js.api.ConsumerConfig(ack_wait=30, max_ack_pending=HELD),
+        )
+        held = await sub.fetch(HELD, timeout=5)
+        assert len(held) == HELD
+        await nc.close()
+
+    async def drop() -> None:
+        nc = await nats.connect("nats://127.0.0.1:4222")
+        await nc.jetstream().delete_stream(stream)
+        await nc.close()
+
+    asyncio.run(killed_run())
+    try:
+        run = ingest(f"nats://127.0.0.1:4222/{stream}/{stream}.rows", uri)
+        assert run.returncode == 0, run.stderr
+        assert lsm_ids(uri) == list(range(ROWS))
+        # and a second restart finds nothing left to do
+        again = ingest(f"nats://127.0.0.1:4222/{stream}/{stream}.rows", uri)
+        assert again.returncode == 0, again.stderr
+        assert "ingested 0 rows" in again.stdout
+    finally:
+        asyncio.run(drop())
+
+
+def test_redis_restart_rereads_its_own_pending_entries_first(tmp_path: Path) -> None:
+    broker_or_skip("Redis", 6379)
+    client = redis.Redis(port=6379)
+    key = f"la-{uuid.uuid4().hex}"
+    uri = table_with_wal(tmp_path)
+    try:
+        for i in range(ROWS):
+            client.xadd(key, {"data": row_json(i)})
+        client.xgroup_create(key, "lance-async", id="0")
+        # the killed run: the same host's consumer read HELD entries, acked none
+        held = client.xreadgroup(
+            "lance-async", f"lance-async-{socket.gethostname()}", {key: ">"}, count=HELD
+        )
+        assert len(held[0][1]) == HELD
+        run = ingest(f"redis://127.0.0.1:6379/{key}", uri)
+        assert run.returncode == 0, run.stderr
+        assert lsm_ids(uri) == list(range(ROWS))
+        assert client.xpending(key, "lance-async")["pending"] == 0
+    finally:
+        client.delete(key)
+        client.close()
+
+
+def test_an_idle_stop_with_entries_out_of_reach_exits_3(tmp_path: Path) -> None:
+    broker_or_skip("Redis", 6379)
+    client = redis.Redis(port=6379)
+    key = f"la-{uuid.uuid4().hex}"
+    uri = table_with_wal(tmp_path)
+    try:
+        for i in range(ROWS):
+            client.xadd(key, {"data": row_json(i)})
+        client.xgroup_create(key, "lance-async", id="0")
+        # another consumer holds HELD entries, not idle long enough to claim
+        client.xreadgroup("lance-async", "elsewhere", {key: ">"}, count=HELD)
+        run = ingest(f"redis://127.0.0.1:6379/{key}?min_idle=600", uri)
+        assert run.returncode == 3, (run.stdout, run.stderr)
+        assert f"stopped with {HELD} messages outstanding" in run.stderr
+        assert lsm_ids(uri) == list(range(HELD, ROWS))
+        assert client.xpending(key, "lance-async")["pending"] == HELD
+    finally:
+        client.delete(key)
+        client.close()
+
+
+def test_bad_feed_options_exit_2(tmp_path: Path) -> None:
+    uri = table_with_wal(tmp_path)
+    for source in (
+        "redis://127.0.0.1:6379/k?min_idle=soon",
+        "redis://127.0.0.1:6379/k?min_idle=-1",
+        "nats://127.0.0.1:4222/S/s?ack_wait=0",
+        "nats://127.0.0.1:4222/S/s?max_ack_pending=many",
+    ):
+        run = ingest(source, uri)
+        assert run.returncode == 2, (source, run.stderr)

@@ -1,0 +1,102 @@
+"""JSON rows: the nesting limit checked before any parser that can crash (issue 17, item 1)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+
+from lance_async.errors import DecodeError
+from lance_async.sources.decoders import NdjsonDecoder
+from lance_async.sources.jsonrows import (
+    MAX_JSON_DEPTH,
+    check_json_depth,
+    decode_json_rows,
+    json_depth,
+)
+
+from ..helpers import KV_SCHEMA
+
+
+def nested(depth: int, *, sep: str = "") -> str:
+    return "[" * depth + sep + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [200, 3_000])
+def test_regression_deep_json_value_is_a_line_numbered_decode_error(depth: int) -> None:
+    # 3,000 levels gave an untyped RecursionError (Python's json on the error path)
+    data = (
+        json.dumps({"id": 1, "value": 1, "name": "a"})
+        + "\n"
+        + '{"id": 2, "value": '
+        + nested(depth)
+        + ', "name": "b"}\n'
+    ).encode()
+    with pytest.raises(DecodeError, match=r"^line 2: JSON nested deeper than 64 levels"):
+        decode_json_rows(data, KV_SCHEMA)
+    decoder = NdjsonDecoder(KV_SCHEMA)
+    with pytest.raises(DecodeError, match=r"line 2: JSON nested deeper"):
+        decoder.feed(data)
+
+
+def test_regression_a_value_nested_across_lines_is_measured_too() -> None:
+    # pyarrow's reader parses one value over several lines: depth adds up across them
+    data = b'{"id": "1", "value": ' + b"[\n" * 100 + b"\n"
+    with pytest.raises(DecodeError, match="JSON nested deeper than 64 levels"):
+        decode_json_rows(data, KV_SCHEMA)
+
+
+def test_regression_20k_levels_do_not_crash_the_process() -> None:
+    # pyarrow's JSON reader with inferred types crashed (SIGSEGV) from about 7,000 levels
+    code = (
+        "from lance_async.sources.jsonrows import decode_json_rows\n"
+        "from tests.helpers import KV_SCHEMA\n"
+        "from lance_async.errors import DecodeError\n"
+        "data = b'{\"id\": \"1\", \"value\": ' + b'[' * 20000 + b']' * 20000 + b'}\\n'\n"
+        "try:\n"
+        "    decode_json_rows(data, KV_SCHEMA)\n"
+        "except DecodeError as exc:\n"
+        "    print('DecodeError', exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("DecodeError line 1: JSON nested deeper"), out.stdout
+
+
+def test_depth_counts_brackets_outside_strings_only() -> None:
+    assert json_depth(b'{"a": [1, {"b": [2]}]}') == 4
+    assert json_depth(b'{"a": "' + b"[" * 500 + b'"}') == 1
+    assert json_depth(b'{"a": "\\"' + b"[" * 500 + b'"}') == 1  # an escaped quote stays inside
+    assert json_depth(b'{"a": "\\\\"}' + b"[" * 90) == 90  # an escaped backslash does not
+    assert json_depth(b"]]]]" + b"[" * 80) == 80  # closers first do not hide openers
+    assert json_depth(b'"abc\n' + b"[" * 70) == 70  # an unterminated string ends at its line
+    check_json_depth(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH)
+    with pytest.raises(DecodeError, match="line 3"):
+        check_json_depth(b"{}\n{}\n" + b"[" * (MAX_JSON_DEPTH + 1), first_line=1)
+
+
+def test_values_with_brackets_in_strings_still_decode() -> None:
+    name = "[" * 300 + "}" * 300
+    data = json.dumps({"id": "7", "value": 1, "name": name}).encode()  # "7": the fallback path
+    table = decode_json_rows(data, KV_SCHEMA)
+    assert table.to_pylist() == [{"id": 7, "value": 1, "name": name}]
+    assert table.schema == KV_SCHEMA
+    assert isinstance(table, pa.Table)
+
+
+def test_regression_json_booleans_are_not_numbers() -> None:
+    # Before: {"id": true} became the key 1 and overwrote row 1 (issue 17, item 5)
+    for line in (b'{"id": true, "value": 1, "name": "a"}', b'{"id": 1, "value": false}'):
+        with pytest.raises(DecodeError, match="JSON true and false are not numbers"):
+            decode_json_rows(line, KV_SCHEMA)
+    flags = pa.schema([pa.field("id", pa.int64()), pa.field("flag", pa.bool_())])
+    with pytest.raises(DecodeError, match="not numbers, nor numbers booleans"):
+        decode_json_rows(b'{"id": "1", "flag": 1}', flags)
+    assert decode_json_rows(b'{"id": 2.0, "value": "3"}', KV_SCHEMA).to_pylist() == [
+        {"id": 2, "value": 3, "name": None}
+    ]

@@ -1,0 +1,67 @@
+"""Filters: one expression, the same validation on every read path (issue 17, item 6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lance
+import pytest
+from typer.testing import CliRunner
+
+import lance_async as la
+from lance_async._filters import check_filter
+from lance_async.cli import app
+from lance_async.errors import FilterError
+
+from .helpers import kv_table
+
+pytestmark = pytest.mark.anyio
+
+TRAILING = [
+    "id < 3; DROP TABLE x",
+    "id < 3;",
+    "id < 3 -- and the rest",
+    "id < 3 /* c */",
+    "id < 3) OR (1 = 1",
+    "id < 3 foo",
+    "id < 3, id > 1",
+    "id < 3 ORDER BY id",
+]
+
+
+def test_check_filter_wraps_one_expression_and_refuses_separators() -> None:
+    assert check_filter("id < 3") == "(id < 3)"
+    assert check_filter("name = 'a;b' AND name != 'it''s (' AND `we;ird` > 1") is not None
+    assert check_filter(None) is None
+    for bad in ("id < 3; x", "id < 3 -- c", "id < 3 /* c */", "id < 3)", "(id < 3", "'a", ""):
+        with pytest.raises(FilterError):
+            check_filter(bad)
+
+
+@pytest.mark.parametrize("text", TRAILING)
+async def test_regression_text_after_the_expression_is_refused_on_every_read_path(
+    table_uri: str, text: str
+) -> None:
+    # Before: scan and count_rows ignored it (reading id < 3), lsm_scan refused it
+    ds = await la.write_dataset(kv_table(range(10)), table_uri)
+    await ds.initialize_mem_wal()
+    attempts = {
+        "scan": lambda: ds.scan(filter=text).to_table(),
+        "count_rows": lambda: ds.count_rows(text),
+        "to_table": lambda: ds.to_table(filter=text),
+        "lsm_scan": lambda: ds.lsm_scan(filter=text).to_table(),
+        "delete": lambda: ds.delete(text),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(la.InvalidInputError):
+            await attempt()
+            pytest.fail(f"{name} accepted {text!r}")
+    assert lance.dataset(table_uri).count_rows() == 10
+
+
+def test_regression_the_scan_command_refuses_text_after_the_expression(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(kv_table(range(5)), uri)
+    result = CliRunner().invoke(app, ["scan", uri, "--filter", "id < 3; DROP TABLE x"])
+    assert result.exit_code != 0, result.output
+    assert "one expression" in result.output

@@ -1,0 +1,226 @@
+"""The whole stack on an S3-compatible server (moto), with ``storage_options`` only.
+
+Every ``AWS_*`` variable is removed for these tests (see ``tests/services.py``):
+a path that fell back to default credentials or the public endpoint fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import lance_async as la
+
+from .helpers import PK, CompetingSource
+from .services import S3Bucket
+
+pytestmark = pytest.mark.anyio
+
+DIM = 4
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False, metadata=PK),
+        pa.field("value", pa.int64()),
+        pa.field("vec", pa.list_(pa.float32(), DIM)),
+    ]
+)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+COMPETITOR = """
+import json, sys
+import lance, pyarrow as pa
+uri, options = sys.argv[1], json.loads(sys.argv[2])
+ds = lance.dataset(uri, storage_options=options)
+table = ds.to_table(filter="id IN (2, 3)")
+table = table.set_column(1, "value", pa.array([7] * table.num_rows, pa.int64()))
+ds.merge_insert("id").when_matched_update_all().execute(table)
+"""
+
+
+def compete_in_another_process(uri: str, options: dict[str, str]) -> None:
+    """A competing upsert, committed by another process (blocking)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    subprocess.run(
+        [sys.executable, "-c", COMPETITOR, uri, json.dumps(options)], check=True, env=env
+    )
+
+
+def rows(ids: list[int] | range, value: int) -> pa.Table:
+    ids = list(ids)
+    flat = np.repeat(np.array(ids, dtype=np.float32), DIM) + value
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "value": pa.array([value] * len(ids), pa.int64()),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), DIM),
+        },
+        schema=SCHEMA,
+    )
+
+
+async def test_the_whole_stack_runs_on_s3_with_storage_options_only(s3_bucket: S3Bucket) -> None:
+    uri = s3_bucket.uri("t.lance")
+    options = s3_bucket.storage_options
+    ds = await la.write_dataset(rows(range(50), 0), uri, storage_options=options)
+    assert ds.storage_options == options
+
+    # merge_insert that loses one commit race and is retried by replay: once the
+    # engine has read its first pass, another process commits an upsert of the same rows
+    source = CompetingSource(
+        rows([2, 3, 60], 100), lambda: compete_in_another_process(uri, options)
+    )
+    contended = await la.open_dataset(uri, storage_options=options)
+    result = await (
+        contended.merge_insert("id")
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute(la.replayable(source, schema=SCHEMA))
+    )
+    assert result.num_attempts == 2 and source.competed == 1
+
+    # the MemWAL: default bucket sharding, durable sends through the routing writer
+    ds = await la.open_dataset(uri, storage_options=options)
+    await ds.initialize_mem_wal(max_memtable_rows=30)
+    async with ds.mem_wal_writer() as writer:
+        for start in range(100, 220, 20):
+            await writer.put(rows(range(start, start + 20), 5))
+        await writer.delete({"id": [100, 5]})  # a new row and a base row
+        assert (await writer.lsm_point_lookup(101)).column("value").to_pylist() == [5]
+    snaps = await ds.shard_snapshots()  # read through the table's options
+    assert snaps and sum(len(s.sstables) for s in snaps) >= 4
+    scanned = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+    ids = sorted(r["id"] for r in scanned)
+    assert ids == sorted([*(i for i in range(50) if i != 5), 60, *range(101, 220)])
+    assert (await ds.lsm_point_lookup(3, columns=["value"])).column("value").to_pylist() == [100]
+    assert (await ds.lsm_point_lookup(100)).num_rows == 0
+    assert (await ds.lsm_point_lookup(5)).num_rows == 0
+    near = await ds.lsm_vector_search(np.full(DIM, 150.0 + 5), column="vec", k=3)
+    assert near.column("id").to_pylist()[0] == 150
+    assert (await ds.check_shards()).ok
+    compaction = await ds.compact_mem_wal()
+    assert compaction.rows_upserted > 0 and compaction.rows_deleted == 1
+    assert await ds.count_rows() == len(ids)
+    assert not [s for s in await ds.shard_snapshots() if s.sstables]
+
+
+def test_the_command_line_takes_storage_options(s3_bucket: S3Bucket, tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from lance_async.cli import app
+
+    runner = CliRunner()
+    uri = s3_bucket.uri("cli.lance")
+    flags = [f"--storage-option={k}={v}" for k, v in s3_bucket.storage_options.items()]
+    src = tmp_path / "rows.ndjson"
+    src.write_text("".join(json.dumps({"id": i, "value": i}) + "\n" for i in range(30)))
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False, metadata=PK), pa.field("value", pa.int64())]
+    )
+    lance.write_dataset(
+        schema.empty_table(), uri, schema=schema, storage_options=s3_bucket.storage_options
+    )
+    for command in (
+        ["init-wal", uri, *flags],
+        ["ingest", str(src), uri, *flags],
+        ["info", uri, "--json", *flags],
+        ["check", uri, *flags],
+        ["compact", uri, *flags],
+    ):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 0, (command, result.output)
+    result = runner.invoke(app, ["scan", uri, "--format", "ndjson", *flags])
+    assert result.exit_code == 0, result.output
+    got = sorted(json.loads(line)["id"] for line in result.output.splitlines() if line.strip())
+    assert got == list(range(30))
+    bad = runner.invoke(app, ["scan", uri, "--storage-option", "no-equals-sign"])
+    assert bad.exit_code == 2
+
+
+async def test_a_forgotten_storage_option_fails_instead_of_reaching_aws(
+    s3_bucket: S3Bucket,
+) -> None:
+    uri = s3_bucket.uri(f"{uuid.uuid4().hex}.lance")
+    with pytest.raises((OSError, la.LanceAsyncError)):
+        await la.write_dataset(rows(range(3), 0), uri)
+
+
+def test_serve_takes_its_tables_from_a_bucket(
+    s3_bucket: S3Bucket, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+    import time
+
+    import httpx
+
+    options = s3_bucket.storage_options
+    lance.write_dataset(
+        rows(range(7), 1), s3_bucket.uri("tables/kv.lance"), storage_options=options
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # settings from a config file and the environment, as a deployment would set them
+    config = tmp_path / "serve.json"
+    config.write_text(json.dumps({"root": s3_bucket.uri("tables"), "port": 1}))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("LANCE_ASYNC_SERVE_")},
+        "LANCE_ASYNC_SERVE_STORAGE_OPTIONS": json.dumps(options),
+        "LANCE_ASYNC_SERVE_PORT": str(port),  # the environment beats the file
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lance_async", "serve", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        got = httpx.get(f"http://127.0.0.1:{port}/tables/kv/rows?columns=id,value", timeout=10)
+        assert got.status_code == 200
+        assert sorted(json.loads(line)["id"] for line in got.text.splitlines()) == list(range(7))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_serve_settings_precedence(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lance_async.web.settings import ServeSettings
+
+    config = tmp_path / "s.toml"
+    config.write_text('root = "s3://b/t"\nport = 9000\n[storage_options]\naws_region = "eu"\n')
+    monkeypatch.setenv("LANCE_ASYNC_SERVE_PORT", "9100")
+    got = ServeSettings.load(config, host="0.0.0.0", port=None)
+    assert (got.root, got.port, got.host) == ("s3://b/t", 9100, "0.0.0.0")
+    assert got.storage_options == {"aws_region": "eu"}
+    assert ServeSettings.load(config, port=9200).port == 9200  # options beat the environment
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="does not parse"):
+        ServeSettings.load(bad)
+    with pytest.raises(ValueError):
+        ServeSettings.load(None, port=70000)
