@@ -218,7 +218,7 @@ def _charts(shared: dict[str, Any], sections: list[Section], lag: Section, out: 
     if ingest is not None:
         for name in (
             report.chart_ingest_sweep(shared, out),
-            report.chart_ack_histogram(shared, out, 2 * mem_wal_ingest.WAL_FLUSH_INTERVAL_MS),
+            report.chart_ack_histogram(shared, out, mem_wal_ingest.ACK_P99_MS),
         ):
             if name:
                 ingest.charts.append(name)

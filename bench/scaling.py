@@ -8,7 +8,11 @@ merge_insert
     same 1M-row target, by lance_async and by pylance with default retries.
 ingestion
     A feed of 1x, 4x and 16x the N 10-row messages of mem_wal_ingest (1x
-    reuses its runs), by lance_async's AsyncShardWriter.
+    reuses its runs), by lance_async's AsyncShardWriter (the default commit
+    policy), beside the engine floor (one thread putting pre-batched
+    10,000-row batches) at 1x and 16x: the engine's own memory grows with
+    the feed (memtables, flush buffers), so lance_async's growth is read
+    against the floor's, as mem_wal_ingest's RSS target does.
 
 Metrics: wall seconds and peak RSS (MiB). The report states the growth:
 time 4x/1x and 16x/1x, the fitted exponent ``log(t16/t1) / log(16)`` (1.0 is
@@ -36,6 +40,7 @@ from ._common import (
 )
 
 MERGE_CONFIGS = [LANCE_ASYNC, "pylance_default"]
+FLOOR_RUNS = 3
 
 
 def _growth(series_by_mult: dict[int, Series], key: str) -> tuple[float, float]:
@@ -103,6 +108,19 @@ def _statement(workload: str, config: str, by_mult: dict[int, Series]) -> str:
     )
 
 
+def _floor_statement(ingest: dict[int, Series], floor: dict[int, Series]) -> str:
+    """lance_async's peak RSS growth at 16x against the engine floor's."""
+    _, la16 = _growth(ingest, "peak_rss_mib")
+    _, fl16 = _growth(floor, "peak_rss_mib")
+    if not (math.isfinite(la16) and math.isfinite(fl16)):
+        return "ingestion vs the engine floor: not enough points measured."
+    return (
+        f"ingestion: peak RSS at 16x the messages grows {la16:.2f}x with lance_async and "
+        f"{fl16:.2f}x with the engine alone fed pre-batched (the floor); the difference, "
+        f"{la16 - fl16:+.2f}, is lance_async's own share of the growth."
+    )
+
+
 def run(settings: Settings, shared: dict[str, Any]) -> Section:
     """Measure the scaling runs not already measured by merge_replay and mem_wal_ingest."""
     paths = shared["merge_paths"]
@@ -135,6 +153,14 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         for _ in range(settings.runs):
             ingest[mult].samples.append(mem_wal_ingest.ingest_once(settings, LANCE_ASYNC, mult * n))
         log(f"scaling: ingestion {mult}x done")
+    floor: dict[int, Series] = {}
+    reused_floor = find(ingest_series, f"N = {n:,} messages", "floor")
+    if reused_floor is not None:
+        floor[1] = Series("1x", "floor", reused_floor.samples)
+    floor[16] = Series("16x", "floor")
+    for _ in range(min(settings.runs, FLOOR_RUNS)):
+        floor[16].samples.append(mem_wal_ingest.ingest_once(settings, "floor", 16 * n))
+    log("scaling: ingestion floor 16x done")
 
     sizes = paths["sizes"]
     merge_inputs = {
@@ -149,6 +175,7 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
             if mult in merge[config]:
                 points += _points("merge_insert", merge_inputs, {mult: merge[config][mult]})
     points += _points("ingestion", ingest_inputs, ingest)
+    points += _points("ingestion", ingest_inputs, floor)
     header = [
         "workload",
         "configuration",
@@ -159,9 +186,15 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
     ]
     rows = [_row("merge_insert", c, merge[c]) for c in MERGE_CONFIGS]
     rows.append(_row("ingestion", LANCE_ASYNC, ingest))
+    rows.append(_row("ingestion", "floor", floor))
     statements = [_statement("merge_insert", c, merge[c]) for c in MERGE_CONFIGS]
     statements.append(_statement("ingestion", LANCE_ASYNC, ingest))
-    all_series = [s for by in merge.values() for s in by.values()] + list(ingest.values())
+    statements.append(_floor_statement(ingest, floor))
+    all_series = (
+        [s for by in merge.values() for s in by.values()]
+        + list(ingest.values())
+        + list(floor.values())
+    )
     return Section(
         key="scaling",
         title="Scaling: time and peak RSS at 1x, 4x and 16x input",
@@ -169,7 +202,8 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
             "Fresh child per run. Peak RSS includes the interpreter and its imports (about "
             "the 1x figure minus the data the run holds). The 16x merge_insert runs are "
             "merge_replay's no-conflict runs on the big source, and the 1x ingestion runs "
-            "mem_wal_ingest's N runs (reused, not run again)."
+            "mem_wal_ingest's N runs (reused, not run again), as are its floor runs at N; the "
+            f"floor at 16x runs {FLOOR_RUNS} times at most (about 10 s each)."
         ),
         tables=[
             summary_table(

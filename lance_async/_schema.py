@@ -220,7 +220,7 @@ class TableFit:
         schema = self.schema
         first = batches[0].schema
         if all(b.schema.equals(first, check_metadata=True) for b in batches[1:]):
-            table = pa.Table.from_batches(batches, schema=first).combine_chunks()
+            table = _concat(batches, first)
             if first.equals(schema, check_metadata=True):
                 return table
             return pa.Table.from_arrays(table.columns, schema=schema)
@@ -230,4 +230,18 @@ class TableFit:
             else pa.RecordBatch.from_arrays(b.columns, schema=schema)
             for b in batches
         ]
-        return pa.Table.from_batches(fixed, schema=schema).combine_chunks()
+        return _concat(fixed, schema)
+
+
+def _concat(batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    """Batches of one schema as a one-chunk table (one batch: no copy).
+
+    ``pa.concat_batches`` (pyarrow 19+) concatenates once, without the
+    intermediate chunked table that ``combine_chunks`` walks column by column.
+    """
+    if len(batches) == 1:
+        return pa.Table.from_batches(batches, schema=schema)
+    concat = getattr(pa, "concat_batches", None)
+    if concat is None:  # pragma: no cover - pyarrow < 19
+        return pa.Table.from_batches(batches, schema=schema).combine_chunks()
+    return pa.Table.from_batches([concat(batches)], schema=schema)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from typing import TYPE_CHECKING
@@ -151,6 +152,7 @@ def ingest_cmd(
             async with ds.mem_wal_writer(shard_id) as writer, Compactor(ds, CompactionPolicy()):
                 feed: Feed = feed_or_cm
                 writes.started = True
+                gc.freeze()  # start-up objects out of the collector's way (README, GC)
                 try:
                     stats = await ingest(feed, writer, idle_timeout=idle_timeout, on_progress=tick)
                     return target, stats, await _outstanding(feed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import typer
@@ -75,6 +76,7 @@ def serve(
     }
     try:
         settings = ServeSettings.load(config, **overrides)
+        gc.freeze()  # start-up objects out of the collector's way (README, GC)
         serve_main(settings)
     except ImportError as exc:  # --metrics without the extra
         err.print(f"[red]error:[/red] {exc}")

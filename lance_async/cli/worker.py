@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -133,6 +134,7 @@ def worker(
             feed, group, name, partitions, lease_ttl, ack_wait
         )
         w = Worker(ds, coordinator=coordinator, compaction=CompactionPolicy())
+        gc.freeze()  # start-up objects out of the collector's way (README, GC)
         try:
             async with anyio.create_task_group() as tg:
 

@@ -137,15 +137,18 @@ def decode_json(messages: Sequence[Message], schema: pa.Schema) -> pa.Table:
     """
     tables = []
     raw: list[bytes] = []
+    decoded: list[pa.RecordBatch] = []
     for m in messages:
         if isinstance(m.payload, pa.RecordBatch):
-            tables.append(pa.Table.from_batches([m.payload]))
+            decoded.append(m.payload)
             continue
         data = bytes(m.payload).strip()
         if data[:1] == b"[":  # a JSON array of objects (application/json)
             data = to_ndjson(data).strip()
         if data:
             raw.append(data)
+    if decoded:  # one table for all of them, not one per message
+        tables.append(pa.Table.from_batches(decoded))
     if raw:
         tables.append(decode_json_rows(b"\n".join(raw) + b"\n", schema))
     if not tables:
@@ -218,6 +221,16 @@ def _decode_each(
     return out
 
 
+def _decode_whole(
+    messages: list[Message],
+    schema: pa.Schema,
+    decode: Callable[[Sequence[Message], pa.Schema], pa.Table],
+) -> pa.Table:
+    """Decode a micro-batch into one chunk (blocking): concatenated here, on
+    the worker thread, so the writer queues the micro-batch as one entry."""
+    return decode(messages, schema).combine_chunks()
+
+
 async def _decode_group(
     messages: list[Message],
     schema: pa.Schema,
@@ -233,8 +246,10 @@ async def _decode_group(
     bad message, in feed order.
     """
     try:
-        table = await run_sync(partial(decode, messages, schema), limiter=stream_limiter())
-        return table, list(messages)
+        table = await run_sync(
+            partial(_decode_whole, messages, schema, decode), limiter=stream_limiter()
+        )
+        return table, messages
     except _DECODE_ERRORS as exc:
         if len(messages) == 1:
             await _dead_letter(dead_letter, messages[0], exc)
@@ -281,7 +296,9 @@ async def ingest(
     decode : callable, optional
         ``(messages, schema) -> pa.Table``; default :func:`decode_json`
         (JSON / NDJSON payloads, values coerced to the schema). Called on a
-        worker thread (``stream`` limiter), once per micro-batch.
+        worker thread (``stream`` limiter), once per micro-batch; its table
+        is made one chunk there, so the writer queues a micro-batch as one
+        entry (one send, one ack).
     schema : pa.Schema, optional
         Target schema; default ``writer.schema``.
     dead_letter : callable, optional
@@ -458,13 +475,16 @@ class IterableFeed:
         if self._done:
             return out
         if self._iter is not None:
-            for item in self._iter:
-                out.append(self._message(item))
-                if len(out) >= max_messages:
-                    break
-            else:
-                self._done = True
-            await anyio.lowlevel.checkpoint()
+            # a sync iterable may do real work per item (making batches):
+            # yield to the loop every 128 items, as the async path does
+            while len(out) < max_messages and not self._done:
+                for item in self._iter:
+                    out.append(self._message(item))
+                    if len(out) >= max_messages or len(out) % 128 == 0:
+                        break
+                else:
+                    self._done = True
+                await anyio.lowlevel.checkpoint()
             return out
         assert self._aiter is not None
         # No timeout around __anext__: cancelling an async generator mid-step

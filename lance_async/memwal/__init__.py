@@ -7,6 +7,9 @@ imports ``lance_async.dataset`` at run time -- the dataset is an argument):
     :class:`Ack` / :class:`PutSummary`: one acknowledgement per send.
 ``stats.py``
     :class:`WriterState`, :class:`WriterStats`.
+``policy.py``
+    Commit policies (``commit="adaptive"`` / ``"latency"`` / ``"throughput"``)
+    and the writer's options, checked.
 ``accumulator.py``
     The writer's queue: room (backpressure), validation, coalescing, linger.
 ``committer.py``

@@ -3,18 +3,26 @@
 The middle one of a shard writer's three parts, as aiokafka splits its
 producer (``AIOKafkaProducer`` / ``MessageAccumulator`` / ``Sender``):
 
-* the producer side (:meth:`Accumulator.submit`, :meth:`~Accumulator.submit_nowait`)
-  checks rows against the table, cuts them to at most ``max_put_rows`` and
-  queues them whole or not at all, waiting while the queue holds
-  ``max_queue_rows`` rows or ``max_queue_bytes`` bytes (queued or in flight);
+* the producer side (:meth:`Accumulator.submit`, :meth:`~Accumulator.submit_batch`,
+  :meth:`~Accumulator.submit_nowait`)
+  checks rows against the table and the shard, cuts them to at most
+  ``max_put_rows`` and queues them whole or not at all, waiting while the
+  queue holds ``max_queue_rows`` rows or ``max_queue_bytes`` bytes (queued
+  or in flight);
 * the consumer side (:meth:`Accumulator.next_run`, used by the committer)
-  takes what queued while the previous engine put was in flight, lingers for
-  more when asked to, and hands out runs of items of one kind of at most
-  ``max_put_rows`` / ``max_put_bytes``.
+  takes what queued while the previous engine put was in flight, waits for
+  more when the commit policy asks (``linger``, ``min_put_interval``: Kafka's
+  ``linger.ms``), and hands out runs of entries of one kind of at most
+  ``max_put_rows`` / ``max_put_bytes`` (Kafka's ``batch.size``).
 
-Each send gets one :class:`~lance_async.Ack` whatever the number of pieces
-its rows are cut into. Room is given back by the committer once a run's
-engine put returned (:meth:`Accumulator.release`).
+The queue is a plain deque with one wake-up event for the writer task, and
+counts its rows as they come and go (no re-summing). A send of one batch --
+the common case of a feed of small messages -- is one object besides the
+batch: its :class:`~lance_async.Ack` is also its queue entry
+(:class:`BatchAck`). Each send gets one ack whatever the number of pieces
+its rows are cut into, and several batches sent together (a table of many
+chunks, ``send_many``) that fit one put are one entry. Room is given back by
+the committer once a run's engine put returned (:meth:`Accumulator.release`).
 """
 
 from __future__ import annotations
@@ -24,42 +32,113 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import pyarrow as pa
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .._loop import aclose_shielded
+from .._loop import LoopHandle, aclose_shielded
 from .._schema import TableFit
 from .._threads import run_sync, stream_limiter
 from ..errors import BackpressureTimeoutError, ClosedError, InvalidInputError, SchemaMismatchError
 from ..sources import SourceMode, resolve_source
 from .acks import Ack
+from .policy import WriterConfig
 
-__all__ = ["Accumulator", "Item", "Kind"]
+__all__ = ["Accumulator", "BatchAck", "Entry", "Item", "Kind"]
 
 
 class Kind(enum.Enum):
-    """What an item asks of the engine."""
+    """What an entry asks of the engine."""
 
     PUT = 1
     DELETE = 2
     FLUSH = 3
 
 
-@dataclass(slots=True)
 class Item:
-    """One piece of one send, queued for the writer task."""
+    """One piece of one send (or all of its batches, when they fit one put), queued.
 
-    kind: Kind
-    batch: pa.RecordBatch | None
-    ack: Ack
-    rows: int
-    nbytes: int
-    queued_at: float
+    Attributes
+    ----------
+    kind : Kind
+    batch : pa.RecordBatch, list of pa.RecordBatch, or None
+        The rows (a list for a group; None for a flush marker or once written).
+    ack : Ack
+        The send's acknowledgement (one part of it).
+    rows, nbytes : int
+        Rows and bytes the entry holds room for.
+    queued_at : float
+        ``time.monotonic()`` when it was queued (for the linger and latency).
+    """
 
+    __slots__ = ("ack", "batch", "kind", "nbytes", "queued_at", "rows")
+
+    def __init__(
+        self,
+        kind: Kind,
+        batch: pa.RecordBatch | list[pa.RecordBatch] | None,
+        ack: Ack,
+        rows: int,
+        nbytes: int,
+        queued_at: float,
+    ) -> None:
+        self.kind = kind
+        self.batch = batch
+        self.ack = ack
+        self.rows = rows
+        self.nbytes = nbytes
+        self.queued_at = queued_at
+
+
+class BatchAck(Ack):
+    """The ack of a one-batch send that is also its queue entry.
+
+    A feed of small messages makes one send per message: sharing one object
+    between the ack and the entry halves what each message leaves for the
+    garbage collector. It has :class:`Item`'s attributes (``ack`` is itself,
+    ``queued_at`` its creation) and resolves in one step once its put
+    returned (:meth:`written`).
+    """
+
+    __slots__ = ("batch", "nbytes", "rows")
+
+    kind: ClassVar[Kind] = Kind.PUT
+
+    def __init__(
+        self, loop: LoopHandle | None, batch: pa.RecordBatch, rows: int, nbytes: int
+    ) -> None:
+        super().__init__(loop)
+        self._parts = 1
+        self._sealed = True
+        self.batch: pa.RecordBatch | None = batch
+        self.rows = rows
+        self.nbytes = nbytes
+
+    @property
+    def ack(self) -> Ack:
+        """Itself (the entry's ack)."""
+        return self
+
+    @property
+    def queued_at(self) -> float:
+        """When the send was made (its ack's creation)."""
+        return self.created
+
+    def written(self, put_id: Any, now: float) -> None:
+        """Its put returned: resolve (the writer task's fast path)."""
+        self._parts = 0
+        self._rows = self.rows
+        self._batches = 1
+        self._puts = put_id
+        self.batch = None  # free the rows now
+        self._done = True
+        self.resolved_at = now
+        self._notify()
+
+
+Entry = Item | BatchAck
+"""A queue entry."""
 
 Conform = Callable[[pa.RecordBatch, int], pa.RecordBatch]
 ShardCheck = Callable[[pa.RecordBatch], None]
@@ -83,8 +162,11 @@ class Accumulator:
     max_put_rows, max_put_bytes : int
         The largest run handed to one engine call.
     linger : float
-        Seconds the consumer waits for more rows before a run smaller than
-        ``max_put_rows`` (0: coalesce only what queued meanwhile).
+        Seconds the consumer waits, from the first queued entry, for more
+        rows before a run smaller than ``max_put_rows`` (0: none).
+    min_put_interval : float
+        Seconds between the starts of two runs of puts (0: none); the first
+        run after an idle spell starts at once. See ``policy.py``.
     check : callable
         Raises when the writer can take no more rows (closed, failed).
     describe : callable
@@ -106,6 +188,7 @@ class Accumulator:
         max_put_rows: int,
         max_put_bytes: int,
         linger: float,
+        min_put_interval: float = 0.0,
         check: Callable[[], None],
         describe: Callable[[], str],
         shard_check: ShardCheck | None = None,
@@ -118,17 +201,55 @@ class Accumulator:
         self.max_put_rows = max_put_rows
         self.max_put_bytes = max_put_bytes
         self.linger = linger
+        self.min_put_interval = min_put_interval
         self._check = check
         self._describe = describe
         self._shard_check = shard_check
-        self._send: MemoryObjectSendStream[Item]
-        self._recv: MemoryObjectReceiveStream[Item]
-        self._send, self._recv = anyio.create_memory_object_stream[Item](math.inf)
+        self._pending: deque[Entry] = deque()
+        self.pending_rows = 0
+        """PUT rows queued and not yet handed to the writer task."""
+        self._wake: anyio.Event | None = None  # set while the writer task waits
+        self._lingering = False  # it waits for a full put, not for any entry
+        self._closed = False  # no more sends: drain, then end
+        self._ended = False  # the writer task is gone
+        self._last_run = -math.inf
         self._space: anyio.Event | None = None
         self.queue_rows = 0
         self.queue_bytes = 0
         self.max_rows_seen = 0
         self.max_bytes_seen = 0
+        self.entries = 0
+        """Entries queued so far (a one-batch send, a group, a piece of a large send)."""
+
+    @classmethod
+    def for_writer(
+        cls,
+        config: WriterConfig,
+        limits: tuple[int, int],
+        fit: TableFit,
+        key_fit: TableFit,
+        *,
+        check: Callable[[], None],
+        describe: Callable[[], str],
+        shard_check: ShardCheck | None,
+    ) -> Accumulator:
+        """The accumulator of a writer with ``config`` and ``limits`` =
+        ``(max_put_rows, max_queue_rows)`` (see :meth:`WriterConfig.limits`)."""
+        put_rows, queue_rows = limits
+        return cls(
+            fit=fit,
+            key_fit=key_fit,
+            keys=list(key_fit.schema.names),
+            max_queue_rows=queue_rows,
+            max_queue_bytes=config.max_queue_bytes,
+            max_put_rows=put_rows,
+            max_put_bytes=config.max_put_bytes,
+            linger=config.linger,
+            min_put_interval=config.policy.min_put_interval,
+            check=check,
+            describe=describe,
+            shard_check=shard_check,
+        )
 
     # -- room -----------------------------------------------------------------
     def wake_senders(self) -> None:
@@ -144,16 +265,23 @@ class Accumulator:
             and self.queue_bytes + nbytes <= self.max_queue_bytes
         )
 
-    def _take_room(self, rows: int, nbytes: int) -> None:
+    def _check_open(self) -> None:
         self._check()
-        self.queue_rows += rows
-        self.queue_bytes += nbytes
-        self.max_rows_seen = max(self.max_rows_seen, self.queue_rows)
-        self.max_bytes_seen = max(self.max_bytes_seen, self.queue_bytes)
+        if self._ended:
+            raise ClosedError(f"{self._describe()}: its writer task has ended; open a new writer")
+
+    def _take_room(self, rows: int, nbytes: int) -> None:
+        self._check_open()
+        q = self.queue_rows = self.queue_rows + rows
+        b = self.queue_bytes = self.queue_bytes + nbytes
+        if q > self.max_rows_seen:
+            self.max_rows_seen = q
+        if b > self.max_bytes_seen:
+            self.max_bytes_seen = b
 
     async def _reserve(self, rows: int, nbytes: int, deadline: float | None) -> None:
         while not self.has_room(rows, nbytes):
-            self._check()
+            self._check_open()
             if self._space is None:
                 self._space = anyio.Event()
             if deadline is None:
@@ -175,6 +303,24 @@ class Accumulator:
         self.queue_bytes -= nbytes
         self.wake_senders()
 
+    # -- the hand-off -------------------------------------------------------------
+    def _poke(self) -> None:
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            wake.set()
+
+    def _push(self, entry: Entry) -> None:
+        """Queue an entry whose room is taken; wake the writer task if it waits
+        for it (a lingering task only once a whole put's rows are queued)."""
+        self._pending.append(entry)
+        self.entries += 1
+        if entry.kind is Kind.PUT:
+            self.pending_rows += entry.rows
+            if self._lingering and self.pending_rows < self.max_put_rows:
+                return
+        self._poke()
+
     # -- producer side ----------------------------------------------------------
     def conform_keys(self, batch: pa.RecordBatch, index: int) -> pa.RecordBatch:
         """Check the key columns of a delete batch; other columns are dropped."""
@@ -187,12 +333,17 @@ class Accumulator:
 
     @staticmethod
     def in_memory(data: Any, conform: Conform) -> list[pa.RecordBatch] | None:
-        """Checked batches of a RecordBatch or Table (None for any other data)."""
+        """Checked batches of a RecordBatch, a Table or a list of RecordBatches
+        (None for any other data)."""
         if isinstance(data, pa.RecordBatch):
             return [conform(data, 0)]
         if isinstance(data, pa.Table):
-            return [conform(b, i) for i, b in enumerate(data.to_batches()) if b.num_rows]
-        return None
+            batches: list[pa.RecordBatch] = data.to_batches()
+        elif isinstance(data, list) and all(isinstance(b, pa.RecordBatch) for b in data):
+            batches = data
+        else:
+            return None
+        return [conform(b, i) for i, b in enumerate(batches) if b.num_rows]
 
     def pieces(self, batches: Sequence[pa.RecordBatch]) -> list[tuple[pa.RecordBatch, int]]:
         """Batches cut to at most ``max_put_rows`` rows, with their sizes in bytes."""
@@ -211,11 +362,22 @@ class Accumulator:
         return out
 
     def _queue(self, kind: Kind, pieces: list[tuple[pa.RecordBatch, int]], ack: Ack) -> None:
-        """Hand pieces whose queue room is taken to the writer task."""
+        """Hand pieces whose queue room is taken to the writer task.
+
+        Several pieces that fit one put together are one entry (one
+        hand-off); otherwise each piece is an entry.
+        """
         now = time.monotonic()
+        if len(pieces) > 1:
+            rows = sum(p.num_rows for p, _ in pieces)
+            nbytes = sum(n for _, n in pieces)
+            if rows <= self.max_put_rows and nbytes <= self.max_put_bytes:
+                ack._add_part()
+                self._push(Item(kind, [p for p, _ in pieces], ack, rows, nbytes, now))
+                return
         for piece, nbytes in pieces:
             ack._add_part()
-            self._send.send_nowait(Item(kind, piece, ack, piece.num_rows, nbytes, now))
+            self._push(Item(kind, piece, ack, piece.num_rows, nbytes, now))
 
     async def _enqueue(
         self, kind: Kind, batches: Sequence[pa.RecordBatch], ack: Ack, deadline: float | None
@@ -241,6 +403,45 @@ class Accumulator:
             self.check_shard_nowait(batches)
         else:
             await run_sync(lambda: self.check_shard_nowait(batches), limiter=stream_limiter())
+
+    async def submit_batch(
+        self,
+        batch: pa.RecordBatch,
+        loop: LoopHandle | None,
+        deadline: float | None,
+        *,
+        routed: bool = False,
+    ) -> Ack | None:
+        """The fast path: queue one checked-fitting batch as one entry.
+
+        Returns its :class:`BatchAck`, or None (nothing done, nothing
+        raised) when the batch is empty or larger than one put: then use
+        :meth:`submit`. The ack's clock starts before any wait for room.
+
+        Raises
+        ------
+        SchemaMismatchError, WrongShardError, BackpressureTimeoutError, ClosedError
+            Nothing was queued.
+        """
+        batch = self.fit.check(batch, 0)
+        rows = batch.num_rows
+        if rows == 0 or rows > self.max_put_rows:
+            return None
+        nbytes = batch.get_total_buffer_size()
+        if nbytes > self.max_put_bytes:
+            return None
+        if not routed and self._shard_check is not None:
+            if rows <= INLINE_CHECK_ROWS:
+                self._shard_check(batch)
+            else:
+                await self.check_shard([batch])
+        ack = BatchAck(loop, batch, rows, nbytes)
+        if self.has_room(rows, nbytes):
+            self._take_room(rows, nbytes)
+        else:
+            await self._reserve(rows, nbytes, deadline)
+        self._push(ack)
+        return ack
 
     async def submit(
         self,
@@ -301,72 +502,101 @@ class Accumulator:
             await aclose_shielded(stream)
         ack._seal()
 
-    def submit_nowait(
-        self, batches: list[pa.RecordBatch], ack: Ack, *, routed: bool = False
-    ) -> None:
-        """Queue checked in-memory rows at once, or raise ``anyio.WouldBlock``."""
-        if not routed:
-            self.check_shard_nowait(batches)
+    def submit_nowait(self, data: pa.RecordBatch | pa.Table, loop: LoopHandle | None) -> Ack:
+        """Check and queue in-memory rows at once, or raise ``anyio.WouldBlock``.
+
+        One batch that fits a put is one entry (a :class:`BatchAck`). Does
+        not block and is no checkpoint.
+
+        Raises
+        ------
+        anyio.WouldBlock
+            No room now (nothing was queued).
+        SchemaMismatchError, WrongShardError
+            The rows do not fit (nothing was queued).
+        TypeError
+            ``data`` is neither a RecordBatch nor a Table.
+        """
+        batches = self.in_memory(data, self.fit.check)
+        if batches is None:
+            raise TypeError(
+                f"send_nowait takes a pyarrow RecordBatch or Table, not {type(data).__name__}; "
+                "use `await writer.send(...)` for other sources"
+            )
+        self.check_shard_nowait(batches)
         pieces = self.pieces(batches)
+        rows = sum(p.num_rows for p, _ in pieces)
+        nbytes = sum(n for _, n in pieces)
+        if pieces and not self.has_room(rows, nbytes):
+            raise anyio.WouldBlock
+        if len(pieces) == 1 and isinstance(data, pa.RecordBatch):
+            self._take_room(rows, nbytes)
+            entry = BatchAck(loop, pieces[0][0], rows, nbytes)
+            self._push(entry)
+            return entry
+        ack = Ack(loop)
         if pieces:
-            rows = sum(p.num_rows for p, _ in pieces)
-            nbytes = sum(n for _, n in pieces)
-            if not self.has_room(rows, nbytes):
-                raise anyio.WouldBlock
             self._take_room(rows, nbytes)
             self._queue(Kind.PUT, pieces, ack)
         ack._seal()
+        return ack
 
     def submit_flush(self, ack: Ack) -> None:
         """Queue a marker that resolves ``ack`` once everything before it is written."""
+        self._check_open()
         ack._add_part()
         ack._seal()
-        self._send.send_nowait(Item(Kind.FLUSH, None, ack, 0, 0, time.monotonic()))
+        self._push(Item(Kind.FLUSH, None, ack, 0, 0, time.monotonic()))
 
     def close(self) -> None:
         """No more sends: the consumer drains what is queued, then ends."""
-        self._send.close()
+        self._closed = True
+        self._poke()
 
     # -- consumer side (the writer task) -----------------------------------------
-    async def next_run(self, pending: deque[Item]) -> list[Item] | None:
-        """The next run of items for one engine call; None once closed and drained.
+    async def _wait_input(self) -> None:
+        self._wake = anyio.Event()
+        await self._wake.wait()
 
-        ``pending`` holds items received and not yet handed out; the caller
-        keeps it so that, on the way out, whatever is left can be failed.
+    async def next_run(self) -> list[Entry] | None:
+        """The next run of entries for one engine call; None once closed and drained.
+
+        Waits for an entry; for a run of puts, then waits out the linger and
+        the pacing (``min_put_interval`` from the previous run's start)
+        unless a whole put's rows are queued or the writer is closing.
         """
-        if not pending:
-            try:
-                pending.append(await self._recv.receive())
-            except anyio.EndOfStream:
+        pending = self._pending
+        while not pending:
+            if self._closed:
                 return None
-        self.drain_nowait(pending)
-        if self.linger > 0 and pending[0].kind is Kind.PUT:
-            await self._linger(pending)
-        return self._take_run(pending)
+            await self._wait_input()
+        if pending[0].kind is Kind.PUT:
+            deadline = -math.inf
+            if self.linger > 0:
+                deadline = pending[0].queued_at + self.linger
+            if self.min_put_interval > 0:
+                deadline = max(deadline, self._last_run + self.min_put_interval)
+            if deadline > time.monotonic() and self.pending_rows < self.max_put_rows:
+                await self._linger(deadline)
+            self._last_run = time.monotonic()
+        return self._take_run()
 
-    def drain_nowait(self, pending: deque[Item]) -> None:
-        """Move every item queued now into ``pending``."""
-        while True:
-            try:
-                pending.append(self._recv.receive_nowait())
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                return
-
-    async def _linger(self, pending: deque[Item]) -> None:
-        remaining = pending[0].queued_at + self.linger - time.monotonic()
-        rows = sum(i.rows for i in pending if i.kind is Kind.PUT)
-        if remaining <= 0:
-            return
-        with anyio.move_on_after(remaining):
-            while rows < self.max_put_rows:
-                try:
-                    item = await self._recv.receive()
-                except anyio.EndOfStream:
+    async def _linger(self, deadline: float) -> None:
+        """Wait until ``deadline``, a whole put's rows, or the close."""
+        self._lingering = True
+        try:
+            while not self._closed and self.pending_rows < self.max_put_rows:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     return
-                pending.append(item)
-                rows += item.rows
+                with anyio.move_on_after(remaining):
+                    await self._wait_input()
+        finally:
+            self._lingering = False
+            self._wake = None
 
-    def _take_run(self, pending: deque[Item]) -> list[Item]:
+    def _take_run(self) -> list[Entry]:
+        pending = self._pending
         first = pending.popleft()
         run = [first]
         if first.kind is Kind.FLUSH:
@@ -379,8 +609,15 @@ class Accumulator:
             run.append(pending.popleft())
             rows += nxt.rows
             nbytes += nxt.nbytes
+        if first.kind is Kind.PUT:
+            self.pending_rows -= rows
         return run
 
-    def close_receiver(self) -> None:
-        """The writer task ended: later sends fail instead of queueing."""
-        self._recv.close()
+    def end(self) -> list[Entry]:
+        """The writer task ended: later sends fail; returns what is left to fail."""
+        self._ended = True
+        left = list(self._pending)
+        self._pending.clear()
+        self.pending_rows = 0
+        self.wake_senders()
+        return left

@@ -5,7 +5,10 @@ An :class:`Ack` is to a :class:`~lance_async.AsyncShardWriter` what a
 :meth:`~lance_async.AsyncShardWriter.send`, resolved when every row of that
 send is durable (or accepted by the engine when ``durable_write=False``), or
 failed with the error of the engine put that carried them. It is built on an
-:class:`anyio.Event` and a result slot, so it works on asyncio and trio.
+:class:`anyio.Event` (made only when someone waits) and a result slot, so it
+works on asyncio and trio. A send of one batch gets a subclass that is also
+its queue entry (``accumulator.BatchAck``): one object per message besides
+the batch; ``send_many`` gets one ack for a group of batches.
 """
 
 from __future__ import annotations
@@ -85,9 +88,11 @@ class Ack:
         self._error: BaseException | None = None
         self._rows = 0
         self._batches = 0
-        self._puts: set[Any] = set()
+        # the engine puts that carried the rows: None, one put id, or a set
+        # of them (made lazily: most acks are carried by one put)
+        self._puts: Any = None
         self._deletes = 0
-        self._callbacks: list[Callable[[Ack], None]] = []
+        self._callbacks: list[Callable[[Ack], None]] | None = None
         self.created = time.monotonic()
         self.resolved_at: float | None = None
 
@@ -109,9 +114,25 @@ class Ack:
         self._batches += batches
         self._deletes += deletes
         if put_id is not None:
-            self._puts.add(put_id)
-        self._puts.update(put_ids)
+            self._add_put(put_id)
+        for other in put_ids:
+            self._add_put(other)
         self._maybe_resolve()
+
+    def _add_put(self, put_id: Any) -> None:
+        puts = self._puts
+        if puts is None:
+            self._puts = put_id
+        elif isinstance(puts, set):
+            puts.add(put_id)
+        elif puts != put_id:
+            self._puts = {puts, put_id}
+
+    def _put_ids(self) -> set[Any]:
+        puts = self._puts
+        if puts is None:
+            return set()
+        return puts if isinstance(puts, set) else {puts}
 
     def _part_failed(self, error: BaseException) -> None:
         self._parts -= 1
@@ -134,9 +155,14 @@ class Ack:
         if self._sealed and self._parts <= 0 and not self._done:
             self._done = True
             self.resolved_at = time.monotonic()
-            if self._event is not None:
-                self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
+            self._notify()
+
+    def _notify(self) -> None:
+        """Wake the waiter and run the callbacks of a just-resolved ack."""
+        if self._event is not None:
+            self._event.set()
+        if self._callbacks:
+            callbacks, self._callbacks = self._callbacks, None
             for callback in callbacks:
                 callback(self)
 
@@ -159,13 +185,15 @@ class Ack:
                     rows=child._rows,
                     batches=child._batches,
                     deletes=child._deletes,
-                    put_ids=child._puts,
+                    put_ids=child._put_ids(),
                 )
 
         for child in children:
             parent._add_part()
             if child._done:
                 child_done(child)
+            elif child._callbacks is None:
+                child._callbacks = [child_done]
             else:
                 child._callbacks.append(child_done)
         parent._seal()
@@ -190,7 +218,7 @@ class Ack:
             raise LanceAsyncError("the ack is not resolved yet; await it")
         if self._error is not None:
             raise self._error
-        return PutSummary(self._rows, self._batches, len(self._puts), self._deletes)
+        return PutSummary(self._rows, self._batches, len(self._put_ids()), self._deletes)
 
     def exception(self) -> BaseException | None:
         """The error of a resolved ack, or None."""

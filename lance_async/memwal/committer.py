@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -33,8 +33,9 @@ from ..errors import (
     WriterFailedError,
     map_engine_error,
 )
-from .accumulator import Accumulator, Item, Kind
+from .accumulator import Accumulator, BatchAck, Entry, Item, Kind
 from .mirror import MemtableMirror, settle_replayed
+from .policy import CommitPolicy, engine_options
 from .retired import retired_shards
 from .sharding import Sharding, sharding_of
 
@@ -48,13 +49,17 @@ DEFAULT_MAX_MEMTABLE_ROWS = 100_000
 """pylance 14's default ``max_memtable_rows``."""
 
 
-def open_engine(ds: Any, shard_id: str, options: dict[str, Any]) -> tuple[Any, int, Sharding]:
+def open_engine(
+    ds: Any, shard_id: str, options: Mapping[str, Any], policy: CommitPolicy
+) -> tuple[Any, int, Sharding, dict[str, Any]]:
     """Open the engine's ``ShardWriter`` for ``shard_id`` (blocking).
 
     Returns the writer, the memtable's row limit (the writer's own option,
-    else the MemWAL's recorded default, else pylance's) and the table's
-    :class:`~lance_async.memwal.sharding.Sharding`. Opening claims the shard:
-    a writer still open on it elsewhere is fenced.
+    else the MemWAL's recorded default, else pylance's), the table's
+    :class:`~lance_async.memwal.sharding.Sharding` and the keywords the
+    engine writer was opened with (``options`` plus what ``policy`` adds,
+    see :func:`~lance_async.memwal.policy.engine_options`). Opening claims
+    the shard: a writer still open on it elsewhere is fenced.
 
     Raises
     ------
@@ -82,12 +87,14 @@ def open_engine(ds: Any, shard_id: str, options: dict[str, Any]) -> tuple[Any, i
             "has one shard. Write through dataset.mem_wal_writer() (no shard id), which "
             "routes each row to its shard, or name one of (await dataset.sharding()).shard_ids()"
         )
-    engine = ds.mem_wal_writer(shard_id, **options)
-    engine = settle_replayed(engine, lambda: ds.mem_wal_writer(shard_id, **options))
-    limit = options.get("max_memtable_rows")
+    defaults = (details or {}).get("writer_config_defaults") or {}
+    opened = engine_options(policy, options, defaults)
+    engine = ds.mem_wal_writer(shard_id, **opened)
+    engine = settle_replayed(engine, lambda: ds.mem_wal_writer(shard_id, **opened))
+    limit = opened.get("max_memtable_rows")
     if limit is None:
-        limit = ((details or {}).get("writer_config_defaults") or {}).get("max_memtable_rows")
-    return engine, int(limit or DEFAULT_MAX_MEMTABLE_ROWS), sharding
+        limit = defaults.get("max_memtable_rows")
+    return engine, int(limit or DEFAULT_MAX_MEMTABLE_ROWS), sharding, opened
 
 
 class Committer:
@@ -151,27 +158,18 @@ class Committer:
         (or :attr:`scope` is cancelled); then fails whatever is left."""
         try:
             with self.scope:
-                await self._run()
+                while True:
+                    run = await self._acc.next_run()
+                    if run is None:
+                        return
+                    await self._execute(run)
         finally:
-            self._acc.close_receiver()
-            self.done.set()
-
-    async def _run(self) -> None:
-        pending: deque[Item] = deque()
-        try:
-            while True:
-                run = await self._acc.next_run(pending)
-                if run is None:
-                    return
-                await self._execute(run)
-        finally:
-            self._acc.drain_nowait(pending)
             error = self.failure or ClosedError(
                 f"{self._describe()} closed before these rows were written"
             )
-            for item in pending:
-                self.fail_item(item, error)
-            pending.clear()
+            for entry in self._acc.end():
+                self.fail_item(entry, error)
+            self.done.set()
 
     async def shutdown(self, timeout: float, failed: bool) -> None:
         """Drain the queue, stop the task, close the engine writer.
@@ -212,26 +210,39 @@ class Committer:
                 raise mapped from exc
 
     # -- settling ---------------------------------------------------------------
-    def fail_item(self, item: Item, error: BaseException) -> None:
-        """Free an item's room and fail its ack part."""
+    def fail_item(self, item: Entry, error: BaseException) -> None:
+        """Free an entry's room and fail its ack part."""
         if item.kind is not Kind.FLUSH:
             self._acc.release(item.rows, item.nbytes)
+        item.batch = None
         item.ack._part_failed(error)
 
-    def _settle(self, run: list[Item], put_id: int) -> None:
+    def _settle(self, run: list[Entry], put_id: int) -> None:
         """The run's rows are written: free their room once, resolve their acks."""
         now = time.monotonic()
         rows = nbytes = 0
+        put = (self._shard_id, put_id)  # unique across writers, for Ack.combine
+        latency = self.latencies.append
         for item in run:
+            if item.__class__ is BatchAck:  # a one-batch send: its ack is the entry
+                assert isinstance(item, BatchAck)
+                rows += item.rows
+                nbytes += item.nbytes
+                latency(now - item.created)
+                item.written(put, now)
+                continue
+            assert isinstance(item, Item)
             if item.kind is Kind.FLUSH:
                 item.ack._part_done()
                 continue
             rows += item.rows
             nbytes += item.nbytes
-            self.latencies.append(now - item.queued_at)
-            put = (self._shard_id, put_id)  # unique across writers, for Ack.combine
+            latency(now - item.queued_at)
+            batch = item.batch
+            item.batch = None
             if item.kind is Kind.PUT:
-                item.ack._part_done(rows=item.rows, batches=1, put_id=put)
+                n = len(batch) if isinstance(batch, list) else 1
+                item.ack._part_done(rows=item.rows, batches=n, put_id=put)
             else:
                 item.ack._part_done(deletes=item.rows, put_id=put)
         if rows or nbytes:
@@ -284,7 +295,7 @@ class Committer:
         async with self.gate:
             self.engine_stats, self.memtable_stats = await run_sync(work)
 
-    async def _execute(self, run: list[Item]) -> None:
+    async def _execute(self, run: list[Entry]) -> None:
         kind = run[0].kind
         if kind is Kind.FLUSH:
             self._settle(run, 0)
@@ -305,10 +316,16 @@ class Committer:
             if single is not None:
                 self.fail_item(item, single)
 
-    async def _try_engine(self, kind: Kind, run: list[Item]) -> BaseException | None:
+    async def _try_engine(self, kind: Kind, run: list[Entry]) -> BaseException | None:
         """One engine call; resolve acks on success. Returns an input error to
         retry item by item, or None when the run is settled."""
-        batches = [i.batch for i in run if i.batch is not None]
+        batches: list[pa.RecordBatch] = []
+        for item in run:
+            batch = item.batch
+            if isinstance(batch, list):
+                batches.extend(batch)
+            elif batch is not None:
+                batches.append(batch)
         try:
             await self._engine_call(kind, batches)
         except anyio.get_cancelled_exc_class():
@@ -330,7 +347,7 @@ class Committer:
         self._put_seq += 1
         if kind is Kind.PUT:
             self.engine_puts += 1
-            self.rows += sum(i.rows for i in run)
+            self.rows += sum(item.rows for item in run)
         else:
             self.engine_deletes += 1
         self._settle(run, self._put_seq)

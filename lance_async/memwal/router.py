@@ -38,6 +38,7 @@ from .accumulator import Kind
 from .acks import Ack, PutSummary
 from .compactor import CompactionPolicy, Compactor
 from .mirror import MemtableMirror
+from .policy import WriterConfig
 from .reads import point_lookup, point_lookups, scan_stream
 from .sharding import Sharding, default_shard_id, read_sharding
 from .snapshots import ShardSnapshots
@@ -73,13 +74,15 @@ class ShardRouter:
         policy in the router's task group while it is open (see
         :attr:`compactor`).
     **writer_options
-        Passed to every :class:`AsyncShardWriter` (queue limits, ``linger``,
-        ``durable_write``, ...).
+        Passed to every :class:`AsyncShardWriter`: the commit policy
+        (``commit=``, ``min_put_interval=``), queue limits, ``linger``,
+        ``durable_write``, ...
 
     Raises
     ------
-    ValueError, TypeError
-        At the call: a writer option out of range (as :class:`AsyncShardWriter`).
+    TypeError, ValueError
+        A writer option of the wrong type or out of range (checked here,
+        not when a shard first receives rows).
     InvalidInputError
         On entry: the table has no MemWAL, or its shards are manual (name a
         shard: ``dataset.mem_wal_writer(shard_id)``).
@@ -96,6 +99,8 @@ class ShardRouter:
         # at construction (ValueError / TypeError at the call)
         AsyncShardWriter(dataset, str(uuid.UUID(int=0)), **writer_options)
         self._dataset = dataset
+        self.config = WriterConfig.from_options(**writer_options)
+        """The writers' options, checked."""
         self.compactor = Compactor(dataset, compaction) if compaction is not None else None
         """The background :class:`~lance_async.memwal.compactor.Compactor`, if any."""
         self._options = writer_options
@@ -227,6 +232,8 @@ class ShardRouter:
         if isinstance(data, (pa.RecordBatch, pa.Table)) and schema is None:
             source = None
             in_memory = [data] if isinstance(data, pa.RecordBatch) else data.to_batches()
+        elif _batch_list(data) and schema is None:
+            source, in_memory = None, data
         else:
             source = await resolve_source(
                 data, schema=schema, rows_into=self._fit.schema if kind is Kind.PUT else None
@@ -256,9 +263,14 @@ class ShardRouter:
         acks: list[Ack],
         timeout: float | None,
     ) -> None:
+        """Each shard's parts to its writer: one send per shard, in order."""
+        by_shard: dict[str, list[pa.RecordBatch]] = {}
         for shard_id, part in parts:
+            by_shard.setdefault(shard_id, []).append(part)
+        for shard_id, group in by_shard.items():
             writer = await self.writer(shard_id)
-            acks.append(await writer._submit(kind, part, timeout, None, routed=True))
+            data = group[0] if len(group) == 1 else group
+            acks.append(await writer._submit(kind, data, timeout, None, routed=True))
 
     async def send(
         self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
@@ -287,6 +299,23 @@ class ShardRouter:
             The router is closed.
         """
         return await self._send(Kind.PUT, data, timeout, schema)
+
+    async def send_many(
+        self, batches: Iterable[pa.RecordBatch], *, timeout: float | None = None
+    ) -> Ack:
+        """Route several in-memory batches under one ack (see
+        :meth:`AsyncShardWriter.send_many`): checked whole, then each shard's
+        rows handed to its writer in one send (one queue entry when they fit
+        one put).
+
+        Raises
+        ------
+        SchemaMismatchError
+            A batch does not fit the table (nothing is queued).
+        BackpressureTimeoutError, WriterFailedError, FencedError, ClosedError
+            As :meth:`send`.
+        """
+        return await self._send(Kind.PUT, list(batches), timeout, None)
 
     async def put(
         self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
@@ -423,3 +452,8 @@ class ShardRouter:
         return await lsm_vector_search(
             self._dataset, query, column=column, mirrors=self._mirrors(), **options
         )
+
+
+def _batch_list(data: Any) -> bool:
+    """Whether ``data`` is a list of record batches (``send_many``'s argument)."""
+    return isinstance(data, list) and all(isinstance(b, pa.RecordBatch) for b in data)

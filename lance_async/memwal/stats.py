@@ -46,6 +46,10 @@ class WriterStats:
         The engine's ``stats()`` after the last put.
     memtable : dict
         The engine's ``memtable_stats()`` after the last put.
+    entries : int
+        Queue entries handed to the writer task so far: one per send of one
+        batch (or of rows that fit one put), per ``send_many`` group that
+        fits one put, per piece of a larger send, per delete and flush.
     """
 
     state: WriterState
@@ -62,6 +66,7 @@ class WriterStats:
     failed_puts: int
     engine: dict[str, Any] = field(default_factory=dict)
     memtable: dict[str, Any] = field(default_factory=dict)
+    entries: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,4 +125,5 @@ def collect_stats(state: WriterState, acc: Any, com: Any) -> WriterStats:
         failed_puts=com.failed_puts if com else 0,
         engine=dict(com.engine_stats) if com else {},
         memtable=dict(com.memtable_stats) if com else {},
+        entries=acc.entries if acc else 0,
     )

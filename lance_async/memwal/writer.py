@@ -40,27 +40,32 @@ Guarantees
 
 Cancellation rule
 -----------------
-A send of in-memory rows (a batch, a table, a frame...) is queued whole or
-not at all; a streamed send (an iterator, a reader) is queued whole or not
-at all per batch. Cancelling a task blocked in ``send``/``put`` before its
-rows were queued queues nothing; cancelling it afterwards (while it awaits
-the ack) leaves the rows queued: they are written exactly once and the
-:class:`~lance_async.Ack` (kept by ``send`` callers) still resolves. Closing
-the writer flushes everything queued (shielded from cancellation, bounded
-by ``close_timeout``).
+A send of in-memory rows (a batch, a table, a frame, a ``send_many``
+group...) is queued whole or not at all; a streamed send (an iterator, a
+reader) is queued whole or not at all per batch. Cancelling a task blocked
+in ``send``/``put`` before its rows were queued queues nothing; cancelling
+it afterwards (while it awaits the ack) leaves the rows queued: they are
+written exactly once and the :class:`~lance_async.Ack` (kept by ``send``
+callers) still resolves. Closing the writer flushes everything queued
+(shielded from cancellation, bounded by ``close_timeout``).
 
-Ack latency
------------
+Commit policies
+---------------
 pylance 14 flushes a durable put's WAL when the buffered WAL bytes reach
-``max_wal_buffer_size`` (default 10 MB), otherwise at the next
-``max_wal_flush_interval_ms`` tick (default 100 ms). Puts that follow each
-other closely each wait for a tick, so with the defaults a row that arrives
-while a put is in flight is durable after up to two ticks (ack p99 178 ms over
-120,000 10-row messages in ``bench/``). ``max_wal_buffer_size=1`` makes every
-put flush when it is made; with ``linger=0.02`` to keep puts large the same
-bench measured ack p99 30 ms at 0.83x the default's rows/s and a lower peak
-RSS, in exchange for more, smaller WAL writes (``python -m bench``,
-configuration ``lance_async_low_latency``; bench/results/REPORT.md).
+``max_wal_buffer_size`` (default 10 MiB), otherwise at the next
+``max_wal_flush_interval_ms`` tick (default 100 ms). ``commit=`` chooses how
+the writer works with that (``policy.py``): ``"adaptive"`` (the default)
+opens the engine writer so that every put flushes at once and paces puts
+(one every ``min_put_interval`` at most, up to ``max_put_rows`` each), so an
+idle writer acks a message after one WAL write and a busy one coalesces
+thousands of rows per put; ``"latency"`` makes small puts back to back;
+``"throughput"`` keeps the engine's tick and the largest puts. Figures per
+policy: ``python -m bench`` (bench/results/REPORT.md).
+
+The cheap path: a send of one record batch is one queue entry whose
+:class:`~lance_async.Ack` is the entry itself; :meth:`AsyncShardWriter.send_many`
+queues a group of batches under one ack; a feed's micro-batch reaches the
+writer as one batch (:func:`~lance_async.feeds.ingest`).
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ from .accumulator import Accumulator, Kind
 from .acks import Ack, PutSummary
 from .committer import Committer, open_engine
 from .mirror import MemtableMirror
+from .policy import WriterConfig
 from .reads import WriterReads
 from .retired import NO_KEY
 from .sharding import Sharding
@@ -93,6 +99,15 @@ if TYPE_CHECKING:
     from ..dataset import AsyncDataset
 
 __all__ = ["AsyncShardWriter"]
+
+
+def _deadline(timeout: float | None) -> float | None:
+    """When a wait for room of ``timeout`` seconds from now ends (None: never)."""
+    if timeout is None:
+        return None
+    if not (timeout >= 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
+    return anyio.current_time() + timeout
 
 
 class AsyncShardWriter(WriterReads):
@@ -111,64 +126,53 @@ class AsyncShardWriter(WriterReads):
         The shard's UUID, in any spelling ``uuid.UUID`` takes; kept (and
         shown as :attr:`shard_id`) in its canonical lower-case form.
         Reopening the same shard replays its WAL.
+    commit : {"adaptive", "latency", "throughput"}
+        The commit policy (default ``"adaptive"``; see ``policy.py``).
+    min_put_interval : float, optional
+        Seconds between the starts of two engine puts (adaptive: 0.005;
+        others: 0); an idle writer puts at once.
     max_queue_rows : int, optional
         Rows queued or in flight before senders wait (default ``2 * max_put_rows``).
     max_queue_bytes : int
         Bytes queued or in flight before senders wait (default 256 MiB).
     max_put_rows : int, optional
-        Rows per engine put (default half the engine's ``max_memtable_rows``;
-        never above it, since one put never spans memtables).
+        Rows per engine put (adaptive: 10,000; latency: 1,000; throughput:
+        half the engine's ``max_memtable_rows``; never above that, since one
+        put never spans memtables).
     max_put_bytes : int
         Bytes per engine put (default 64 MiB).
     linger : float
-        Seconds to wait for more rows when the queue holds less than
-        ``max_put_rows`` (default 0: coalescing then comes only from what
-        arrives while a put is in flight).
+        Seconds to wait, from the first queued row, for a whole put's rows
+        (Kafka's ``linger.ms``; default 0).
     close_timeout : float
         Seconds that closing may spend flushing (default 60).
     **lance_writer_kwargs
         Passed to ``LanceDataset.mem_wal_writer`` (``durable_write``,
         ``max_memtable_rows``, ``max_wal_flush_interval_ms``, ...).
+
+    Raises
+    ------
+    TypeError, ValueError
+        An option of the wrong type or out of range (an unknown policy, a
+        limit below 1, a negative wait).
     """
 
-    def __init__(
-        self,
-        dataset: AsyncDataset,
-        shard_id: str,
-        *,
-        max_queue_rows: int | None = None,
-        max_queue_bytes: int = 256 * 1024 * 1024,
-        max_put_rows: int | None = None,
-        max_put_bytes: int = 64 * 1024 * 1024,
-        linger: float = 0.0,
-        close_timeout: float = 60.0,
-        **lance_writer_kwargs: Any,
-    ) -> None:
+    def __init__(self, dataset: AsyncDataset, shard_id: str, **options: Any) -> None:
         try:
             canonical = str(uuid.UUID(str(shard_id)))  # the engine's folder name
         except ValueError:
             raise ValueError(f"shard_id must be a UUID string, got {shard_id!r}") from None
-        for name, value in (
-            ("max_queue_rows", max_queue_rows),
-            ("max_put_rows", max_put_rows),
-            ("max_queue_bytes", max_queue_bytes),
-            ("max_put_bytes", max_put_bytes),
-        ):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if linger < 0:
-            raise ValueError("linger must be >= 0")
+        self.config = config = WriterConfig.from_options(**options)
+        """The writer's options, checked."""
         self._dataset = dataset
         self.shard_id = canonical
-        self._requested = (max_queue_rows, max_put_rows)
-        self.max_queue_bytes = max_queue_bytes
-        self.max_put_bytes = max_put_bytes
-        self.max_queue_rows = 0
-        self.max_put_rows = 0
-        self.linger = linger
-        self.close_timeout = close_timeout
-        self._writer_kwargs = dict(lance_writer_kwargs)
-        self.durable_write = bool(self._writer_kwargs.get("durable_write", True))
+        self.commit = config.policy.name
+        self.max_queue_bytes, self.max_put_bytes = config.max_queue_bytes, config.max_put_bytes
+        self.max_queue_rows = self.max_put_rows = 0  # known once open (from the memtable)
+        self.linger, self.close_timeout = config.linger, config.close_timeout
+        self.engine_options: dict[str, Any] = dict(config.engine)
+        """The engine writer's keywords (once open: with what the policy added)."""
+        self.durable_write = bool(self.engine_options.get("durable_write", True))
         self._table_schema = dataset.schema
         self._keys = primary_key(self._table_schema)
         self._fit = TableFit(self._table_schema, self._keys)
@@ -215,11 +219,10 @@ class AsyncShardWriter(WriterReads):
     async def open(self, task_group: TaskGroup) -> AsyncShardWriter:
         """Open the engine writer and start the writer task in ``task_group``.
 
-        ``async with dataset.mem_wal_writer(...)`` is the usual way: it owns the
-        writer task. Use ``open`` when the writer must outlive one block: the
-        task runs in the task group you pass (trio's rule: no task outlives its
-        caller unless a task group is passed explicitly), and you must
-        ``await writer.aclose()`` before that task group ends.
+        ``async with dataset.mem_wal_writer(...)`` is the usual way. Use
+        ``open`` when the writer must outlive one block: its task runs in the
+        task group you pass (trio's rule: no task outlives its caller unless a
+        task group is passed), so ``await writer.aclose()`` before it ends.
 
         Raises
         ------
@@ -239,31 +242,23 @@ class AsyncShardWriter(WriterReads):
         if self._state is not WriterState.NEW:
             raise ClosedError(f"{self!r} was already opened; open a new writer")
         self._loop = LoopHandle()
-        kwargs = self._writer_kwargs
-        ds = self._dataset.lance
+        config = self.config
         if not self._keys:
             raise InvalidInputError(f"{self!r}: {NO_KEY}")
-
+        ds = self._dataset.lance
+        opener = partial(open_engine, ds, self.shard_id, config.engine)
         try:
-            engine, memtable_rows, sharding = await run_sync(
-                partial(open_engine, ds, self.shard_id, kwargs)
-            )
+            engine, memtable_rows, sharding, opened = await run_sync(partial(opener, config.policy))
         except (OSError, ValueError, RuntimeError) as exc:
             raise_mapped(exc)
             raise
-        self.sharding = sharding
-        queue_rows, put_rows = self._requested
-        self.max_put_rows = min(put_rows or max(1, memtable_rows // 2), memtable_rows)
-        self.max_queue_rows = queue_rows or 2 * self.max_put_rows
-        self._acc = Accumulator(
-            fit=self._fit,
-            key_fit=self._key_fit,
-            keys=self._keys,
-            max_queue_rows=self.max_queue_rows,
-            max_queue_bytes=self.max_queue_bytes,
-            max_put_rows=self.max_put_rows,
-            max_put_bytes=self.max_put_bytes,
-            linger=self.linger,
+        self.sharding, self.engine_options = sharding, opened
+        self.max_put_rows, self.max_queue_rows = config.limits(memtable_rows)
+        self._acc = Accumulator.for_writer(
+            config,
+            (self.max_put_rows, self.max_queue_rows),
+            self._fit,
+            self._key_fit,
             check=self._check_state,
             describe=self.__repr__,
             shard_check=partial(sharding.check, shard_id=self.shard_id)
@@ -362,12 +357,16 @@ class AsyncShardWriter(WriterReads):
         routed: bool = False,
     ) -> Ack:
         self._check_usable()
-        if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
-            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
+        deadline = _deadline(timeout)
         await anyio.lowlevel.checkpoint()  # every send is a checkpoint (trio's rule)
-        deadline = None if timeout is None else anyio.current_time() + timeout
+        acc = self._parts()[0]
+        if kind is Kind.PUT and schema is None and data.__class__ is pa.RecordBatch:
+            # the cheap path: one batch, one queue entry, its ack
+            fast = await acc.submit_batch(data, self._loop, deadline, routed=routed)
+            if fast is not None:
+                return fast
         ack = Ack(self._loop)
-        await self._parts()[0].submit(kind, data, ack, deadline, schema, routed=routed)
+        await acc.submit(kind, data, ack, deadline, schema, routed=routed)
         return ack
 
     async def send(
@@ -405,6 +404,31 @@ class AsyncShardWriter(WriterReads):
         """
         return await self._submit(Kind.PUT, data, timeout, schema)
 
+    async def send_many(
+        self, batches: Iterable[pa.RecordBatch], *, timeout: float | None = None
+    ) -> Ack:
+        """Queue several in-memory batches under one ack: one hand-off, one ack.
+
+        Far cheaper than a :meth:`send` per batch for a caller holding many
+        (a feed's fetch). The group is checked whole (schema, then shard),
+        then queued whole or not at all (cancellation too): one queue entry
+        when it fits one put, else cut like a large table.
+
+        Returns
+        -------
+        Ack
+            Resolves when every row of the group is written;
+            ``PutSummary.batches`` counts the group's non-empty batches.
+
+        Raises
+        ------
+        SchemaMismatchError, WrongShardError
+            A batch does not fit (nothing of the group is queued).
+        BackpressureTimeoutError, ClosedError, WriterFailedError, FencedError
+            As :meth:`send`.
+        """
+        return await self._submit(Kind.PUT, list(batches), timeout, None)
+
     def send_nowait(self, data: pa.RecordBatch | pa.Table) -> Ack:
         """Queue in-memory rows at once, or fail at once when there is no room.
 
@@ -424,16 +448,7 @@ class AsyncShardWriter(WriterReads):
             As :meth:`send`.
         """
         self._check_usable()
-        acc = self._parts()[0]
-        batches = acc.in_memory(data, self._fit.check)
-        if batches is None:
-            raise TypeError(
-                f"send_nowait takes a pyarrow RecordBatch or Table, not {type(data).__name__}; "
-                "use `await writer.send(...)` for other sources"
-            )
-        ack = Ack(self._loop)
-        acc.submit_nowait(batches, ack)
-        return ack
+        return self._parts()[0].submit_nowait(data, self._loop)
 
     async def put(
         self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
@@ -453,11 +468,8 @@ class AsyncShardWriter(WriterReads):
     async def put_stream(
         self, stream: AsyncIterable[Any] | Iterable[Any], *, timeout: float | None = None
     ) -> PutSummary:
-        """Drain a feed of batches through the queue and wait for all of it.
-
-        Memory stays bounded by the queue limits, whatever the feed's length:
-        each batch waits for room before it is queued.
-        """
+        """Drain a feed of batches through the queue and wait for all of it
+        (each batch waits for room: memory stays within the queue limits)."""
         return await self.put(stream, timeout=timeout)
 
     async def delete(self, keys: Any, *, timeout: float | None = None) -> PutSummary:

@@ -15,8 +15,9 @@ import lance_async.feeds as feeds
 from lance_async import Ack
 from lance_async.feeds import IterableFeed, Message, ingest
 
-from ..helpers import LAG_LIMIT, Ticker
+from ..helpers import KV_SCHEMA, LAG_LIMIT, Ticker
 from .support import (
+    batch_of,
     expected_rows,
     lsm_rows,
     mem_wal_table,
@@ -67,6 +68,33 @@ async def test_acks_come_in_feed_order_after_rows_are_written(tmp_path: Path) ->
         assert feed.unreadable_at_ack == []
         assert (stats.messages, stats.rows, stats.sends) == (20, 20, 7)
         assert await lsm_rows(writer) == expected_rows(range(20))
+
+
+async def test_per_message_feed_objects_ride_the_cheap_path(tmp_path: Path) -> None:
+    ds = await mem_wal_table(tmp_path)
+    committed: list[int] = []
+    # 2,000 messages of one decoded row each (a file feed's shape) and 500 JSON ones
+    payloads: list[Any] = [batch_of([i]) for i in range(2_000)]
+    payloads += [row_json(i) for i in range(2_000, 2_500)]
+    feed = IterableFeed(payloads, on_ack=committed.append)
+    async with ds.mem_wal_writer(new_shard()) as writer:
+        stats = await ingest(feed, writer, max_batch=500)
+        wstats = writer.stats()
+        rows = await lsm_rows(writer)
+    assert (stats.messages, stats.rows, stats.sends) == (2_500, 2_500, 5)
+    # each micro-batch of 500 messages reached the writer as one queue entry
+    assert wstats.entries == 5
+    assert wstats.rows == 2_500
+    assert feed.committed == 2_499 and committed == sorted(committed)
+    assert rows == expected_rows(range(2_500))
+
+
+def test_decode_json_takes_decoded_and_json_payloads_together() -> None:
+    messages = [Message(i, batch_of([i])) for i in range(300)]
+    messages.append(Message(300, row_json(300)))
+    table = feeds.decode_json(messages, KV_SCHEMA)
+    assert table.schema.equals(KV_SCHEMA)
+    assert table.to_pylist() == expected_rows(range(301))
 
 
 @pytest.mark.parametrize("max_batch", [1, 10])

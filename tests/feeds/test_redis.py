@@ -126,7 +126,9 @@ async def test_a_restart_under_the_same_name_rereads_its_own_pending_entries(
     assert crashing.acked == ids[:10]
     unacked = fetched - 10
     assert unacked > 0
-    assert await stream.pending() == {"worker-1": unacked}
+    # the crash may also cut a read in flight: what Redis delivered to it is pending too
+    pending = await stream.pending()
+    assert set(pending) == {"worker-1"} and unacked <= pending["worker-1"] <= 20
 
     async with ds.mem_wal_writer(shard) as writer:
         assert (await writer.lsm_point_lookup(10)).num_rows == 1  # the WAL replayed
@@ -154,8 +156,10 @@ async def test_another_consumer_claims_a_dead_consumers_entries(
     shard = new_shard()
     crashing, fetched = await crash_after(stream, ds, shard, "dead", allow=10)
     assert crashing.acked == ids[:10]
-    unacked = fetched - 10
-    assert await stream.pending() == {"dead": unacked}
+    # the crash may also cut a read in flight: what Redis delivered to it is pending too
+    pending = await stream.pending()
+    assert set(pending) == {"dead"} and fetched - 10 <= pending["dead"] <= 20
+    unacked = pending["dead"]
 
     async with (
         ds.mem_wal_writer(shard) as writer,

@@ -57,3 +57,27 @@ async def test_shard_router_needs_a_sharded_table(table_uri: str) -> None:
     with pytest.raises(la.InvalidInputError, match="sharding"):
         async with ds.shard_router():
             pass
+
+
+async def test_shard_router_send_many_gives_one_ack_and_one_entry_per_shard(
+    table_uri: str,
+) -> None:
+    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
+    batches = [
+        b
+        for start in range(100, 1_100, 100)
+        for b in kv_table(range(start, start + 100), value=5).to_batches()
+    ]
+    async with ds.shard_router(commit="throughput") as router:
+        ack = await router.send_many(batches)
+        summary = await ack
+        assert summary.rows == 1_000
+        writers = router.writers
+        assert len(writers) == 4
+        # each shard got the rows of all ten batches as one send: one entry each
+        assert {w.stats().entries for w in writers.values()} == {1}
+        assert summary.engine_puts == 4
+        assert (await (await router.send_many([]))).rows == 0
+    table = await ds.lsm_scan(filter="id >= 100").to_table()
+    assert sorted(table.column("id").to_pylist()) == list(range(100, 1_100))
+    assert set(table.column("value").to_pylist()) == {5}

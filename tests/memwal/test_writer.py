@@ -441,3 +441,48 @@ async def test_combined_acks_count_a_shared_put_once(table_uri: str) -> None:
         assert summary.rows == 500 and summary.batches == 50
         puts = writer.stats().engine_puts
         assert summary.engine_puts == puts <= 2  # the first send may go alone
+
+
+async def test_send_many_gives_one_ack_and_one_entry_per_group(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid(), max_put_rows=1_000) as writer:
+        assert writer._committer is not None
+        async with writer._committer.gate:  # nothing drains: count the entries
+            groups = [[ten_rows(g * 10 + i) for i in range(10)] for g in range(5)]
+            acks = [await writer.send_many(group) for group in groups]
+            assert writer.stats().entries == 5  # one per group, not one per batch
+            assert writer.stats().queue_rows == 500
+        summaries = [await ack for ack in acks]
+        assert [(s.rows, s.batches) for s in summaries] == [(100, 10)] * 5
+        # a group larger than one put is cut, still under one ack
+        big = await writer.send_many([ten_rows(100 + i) for i in range(150)])
+        assert (await big).rows == 1_500 and (await big).engine_puts >= 2
+        assert (await (await writer.send_many([]))).rows == 0
+        ids = (await writer.lsm_scan(columns=["id"], filter="id >= 1000").to_table())["id"]
+    assert sorted(ids.to_pylist()) == list(range(1_000, 1_500)) + list(range(2_000, 3_500))
+
+
+async def test_send_many_queues_nothing_of_a_group_with_a_bad_batch(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    bad = pa.record_batch({"id": [1], "value": ["x"], "name": ["a"]})
+    async with ds.mem_wal_writer(sid()) as writer:
+        with pytest.raises(la.SchemaMismatchError, match="batch 2"):
+            await writer.send_many([ten_rows(0), ten_rows(1), bad])
+        assert writer.stats().queue_rows == 0 and writer.stats().entries == 0
+        assert (await writer.put(ten_rows(2))).rows == 10
+
+
+async def test_one_batch_sends_are_one_entry_each_and_settle_like_any_ack(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid()) as writer:
+        assert writer._committer is not None
+        async with writer._committer.gate:
+            acks = [await writer.send(ten_rows(i)) for i in range(20)]
+            acks.append(writer.send_nowait(ten_rows(20)))
+            assert writer.stats().entries == 21
+            assert not any(a.done() for a in acks[1:])
+        summaries = [await a for a in acks]
+        assert all(s == la.PutSummary(10, 1, 1) for s in summaries)
+        assert all(a.resolved_at is not None and a.resolved_at >= a.created for a in acks)
+        stats = writer.stats()
+        assert stats.rows == 210 and stats.queue_rows == 0 and stats.engine_puts <= 3

@@ -1,0 +1,255 @@
+"""Commit policies: how a shard writer turns queued rows into engine puts.
+
+A durable ``ShardWriter.put`` in pylance 14 returns once its WAL bytes are
+flushed, and the engine flushes them either when the buffered WAL bytes
+reach ``max_wal_buffer_size`` (default 10 MiB) or at the next
+``max_wal_flush_interval_ms`` tick (default 100 ms). With the defaults a
+small put waits for the tick (about 55 ms on average, up to 100 ms), and a
+row that arrives while a put is in flight waits for two ticks. With
+``max_wal_buffer_size=1`` every put flushes when it is made: its latency is
+one WAL write (a few ms on local disk), whatever its size.
+
+Three policies, chosen with ``commit=`` on
+:class:`~lance_async.AsyncShardWriter` or :class:`~lance_async.ShardRouter`:
+
+``"adaptive"`` (the default)
+    Group commit that adapts to the load, as Kafka's producer does with
+    ``linger.ms=0`` and ``batch.size`` (aiokafka's accumulator and sender):
+    the engine writer flushes every put (``max_wal_buffer_size=1``); when
+    the writer is idle a message is put at once, and under load the next
+    put takes everything that queued meanwhile, up to ``max_put_rows``
+    (10,000). Puts start at most every ``min_put_interval`` (5 ms), so a
+    saturated writer makes puts of thousands of rows rather than hundreds
+    of tiny WAL writes. Ack latency is then about one put plus the queue's
+    depth in puts; throughput is close to the throughput policy's.
+``"latency"``
+    The same flush-every-put engine setting with small puts (1,000 rows), no
+    pacing and a queue of two puts: the shortest acks under load, at the
+    price of more, smaller WAL writes and more CPU per row.
+``"throughput"``
+    The engine's own WAL settings and puts of up to half a memtable: the
+    largest puts and the fewest WAL writes, acks after the engine's tick
+    (lance_async's behaviour before the policies existed).
+
+Options given explicitly (``max_put_rows=``, ``max_queue_rows=``,
+``linger=``, ``min_put_interval=``, the engine's ``max_wal_buffer_size=``)
+override the policy's; so does a ``max_wal_buffer_size`` recorded as the
+table's MemWAL writer default (``initialize_mem_wal(max_wal_buffer_size=...)``)
+when it differs from pylance's own default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "COMMIT_POLICIES",
+    "ENGINE_WAL_BUFFER_SIZE",
+    "Commit",
+    "CommitPolicy",
+    "WriterConfig",
+    "commit_policy",
+    "engine_options",
+]
+
+Commit = Literal["adaptive", "latency", "throughput"]
+"""The names of the commit policies."""
+
+ENGINE_WAL_BUFFER_SIZE = 10 * 1024 * 1024
+"""pylance 14's default ``max_wal_buffer_size`` (bytes)."""
+
+
+@dataclass(frozen=True)
+class CommitPolicy:
+    """How a shard writer groups rows into engine puts (see the module notes).
+
+    Attributes
+    ----------
+    name : str
+        ``"adaptive"``, ``"latency"`` or ``"throughput"``.
+    wal_buffer_size : int or None
+        The engine's ``max_wal_buffer_size`` (bytes) the writer opens with,
+        unless the caller or the table's defaults set one; None keeps the
+        engine's. Applied to durable writers only.
+    max_put_rows : int or None
+        Rows per engine put by default (never above the memtable's row
+        limit); None: half the memtable. The queue holds twice this.
+    min_put_interval : float
+        Seconds between the starts of two engine puts (0: none). A put
+        after an idle spell starts at once.
+    """
+
+    name: str
+    wal_buffer_size: int | None
+    max_put_rows: int | None
+    min_put_interval: float
+
+
+COMMIT_POLICIES: dict[str, CommitPolicy] = {
+    "adaptive": CommitPolicy("adaptive", 1, 10_000, 0.005),
+    "latency": CommitPolicy("latency", 1, 1_000, 0.0),
+    "throughput": CommitPolicy("throughput", None, None, 0.0),
+}
+"""The policies by name."""
+
+
+def commit_policy(commit: str, min_put_interval: float | None = None) -> CommitPolicy:
+    """The policy named ``commit``, with ``min_put_interval`` overridden if given.
+
+    Does not block.
+
+    Raises
+    ------
+    TypeError
+        ``commit`` is not a string, or ``min_put_interval`` not a number.
+    ValueError
+        ``commit`` names no policy, or ``min_put_interval`` is negative or
+        not finite.
+    """
+    if not isinstance(commit, str):
+        raise TypeError(f"commit must be a str, one of {sorted(COMMIT_POLICIES)}, got {commit!r}")
+    policy = COMMIT_POLICIES.get(commit)
+    if policy is None:
+        raise ValueError(
+            f"commit must be one of {', '.join(repr(p) for p in COMMIT_POLICIES)}, got {commit!r}"
+        )
+    if min_put_interval is None:
+        return policy
+    if isinstance(min_put_interval, bool) or not isinstance(min_put_interval, (int, float)):
+        raise TypeError(f"min_put_interval must be a number of seconds, got {min_put_interval!r}")
+    if not (math.isfinite(min_put_interval) and min_put_interval >= 0):
+        raise ValueError(
+            f"min_put_interval must be a finite number of seconds >= 0, got {min_put_interval}"
+        )
+    return CommitPolicy(
+        policy.name, policy.wal_buffer_size, policy.max_put_rows, float(min_put_interval)
+    )
+
+
+def _table_flag(value: Any) -> bool | None:
+    if value is None:
+        return None
+    return str(value).lower() != "false"
+
+
+def engine_options(
+    policy: CommitPolicy, options: Mapping[str, Any], table_defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The keywords to open the engine's ``ShardWriter`` with under ``policy``.
+
+    ``options`` are the caller's engine keywords; ``table_defaults`` the
+    MemWAL's recorded ``writer_config_defaults`` (pylance records every
+    setting, its own defaults included, once any is given). The policy's
+    ``max_wal_buffer_size`` is added only to a durable writer whose caller
+    did not set one and whose table records none other than pylance's
+    default. Does not block.
+    """
+    out = dict(options)
+    if policy.wal_buffer_size is None or "max_wal_buffer_size" in out:
+        return out
+    durable = out.get("durable_write")
+    if durable is None:
+        durable = _table_flag(table_defaults.get("durable_write"))
+    if durable is False:
+        return out
+    recorded = table_defaults.get("max_wal_buffer_size")
+    if recorded is not None and int(recorded) != ENGINE_WAL_BUFFER_SIZE:
+        return out
+    out["max_wal_buffer_size"] = policy.wal_buffer_size
+    return out
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """A shard writer's options, checked (see :class:`~lance_async.AsyncShardWriter`).
+
+    Built by :meth:`from_options`, which both the writer and the routing
+    writer call, so a bad option fails where it is given, not when a shard
+    first receives rows.
+
+    Attributes
+    ----------
+    policy : CommitPolicy
+    max_queue_rows, max_put_rows : int or None
+        As given (None: from the policy and the memtable, see :meth:`limits`).
+    max_queue_bytes, max_put_bytes : int
+    linger : float
+    close_timeout : float
+    engine : dict
+        Keywords for the engine's ``mem_wal_writer``, as given.
+    """
+
+    policy: CommitPolicy
+    max_queue_rows: int | None
+    max_put_rows: int | None
+    max_queue_bytes: int
+    max_put_bytes: int
+    linger: float
+    close_timeout: float
+    engine: Mapping[str, Any]
+
+    @classmethod
+    def from_options(
+        cls,
+        *,
+        commit: str = "adaptive",
+        min_put_interval: float | None = None,
+        max_queue_rows: int | None = None,
+        max_queue_bytes: int = 256 * 1024 * 1024,
+        max_put_rows: int | None = None,
+        max_put_bytes: int = 64 * 1024 * 1024,
+        linger: float = 0.0,
+        close_timeout: float = 60.0,
+        **engine: Any,
+    ) -> WriterConfig:
+        """Check a writer's keyword arguments (does not block).
+
+        Raises
+        ------
+        TypeError
+            An option of the wrong type.
+        ValueError
+            An unknown policy, a limit below 1, a negative or infinite wait.
+        """
+        policy = commit_policy(commit, min_put_interval)
+        for name, value in (
+            ("max_queue_rows", max_queue_rows),
+            ("max_put_rows", max_put_rows),
+            ("max_queue_bytes", max_queue_bytes),
+            ("max_put_bytes", max_put_bytes),
+        ):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        for name, seconds in (("linger", linger), ("close_timeout", close_timeout)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+                raise TypeError(f"{name} must be a number of seconds, got {seconds!r}")
+            if not seconds >= 0 or (name == "linger" and not math.isfinite(seconds)):
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {seconds}")
+        return cls(
+            policy,
+            max_queue_rows,
+            max_put_rows,
+            max_queue_bytes,
+            max_put_bytes,
+            float(linger),
+            float(close_timeout),
+            dict(engine),
+        )
+
+    def limits(self, memtable_rows: int) -> tuple[int, int]:
+        """``(max_put_rows, max_queue_rows)`` for a memtable of ``memtable_rows`` rows.
+
+        Put rows: as given, else the policy's, else half the memtable; never
+        above the memtable (one put never spans memtables). Queue rows: as
+        given, else twice the put rows.
+        """
+        put = self.max_put_rows or self.policy.max_put_rows or max(1, memtable_rows // 2)
+        put = min(put, memtable_rows)
+        return put, self.max_queue_rows or 2 * put

@@ -1,0 +1,152 @@
+"""Commit policies: what each asks of the engine, and how options are checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import lance_async as la
+from lance_async.memwal.policy import (
+    COMMIT_POLICIES,
+    ENGINE_WAL_BUFFER_SIZE,
+    WriterConfig,
+    engine_options,
+)
+
+from ..helpers import KV_SCHEMA
+from .support import mem_wal_table, sid
+
+pytestmark = pytest.mark.anyio
+
+TEN_MINUTES_MS = 600_000
+
+
+def ten_rows(i: int) -> pa.RecordBatch:
+    ids = np.arange(i * 10, i * 10 + 10) + 1_000
+    return pa.record_batch(
+        {"id": ids, "value": np.full(10, i), "name": [f"r{j}" for j in ids]}, schema=KV_SCHEMA
+    )
+
+
+async def test_adaptive_commit_flushes_an_idle_message_without_the_engine_tick(
+    table_uri: str,
+) -> None:
+    ds = await mem_wal_table(table_uri)
+    # A WAL tick of ten minutes: a durable put that waited for it would outlast
+    # the test's timeout. Each idle message is one put whose WAL is flushed by
+    # the put itself.
+    async with ds.mem_wal_writer(sid(), max_wal_flush_interval_ms=TEN_MINUTES_MS) as writer:
+        assert writer.commit == "adaptive"
+        assert writer.engine_options["max_wal_buffer_size"] == 1
+        summaries = [await writer.put(ten_rows(i)) for i in range(3)]
+        engine, memtable = await writer.engine_stats()
+        assert [(s.rows, s.engine_puts) for s in summaries] == [(10, 1)] * 3
+        assert writer.stats().engine_puts == 3
+        assert engine["put_count"] == engine["wal_flush_count"] == 3
+        assert memtable["durable_batch_count"] == 3
+
+
+async def test_throughput_policy_keeps_large_puts_and_adaptive_caps_them(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    puts: dict[str, int] = {}
+    for commit in ("throughput", "adaptive"):
+        async with ds.mem_wal_writer(sid(), commit=commit) as writer:
+            assert writer.max_put_rows == (50_000 if commit == "throughput" else 10_000)
+            assert writer.max_queue_rows == 2 * writer.max_put_rows
+            assert ("max_wal_buffer_size" in writer.engine_options) is (commit == "adaptive")
+            assert writer._committer is not None
+            async with writer._committer.gate:  # hold the engine: 15,010 rows queue up
+                acks = [await writer.send(ten_rows(i)) for i in range(1_501)]
+            summary = await la.Ack.combine(acks)
+            assert summary.rows == 15_010
+            puts[commit] = summary.engine_puts
+    # the first message may go alone; the throughput policy then puts the rest
+    # at once, the adaptive one in puts of at most 10,000 rows
+    assert puts["throughput"] <= 2
+    assert puts["adaptive"] >= 2
+
+
+async def test_latency_policy_makes_small_puts(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid(), commit="latency") as writer:
+        assert (writer.max_put_rows, writer.max_queue_rows) == (1_000, 2_000)
+        assert writer.config.policy.min_put_interval == 0
+        assert writer._committer is not None
+        async with writer._committer.gate:
+            acks = [await writer.send(ten_rows(i)) for i in range(150)]
+        summary = await la.Ack.combine(acks)
+    assert summary.rows == 1_500 and summary.engine_puts >= 2
+
+
+async def test_explicit_options_and_table_defaults_win_over_the_policy(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(
+        sid(), max_wal_buffer_size=4096, max_put_rows=300, max_queue_rows=700
+    ) as writer:
+        assert writer.engine_options["max_wal_buffer_size"] == 4096
+        assert (writer.max_put_rows, writer.max_queue_rows) == (300, 700)
+        await writer.put(ten_rows(0))
+    async with ds.mem_wal_writer(sid(), durable_write=False) as writer:
+        assert "max_wal_buffer_size" not in writer.engine_options  # acks never wait for it
+    # a buffer size recorded as the table's writer default is kept ...
+    defaults = {"max_wal_buffer_size": "4096", "durable_write": "true"}
+    policy = COMMIT_POLICIES["adaptive"]
+    assert engine_options(policy, {}, defaults) == {}
+    # ... unless it is pylance's own default, recorded with any other setting
+    recorded = {"max_wal_buffer_size": str(ENGINE_WAL_BUFFER_SIZE), "max_memtable_rows": "500"}
+    assert engine_options(policy, {}, recorded) == {"max_wal_buffer_size": 1}
+    assert engine_options(policy, {}, {"durable_write": "false"}) == {}
+    assert engine_options(COMMIT_POLICIES["throughput"], {}, {}) == {}
+
+
+async def test_a_table_default_buffer_size_is_kept_by_a_real_writer(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri, max_wal_buffer_size=2048, max_memtable_rows=4_000)
+    async with ds.mem_wal_writer(sid()) as writer:
+        assert "max_wal_buffer_size" not in writer.engine_options
+        assert writer.max_put_rows == 4_000  # the policy's 10,000 capped by the memtable
+        assert (await writer.put(ten_rows(1))).rows == 10
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"commit": "fast"}, ValueError),
+        ({"commit": "Adaptive"}, ValueError),
+        ({"commit": 1}, TypeError),
+        ({"min_put_interval": -0.001}, ValueError),
+        ({"min_put_interval": float("nan")}, ValueError),
+        ({"min_put_interval": float("inf")}, ValueError),
+        ({"min_put_interval": "5ms"}, TypeError),
+        ({"max_put_rows": 0}, ValueError),
+        ({"max_put_rows": 2.5}, TypeError),
+        ({"max_queue_rows": True}, TypeError),
+        ({"max_queue_bytes": -1}, ValueError),
+        ({"linger": -1}, ValueError),
+        ({"linger": float("inf")}, ValueError),
+        ({"close_timeout": float("nan")}, ValueError),
+    ],
+)
+async def test_bad_policy_options_are_refused_where_they_are_given(
+    table_uri: str, options: dict[str, Any], error: type[Exception]
+) -> None:
+    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=2)
+    with pytest.raises(error):
+        WriterConfig.from_options(**options)
+    with pytest.raises(error):
+        ds.mem_wal_writer(sid(), **options)
+    with pytest.raises(error):
+        ds.mem_wal_writer(**options)  # the routing writer: before any shard opens
+
+
+async def test_each_policy_writes_every_row(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=2)
+    for n, commit in enumerate(COMMIT_POLICIES):
+        async with ds.mem_wal_writer(commit=commit, min_put_interval=0.001) as router:
+            acks = [await router.send(ten_rows(n * 100 + i)) for i in range(100)]
+            assert (await la.Ack.combine(acks)).rows == 1_000
+            assert {w.commit for w in router.writers.values()} == {commit}
+    table = await ds.lsm_scan(columns=["id"], filter="id >= 1000").to_table()
+    assert sorted(table.column("id").to_pylist()) == list(range(1_000, 4_000))
