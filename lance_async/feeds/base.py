@@ -128,29 +128,41 @@ def decode_json(messages: Sequence[Message], schema: pa.Schema) -> pa.Table:
     Each payload is a JSON object, several newline-delimited ones, or a JSON
     array of objects; values are coerced to the schema's types by the one
     JSON rule (:mod:`lance_async.sources.jsonrows`).
-    Payloads that are already record batches pass through.
+    Payloads that are already record batches pass through. Rows keep the
+    messages' order (a later message's row of a key wins), whatever mix of
+    kinds the messages are.
 
     Raises
     ------
     DecodeError
         A payload is not valid JSON for the schema.
     """
-    tables = []
+    tables: list[pa.Table] = []
     raw: list[bytes] = []
     decoded: list[pa.RecordBatch] = []
+
+    def close_run() -> None:  # one table per run of one kind, runs in message order
+        if decoded:
+            tables.append(pa.Table.from_batches(decoded))
+            decoded.clear()
+        if raw:
+            tables.append(decode_json_rows(b"\n".join(raw) + b"\n", schema))
+            raw.clear()
+
     for m in messages:
         if isinstance(m.payload, pa.RecordBatch):
+            if raw:
+                close_run()
             decoded.append(m.payload)
             continue
         data = bytes(m.payload).strip()
         if data[:1] == b"[":  # a JSON array of objects (application/json)
             data = to_ndjson(data).strip()
         if data:
+            if decoded:
+                close_run()
             raw.append(data)
-    if decoded:  # one table for all of them, not one per message
-        tables.append(pa.Table.from_batches(decoded))
-    if raw:
-        tables.append(decode_json_rows(b"\n".join(raw) + b"\n", schema))
+    close_run()
     if not tables:
         return schema.empty_table()
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]

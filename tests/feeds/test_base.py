@@ -97,6 +97,20 @@ def test_decode_json_takes_decoded_and_json_payloads_together() -> None:
     assert table.to_pylist() == expected_rows(range(301))
 
 
+def test_decode_json_keeps_message_order_across_kinds() -> None:
+    """A key sent as JSON, then decoded, then JSON again: the rows come in
+    that order, so the last message's value is the one the table keeps."""
+    kinds = [row_json(7, 1), batch_of([7]), row_json(7, 3), row_json(8), batch_of([9])]
+    table = feeds.decode_json([Message(i, p) for i, p in enumerate(kinds)], KV_SCHEMA)
+    assert [(r["id"], r["value"]) for r in table.to_pylist()] == [
+        (7, 1),
+        (7, 70),
+        (7, 3),
+        (8, 80),
+        (9, 90),
+    ]
+
+
 @pytest.mark.parametrize("max_batch", [1, 10])
 @pytest.mark.parametrize("async_hook", [False, True])
 async def test_dead_letters_get_the_offset_and_are_acked_in_order(
