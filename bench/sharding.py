@@ -247,7 +247,7 @@ def takeover(settings: Settings) -> list[float]:
 
 def run(settings: Settings, shared: dict[str, Any]) -> Section:
     """Measure routing and take-over; the report section."""
-    messages = 500 if settings.quick else 60_000
+    messages = 500 if settings.quick else 20_000
     rows = 10
     series: list[Series] = []
     for config in CONFIGS:
