@@ -25,11 +25,14 @@ the bucket is computed where the row enters, never guessed later.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from lance.mem_wal import evaluate_sharding_spec
@@ -106,6 +109,24 @@ def default_shard_id(spec_id: int, value: Any, epoch: str | None = None) -> str:
     return derived_shard_id(SHARD_NAMESPACE, f"{spec_id}/{value}", epoch)
 
 
+#: Shard ids of recent shard values (a uuid5 is about 3 us; a bucket table
+#: has a handful of values). ``typed``: 1, 1.0 and True name other shards.
+_cached_shard_id = functools.lru_cache(maxsize=4096, typed=True)(default_shard_id)
+
+
+@functools.lru_cache(maxsize=256)
+def _value_of(spec_id: int, values: int, epoch: str | None, shard_id: str) -> int | None:
+    """The shard value in ``range(values)`` whose shard id is ``shard_id``, or None."""
+    try:
+        canonical = str(uuid.UUID(shard_id))
+    except ValueError:
+        return None
+    for value in range(values):
+        if _cached_shard_id(spec_id, value, epoch) == canonical:
+            return value
+    return None
+
+
 @dataclass(frozen=True)
 class Sharding:
     """How a MemWAL table maps rows to shards.
@@ -163,7 +184,7 @@ class Sharding:
                 "Initialize the MemWAL with a sharding spec (bucket sharding on the key is "
                 "lance_async's default) to route rows"
             )
-        return default_shard_id(self.spec_id, value, self.epoch)
+        return _cached_shard_id(self.spec_id, value, self.epoch)
 
     def default_shard(self) -> str:
         """The shard lance_async's own tools write a table with *manual* shards
@@ -192,11 +213,7 @@ class Sharding:
         unsharded tables), or None when it is none of them."""
         if self.kind not in ("bucket", "unsharded"):
             return None
-        canonical = str(uuid.UUID(str(shard_id)))
-        for value, sid in enumerate(self.shard_ids()):
-            if sid == canonical:
-                return value
-        return None
+        return _value_of(self.spec_id, self.num_buckets or 1, self.epoch, str(shard_id))
 
     # -- rows ----------------------------------------------------------------------
     def values(self, batch: pa.RecordBatch) -> pa.Array:
@@ -221,6 +238,20 @@ class Sharding:
         if batch.num_rows == 0:
             return []
         values = self.values(batch)
+        if pa.types.is_integer(values.type) and values.null_count == 0:
+            # buckets: one stable sort, one take, zero-copy slices per shard
+            ints = values.to_numpy()
+            first = ints[0]
+            if (ints == first).all():
+                return [(self.shard_id(int(first)), batch)]
+            order = np.argsort(ints, kind="stable")
+            ranked = ints[order]
+            cuts = [0, *(np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist(), len(ranked)]
+            taken = batch.take(pa.array(order))
+            return [
+                (self.shard_id(int(ranked[a])), taken.slice(a, b - a))
+                for a, b in itertools.pairwise(cuts)
+            ]
         uniques = pc.unique(values)
         if len(uniques) == 1:
             return [(self.shard_id(uniques[0].as_py()), batch)]
@@ -241,6 +272,13 @@ class Sharding:
         if not self.sharded or batch.num_rows == 0:
             return
         values = self.values(batch)
+        expected = self.value_of(shard_id)
+        if (
+            expected is not None
+            and values.null_count == 0
+            and (values.to_numpy(zero_copy_only=False) == expected).all()
+        ):
+            return  # the common case: one comparison, no shard ids computed
         uniques = pc.unique(values)
         for value in uniques:
             owner = self.shard_id(value.as_py())

@@ -69,6 +69,29 @@ async def test_the_default_mem_wal_is_bucket_sharded_on_the_key(table_uri: str) 
         await ds.initialize_mem_wal(manual_shards=True, unsharded=True)
 
 
+async def test_split_and_check_agree_with_the_engine_row_by_row(table_uri: str) -> None:
+    """split() groups rows by the engine's shard value, keeps row order inside
+    each part and loses none; check() passes each part and refuses the rest."""
+    ds = await keyed_table(table_uri)
+    sharding = await ds.sharding()
+    ids = [37, 2, 99, 2, 14, 5, 61, 8, 0, 73, 21, 5]  # repeats, unsorted
+    batch = kv_table(ids).to_batches()[0]
+    owner = [sharding.shard_id(v) for v in sharding.values(batch).to_pylist()]
+    parts = sharding.split(batch)
+    assert {shard for shard, _ in parts} == set(owner)
+    for shard, part in parts:
+        expected = [i for i, o in zip(ids, owner, strict=True) if o == shard]
+        assert part.column("id").to_pylist() == expected  # row order kept
+        sharding.check(part, shard)
+        for other in set(owner) - {shard}:
+            with pytest.raises(la.errors.WrongShardError):
+                sharding.check(part, other)
+    with pytest.raises(la.errors.WrongShardError):
+        sharding.check(batch, owner[0])
+    assert sharding.value_of(owner[0]) == sharding.values(batch)[0].as_py()
+    assert sharding.value_of("not-a-uuid") is None
+
+
 async def test_a_row_for_a_foreign_shard_is_refused_with_nothing_queued(table_uri: str) -> None:
     ds = await keyed_table(table_uri)
     sharding = await ds.sharding()
