@@ -3,12 +3,17 @@
 Issue 14. Two measurements, side by side in one run:
 
 durable ingestion
-    10-row messages sent one by one through the routing writer
-    (``dataset.mem_wal_writer()``) of a 4-bucket table, durable, on local
-    disk and on a moto S3 server (started here on a free port, configured by
-    ``storage_options`` only): rows/s, ack p50/p99, and the object-store
-    requests moto served during the ingestion (its request recorder), per
-    second and per shard.
+    First 30 small puts of one shard awaited one at a time (one WAL write
+    each: the durable put latency), then 10-row messages sent one by one
+    through the routing writer (``dataset.mem_wal_writer()``) of a 4-bucket
+    table, durable: rows/s, ack p50/p99, and the object-store requests moto
+    served while sending (its request recorder), per second and per shard,
+    and rows per PUT. On local disk and on a moto S3 server (started here on
+    a free port, configured by ``storage_options`` only) with the default
+    commit policy, with puts paced 100 ms apart (``min_put_interval=0.1``)
+    and with the throughput policy. Then the compaction of what was
+    ingested: seconds and requests. moto answers on loopback in about a
+    millisecond; real S3 takes tens (see docs/scale-out.md).
 
 workers
     1, 2 and 3 ``lance-async worker`` processes on one local table of 6
@@ -49,6 +54,9 @@ METRICS = [
     Metric("rows_per_s", "rows/s", 1.0, 0),
     Metric("ack_p50_ms", "ack p50 (ms)", 1.0, 1),
     Metric("ack_p99_ms", "ack p99 (ms)", 1.0, 1),
+    Metric("put_p50_ms", "one put p50 (ms)", 1.0, 1),
+    Metric("put_p99_ms", "one put p99 (ms)", 1.0, 1),
+    Metric("rows_per_put", "rows per PUT", 1.0, 0),
     Metric("requests_per_s_per_shard", "object-store requests/s per shard", 1.0, 1),
     Metric("puts_per_s_per_shard", "PUTs/s per shard", 1.0, 1),
     Metric("compact_seconds", "compaction (s)", 1.0, 2),
@@ -111,28 +119,44 @@ class Moto:
     def recorder(self, action: str) -> bytes:
         """Drive moto's request recorder (``reset-``, ``start-``, ``stop-recording``);
         ``download-recording`` returns the requests recorded, one JSON per line."""
-        method = "GET" if action == "download-recording" else "POST"
-        req = urllib.request.Request(
-            f"{self.endpoint}/moto-api/recorder/{action}",
-            method=method,
-            data=b"" if method == "POST" else None,
-        )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return bytes(r.read())
+        return _recorder(self.endpoint, action)
+
+
+def _recorder(endpoint: str | None, action: str) -> bytes:
+    """Drive moto's request recorder at ``endpoint`` (no-op without one)."""
+    if endpoint is None:
+        return b""
+    method = "GET" if action == "download-recording" else "POST"
+    req = urllib.request.Request(
+        f"{endpoint}/moto-api/recorder/{action}",
+        method=method,
+        data=b"" if method == "POST" else None,
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return bytes(r.read())
 
 
 def child_ingest(
-    uri: str, storage_options: dict[str, str] | None, messages: int, rows: int
+    uri: str,
+    storage_options: dict[str, str] | None,
+    messages: int,
+    rows: int,
+    writer_options: dict[str, Any] | None = None,
 ) -> dict[str, float]:
-    """Ingest ``messages`` durable 10-row messages through the routing writer (blocking)."""
+    """Durable put latency, then ``messages`` durable 10-row messages sent
+    through the routing writer (blocking). On moto, the object-store
+    requests of the sending phase alone are counted (its recorder)."""
     import anyio
 
     import lance_async as la
+
+    endpoint = (storage_options or {}).get("aws_endpoint")
 
     async def main() -> dict[str, float]:
         base = pa.table({"id": [-1], "ts": [0], "value": [0.0]}, schema=SCHEMA)
         ds = await la.write_dataset(base, uri, storage_options=storage_options)
         await ds.initialize_mem_wal(bucket_column="id", num_buckets=BUCKETS)
+        sharding = await ds.sharding()
         ids = np.random.default_rng(3).permutation(messages * rows).astype(np.int64)
         batches = [
             pa.record_batch(
@@ -145,25 +169,48 @@ def child_ingest(
             )
             for i in range(0, messages * rows, rows)
         ]
+        # a put of a few rows of one shard, awaited one at a time: one WAL write
+        probe = pa.record_batch(
+            {"id": np.arange(-40, -1), "ts": np.zeros(39, np.int64), "value": np.ones(39)},
+            schema=SCHEMA,
+        )
+        one_shard = sharding.split(probe)[0][1].slice(0, 5)
+        put_ms: list[float] = []
         latencies: list[float] = []
-        async with ds.mem_wal_writer() as writer:
-            await writer.put(batches[0])
+        async with ds.mem_wal_writer(**(writer_options or {})) as writer:
+            await writer.put(one_shard)
+            for _ in range(30):
+                t0 = time.perf_counter()
+                await writer.put(one_shard)
+                put_ms.append((time.perf_counter() - t0) * 1000)
+            await anyio.to_thread.run_sync(_recorder, endpoint, "reset-recording")
+            await anyio.to_thread.run_sync(_recorder, endpoint, "start-recording")
             start = time.perf_counter()
             pending = []
-            for b in batches[1:]:
+            for b in batches:
                 pending.append(await writer.send(b))
             for ack in pending:
                 await ack
                 assert ack.resolved_at is not None
                 latencies.append(max(0.0, ack.resolved_at - ack.created))
             seconds = time.perf_counter() - start
+            await anyio.to_thread.run_sync(_recorder, endpoint, "stop-recording")
         lat = np.array(latencies) * 1000
-        return {
-            "rows_per_s": (len(batches) - 1) * rows / seconds,
+        out = {
+            "rows_per_s": len(batches) * rows / seconds,
             "ack_p50_ms": float(np.percentile(lat, 50)),
             "ack_p99_ms": float(np.percentile(lat, 99)),
+            "put_p50_ms": float(np.percentile(put_ms, 50)),
+            "put_p99_ms": float(np.percentile(put_ms, 99)),
             "seconds": seconds,
         }
+        if endpoint is not None:
+            recording = await anyio.to_thread.run_sync(_recorder, endpoint, "download-recording")
+            requests, puts = _count_requests(recording)
+            out["requests_per_s_per_shard"] = requests / seconds / BUCKETS
+            out["puts_per_s_per_shard"] = puts / seconds / BUCKETS
+            out["rows_per_put"] = len(batches) * rows / max(puts, 1)
+        return out
 
     return anyio.run(main)
 
@@ -204,59 +251,58 @@ def _count_requests(recording: bytes) -> tuple[int, int]:
     return total, puts
 
 
+#: The durable-ingestion configurations: (name, on S3?, writer options).
+INGEST_CONFIGS: list[tuple[str, bool, dict[str, Any]]] = [
+    ("local disk", False, {}),
+    ("S3 (moto)", True, {}),
+    ("S3, puts >= 100 ms apart", True, {"min_put_interval": 0.1}),
+    ("S3, throughput policy", True, {"commit": "throughput"}),
+]
+
+
 def ingestion(settings: Settings) -> list[Series]:
-    """Durable ingestion on local disk and on moto, alternating, ``settings.runs`` each."""
+    """Durable ingestion in every configuration, alternating, ``settings.runs`` each."""
     messages = 300 if settings.quick else 6_000
-    local: list[dict[str, Any]] = []
-    s3: list[dict[str, Any]] = []
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in INGEST_CONFIGS}
     with Moto(settings.work) as moto:
         for i in range(settings.runs):
-            uri = str(settings.work / f"ingest-local-{i}.lance")
-            local.append(
-                run_child(
+            for name, on_s3, options in INGEST_CONFIGS:
+                if on_s3:
+                    uri, storage = f"s3://{moto.bucket()}/t.lance", moto.options()
+                else:
+                    uri, storage = str(settings.work / f"ingest-{i}-{uuid.uuid4().hex[:6]}"), None
+                sample = run_child(
                     "bench.object_storage:child_ingest",
-                    {"uri": uri, "storage_options": None, "messages": messages, "rows": 10},
+                    {
+                        "uri": uri,
+                        "storage_options": storage,
+                        "messages": messages,
+                        "rows": 10,
+                        "writer_options": options,
+                    },
                 )
-            )
-            bucket = moto.bucket()
-            moto.recorder("reset-recording")
-            moto.recorder("start-recording")
-            sample = run_child(
-                "bench.object_storage:child_ingest",
-                {
-                    "uri": f"s3://{bucket}/t.lance",
-                    "storage_options": moto.options(),
-                    "messages": messages,
-                    "rows": 10,
-                },
-            )
-            moto.recorder("stop-recording")
-            requests, puts = _count_requests(moto.recorder("download-recording"))
-            # the whole child (set-up included) over the ingestion's seconds: an upper bound
-            sample["requests_per_s_per_shard"] = requests / sample["seconds"] / BUCKETS
-            sample["puts_per_s_per_shard"] = puts / sample["seconds"] / BUCKETS
-            moto.recorder("reset-recording")
-            moto.recorder("start-recording")
-            sample.update(
-                run_child(
-                    "bench.object_storage:child_compact",
-                    {"uri": f"s3://{bucket}/t.lance", "storage_options": moto.options()},
-                )
-            )
-            moto.recorder("stop-recording")
-            sample["compact_requests"], _ = _count_requests(moto.recorder("download-recording"))
-            local[-1].update(
-                run_child(
-                    "bench.object_storage:child_compact", {"uri": uri, "storage_options": None}
-                )
-            )
-            s3.append(sample)
+                if name in ("local disk", "S3 (moto)"):  # compaction of what was ingested
+                    moto.recorder("reset-recording")
+                    moto.recorder("start-recording")
+                    sample.update(
+                        run_child(
+                            "bench.object_storage:child_compact",
+                            {"uri": uri, "storage_options": storage},
+                        )
+                    )
+                    moto.recorder("stop-recording")
+                    if on_s3:
+                        recording = moto.recorder("download-recording")
+                        sample["compact_requests"], _ = _count_requests(recording)
+                samples[name].append(sample)
             log(
-                f"object_storage: run {i}: local {local[-1]['rows_per_s']:,.0f} rows/s, "
-                f"s3 {sample['rows_per_s']:,.0f} rows/s, {requests} requests"
+                "object_storage: run {}: {}".format(
+                    i,
+                    ", ".join(f"{n} {samples[n][-1]['rows_per_s']:,.0f} rows/s" for n in samples),
+                )
             )
     case = f"{messages:,} durable 10-row messages, {BUCKETS} shards"
-    return [Series(case, "local disk", local), Series(case, "S3 (moto)", s3)]
+    return [Series(case, name, runs) for name, runs in samples.items()]
 
 
 async def _owned(ports: list[int]) -> list[int]:
