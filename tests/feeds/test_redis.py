@@ -116,6 +116,24 @@ async def test_ingest_acks_each_entry_after_its_rows_are_written(
     assert await stream.pending() == {}
 
 
+async def test_ingest_acks_a_micro_batch_with_one_xack(stream: Stream, tmp_path: Path) -> None:
+    await stream.add([row_json(i) for i in range(400)])
+    ds = await mem_wal_table(tmp_path)
+
+    async def xack_calls() -> int:
+        stats = await stream.client.info("commandstats")
+        return int(stats.get("cmdstat_xack", {}).get("calls", 0))
+
+    before = await xack_calls()
+    async with ds.mem_wal_writer(new_shard()) as writer, await stream.feed("c1") as feed:
+        stats = await ingest(feed, writer, max_batch=400, fetch_timeout=0.1, idle_timeout=0.3)
+        assert (stats.messages, feed.acked, feed.in_flight) == (400, 400, 0)
+    assert await stream.pending() == {}
+    # one XACK per micro-batch, not one per entry (other clients of this
+    # Redis may add a few of their own meanwhile)
+    assert await xack_calls() - before < 100
+
+
 async def test_a_restart_under_the_same_name_rereads_its_own_pending_entries(
     stream: Stream, tmp_path: Path
 ) -> None:
