@@ -3,8 +3,9 @@
 Issue 14. Two measurements, side by side in one run:
 
 durable ingestion
-    First 30 small puts of one shard awaited one at a time (one WAL write
-    each: the durable put latency), then 10-row messages sent one by one
+    First 30 small puts of one shard awaited one at a time by a shard writer
+    with the latency policy (one WAL write each, no pacing: the durable put
+    latency), then 10-row messages sent one by one
     through the routing writer (``dataset.mem_wal_writer()``) of a 4-bucket
     table, durable: rows/s, ack p50/p99, and the object-store requests moto
     served while sending (its request recorder), per second and per shard,
@@ -174,15 +175,18 @@ def child_ingest(
             {"id": np.arange(-40, -1), "ts": np.zeros(39, np.int64), "value": np.ones(39)},
             schema=SCHEMA,
         )
-        one_shard = sharding.split(probe)[0][1].slice(0, 5)
+        shard, part = sharding.split(probe)[0]
+        one_shard = part.slice(0, 5)
         put_ms: list[float] = []
         latencies: list[float] = []
-        async with ds.mem_wal_writer(**(writer_options or {})) as writer:
-            await writer.put(one_shard)
+        # the latency policy: no pacing between puts, so a put is its WAL write
+        async with ds.mem_wal_writer(shard, commit="latency") as single:
+            await single.put(one_shard)
             for _ in range(30):
                 t0 = time.perf_counter()
-                await writer.put(one_shard)
+                await single.put(one_shard)
                 put_ms.append((time.perf_counter() - t0) * 1000)
+        async with ds.mem_wal_writer(**(writer_options or {})) as writer:
             await anyio.to_thread.run_sync(_recorder, endpoint, "reset-recording")
             await anyio.to_thread.run_sync(_recorder, endpoint, "start-recording")
             start = time.perf_counter()
