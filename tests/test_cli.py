@@ -417,3 +417,18 @@ def test_regression_ingest_of_a_deeply_nested_line_fails_without_crashing(
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "JSON nested deeper than 64 levels" in out.stdout + out.stderr
     assert lsm_ids(mem_wal_table) == list(range(5))
+
+
+def test_ingest_takes_the_writers_commit_policy(tmp_path: Path, mem_wal_table: str) -> None:
+    src = ndjson(
+        tmp_path / "rows.ndjson",
+        [json.dumps({"id": i, "value": i, "name": "c"}) for i in range(300, 340)],
+    )
+    ok = runner.invoke(
+        app, ["ingest", str(src), mem_wal_table, "--commit", "latency", "--min-put-interval", "0"]
+    )
+    assert ok.exit_code == 0, ok.output
+    assert lsm_ids(mem_wal_table) == [*range(5), *range(300, 340)]
+    for bad in (["--commit", "fast"], ["--min-put-interval", "-1"]):
+        refused = runner.invoke(app, ["ingest", str(src), mem_wal_table, *bad])
+        assert refused.exit_code == 2, (bad, refused.output)

@@ -436,6 +436,42 @@ STORAGE_OPTION: Any = typer.Option(
 )
 
 
+COMMIT: Any = typer.Option(
+    None,
+    "--commit",
+    metavar="POLICY",
+    help="The writers' commit policy: adaptive (default: a put as soon as the last one "
+    "is durable, at most every --min-put-interval), latency or throughput.",
+)
+MIN_PUT_INTERVAL: Any = typer.Option(
+    None,
+    "--min-put-interval",
+    metavar="SECONDS",
+    help="Seconds between a shard's puts (default 0.005). Each durable put is one WAL "
+    "write: on object storage, one PUT request (see docs/scale-out.md for the cost).",
+)
+
+
+def writer_options(commit: str | None, min_put_interval: float | None) -> dict[str, Any]:
+    """The shard writers' options from ``--commit`` and ``--min-put-interval``.
+
+    Raises
+    ------
+    typer.BadParameter
+        An unknown policy, or an interval that is not a number of seconds >= 0.
+    """
+    options: dict[str, Any] = {}
+    if commit is not None:
+        if commit not in ("adaptive", "latency", "throughput"):
+            raise typer.BadParameter("--commit must be adaptive, latency or throughput")
+        options["commit"] = commit
+    if min_put_interval is not None:
+        if not 0 <= min_put_interval < float("inf"):
+            raise typer.BadParameter("--min-put-interval must be a number of seconds >= 0")
+        options["min_put_interval"] = min_put_interval
+    return options
+
+
 def parse_storage_options(values: Sequence[str] | None) -> dict[str, str] | None:
     """``KEY=VALUE`` strings as a dict (None when there are none).
 

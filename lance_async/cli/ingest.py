@@ -12,6 +12,8 @@ import anyio
 import typer
 
 from .common import (
+    COMMIT,
+    MIN_PUT_INTERVAL,
     STORAGE_OPTION,
     Progress,
     Writes,
@@ -26,6 +28,7 @@ from .common import (
     out,
     require_mem_wal,
     run_command,
+    writer_options,
 )
 
 if TYPE_CHECKING:
@@ -104,9 +107,12 @@ def ingest_cmd(
         help="Stop after this many seconds without a message.",
     ),
     storage_option: list[str] | None = STORAGE_OPTION,
+    commit: str | None = COMMIT,
+    min_put_interval: float | None = MIN_PUT_INTERVAL,
 ) -> None:
     """Stream SOURCE into TABLE_URI's MemWAL; ack each message once durable."""
     check_format(format)
+    options = writer_options(commit, min_put_interval)
     if shard is not None:
         try:
             uuid.UUID(shard)
@@ -149,7 +155,10 @@ def ingest_cmd(
             def tick(stats: IngestStats) -> None:
                 progress.update(stats.rows)
 
-            async with ds.mem_wal_writer(shard_id) as writer, Compactor(ds, CompactionPolicy()):
+            async with (
+                ds.mem_wal_writer(shard_id, **options) as writer,
+                Compactor(ds, CompactionPolicy()),
+            ):
                 feed: Feed = feed_or_cm
                 writes.started = True
                 gc.freeze()  # start-up objects out of the collector's way (README, GC)

@@ -14,7 +14,18 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import typer
 
-from .common import STORAGE_OPTION, app, err, open_table, out, require_mem_wal, run_command
+from .common import (
+    COMMIT,
+    MIN_PUT_INTERVAL,
+    STORAGE_OPTION,
+    app,
+    err,
+    open_table,
+    out,
+    require_mem_wal,
+    run_command,
+    writer_options,
+)
 
 if TYPE_CHECKING:
     from ..cluster import Worker, WorkerStats
@@ -99,6 +110,8 @@ def worker(
         help="Serve GET /metrics for Prometheus on --health-port (the 'metrics' extra).",
     ),
     storage_option: list[str] | None = STORAGE_OPTION,
+    commit: str | None = COMMIT,
+    min_put_interval: float | None = MIN_PUT_INTERVAL,
 ) -> None:
     """Ingest the partitions of FEED this worker is given into TABLE_URI.
 
@@ -107,6 +120,7 @@ def worker(
     ack-after-durable, hands them over on rebalance, and stops cleanly on
     SIGTERM (exit 0).
     """
+    options = writer_options(commit, min_put_interval)
     if lease_ttl <= 0 or ack_wait <= 0:
         raise typer.BadParameter("--lease-ttl and --ack-wait must be > 0")
     if metrics and health_port is None:
@@ -133,7 +147,12 @@ def worker(
         coordinator, close = await open_partitioned(
             feed, group, name, partitions, lease_ttl, ack_wait
         )
-        w = Worker(ds, coordinator=coordinator, compaction=CompactionPolicy())
+        w = Worker(
+            ds,
+            coordinator=coordinator,
+            writer_options=options,
+            compaction=CompactionPolicy(),
+        )
         gc.freeze()  # start-up objects out of the collector's way (README, GC)
         try:
             async with anyio.create_task_group() as tg:
