@@ -27,7 +27,9 @@ workers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
 import os
 import socket
 import subprocess
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pyarrow as pa
 
 from ._common import PK, Metric, Section, Series, Settings, Table, fmt_num, log, run_child
@@ -309,6 +312,16 @@ def ingestion(settings: Settings) -> list[Series]:
     return [Series(case, name, runs) for name, runs in samples.items()]
 
 
+def _cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
+    """User + system CPU seconds the processes have used so far."""
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(proc.pid).cpu_times()
+            total += times.user + times.system
+    return total
+
+
 async def _owned(ports: list[int]) -> list[int]:
     """How many partitions each worker owns, from its health endpoint (-1: not up)."""
     owned = []
@@ -378,6 +391,7 @@ async def _workers_once(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the workers did not balance: {owned}")
             await asyncio.sleep(0.2)
+        idle_cpu = _cpu_seconds(procs)  # start-up and balancing, not ingestion
         start = time.perf_counter()
         for n in range(0, len(payloads), 500):
             async with client.pipeline(transaction=False) as pipe:
@@ -397,6 +411,7 @@ async def _workers_once(
             if time.perf_counter() - start > 600:
                 raise TimeoutError("the workers did not finish")
         seconds = time.perf_counter() - start
+        cpu = _cpu_seconds(procs) - idle_cpu
     finally:
         for proc in procs:
             proc.terminate()
@@ -409,6 +424,7 @@ async def _workers_once(
         "rows_per_s": messages * rows_per / seconds,
         "seconds": seconds,
         "publish_seconds": published,
+        "rows_per_cpu_s": messages * rows_per / cpu if cpu else math.nan,
     }
 
 
@@ -453,14 +469,21 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         section.series.extend(scale)
         rows = [
             [s.config, str(len(s.samples)), fmt_num(s.median("rows_per_s"), 0),
-             fmt_num(s.median("rows_per_s") / scale[0].median("rows_per_s"))]
+             fmt_num(s.median("rows_per_s") / scale[0].median("rows_per_s")),
+             fmt_num(s.median("rows_per_cpu_s"), 0)]
             for s in scale
         ]  # fmt: skip
         section.tables.append(
             Table(
                 "Workers on one table (local disk, Redis feed); load average "
                 + ", ".join(f"{x:.2f}" for x in os.getloadavg()),
-                ["workers", "runs", "rows/s in total", "vs 1 worker"],
+                [
+                    "workers",
+                    "runs",
+                    "rows/s in total",
+                    "vs 1 worker",
+                    "rows per worker CPU-second (ingesting)",
+                ],
                 rows,
             )
         )
