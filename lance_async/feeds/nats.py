@@ -285,11 +285,11 @@ class JetStreamFeed(BrokerFeed):
             ack_wait=ack_wait,
             max_deliver=max_deliver,
             max_ack_pending=max_ack_pending,
-            deliver_policy=deliver_policy if start is None else DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=start,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE if start else deliver_policy,
+            opt_start_seq=start or None,
             filter_subject=subject,
         )
-        if take_over:
+        if take_over and start != 0:
             await js.add_consumer(stream, config=config)
             sub = await js.pull_subscribe_bind(durable, stream)
         else:
@@ -420,11 +420,28 @@ class JetStreamFeed(BrokerFeed):
 
 async def _restart_at_ack_floor(js: JetStreamContext, stream: str, durable: str) -> int | None:
     """Delete ``durable`` and return the stream sequence just above its ack
-    floor (None when it does not exist): the caller recreates it there."""
+    floor: the caller recreates it there. None when it does not exist; 0
+    when its floor cannot be told (it is then left as it is).
+
+    A consumer that never acknowledged anything reports an ack floor of 0
+    (nats-server 2.9), whatever sequence it started at: its floor is then
+    just below its start -- the last delivered sequence while nothing was
+    delivered, else its configured start.
+    """
     try:
         info = await js.consumer_info(stream, durable)
     except nats.js.errors.NotFoundError:
         return None
-    floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
+    acked, delivered = info.ack_floor, info.delivered
+    if acked is not None and (acked.consumer_seq or 0) > 0:
+        floor = int(acked.stream_seq or 0)
+    elif delivered is None or (delivered.consumer_seq or 0) == 0:
+        floor = int(delivered.stream_seq or 0) if delivered is not None else 0
+    elif info.config.deliver_policy in (None, DeliverPolicy.ALL):
+        floor = 0
+    elif info.config.deliver_policy == DeliverPolicy.BY_START_SEQUENCE:
+        floor = int(info.config.opt_start_seq or 1) - 1
+    else:  # delivered, nothing acked, started at an unknown sequence: keep it
+        return 0
     await js.delete_consumer(stream, durable)
-    return int(floor) + 1
+    return floor + 1
