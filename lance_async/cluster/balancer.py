@@ -30,6 +30,7 @@ from typing import Protocol
 import anyio
 from anyio.abc import TaskStatus
 
+from ..feeds._common import broker_errors
 from ..feeds.base import Feed
 from .feeds import PartitionedFeed
 from .leases import LeaseTable
@@ -101,7 +102,7 @@ class LeaseBalancer:
             while not self._stopping:
                 try:
                     await self.round()
-                except (OSError, ConnectionError, TimeoutError) as exc:
+                except broker_errors() as exc:
                     # the broker is unreachable: leases we hold run out by themselves
                     # (acks are refused once they may have), and the next round retries
                     log.error("lance_async: a balancing round failed: %r; retrying", exc)

@@ -36,6 +36,7 @@ from anyio.abc import TaskGroup
 
 from .._loop import unwrap_groups
 from ..errors import DecodeError, FencedError, InvalidInputError, LanceAsyncError
+from ..feeds._common import broker_errors
 from ..feeds.base import DeadLetter, Feed, IngestStats, Message, decode_json, ingest
 from ..memwal.compactor import CompactionPolicy, Compactor
 from ..memwal.writer import AsyncShardWriter
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
     from ..dataset import AsyncDataset
 
 __all__ = ["Worker", "WorkerStats"]
+
+#: What a partition's ingest may fail with without taking the worker down.
+PARTITION_FAILURES: tuple[type[BaseException], ...] = (LanceAsyncError, *broker_errors())
 
 log = logging.getLogger("lance_async.cluster")
 
@@ -373,7 +377,7 @@ class Worker:
                 extra=self._fields(partition),
             )
             coordinator.drop(partition)
-        except (LanceAsyncError, OSError, ConnectionError) as exc:
+        except PARTITION_FAILURES as exc:
             log.error(
                 "lance_async worker %s: partition %d failed: %r",
                 self.member,

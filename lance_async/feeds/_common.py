@@ -107,3 +107,29 @@ async def call_maybe_async(fn: Callable[..., Awaitable[Any] | Any], *args: Any) 
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+def broker_errors() -> tuple[type[BaseException], ...]:
+    """Exception types of a broker that timed out or went away: the
+    builtins, and those of the broker clients that are installed (redis-py
+    and nats-py raise their own, outside ``OSError``). A caller that gets
+    one tries again later rather than failing (does not block)."""
+    found: list[type[BaseException]] = [OSError, ConnectionError, TimeoutError]
+    try:
+        import redis.exceptions
+
+        found += [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]
+    except ImportError:  # pragma: no cover - the feeds extra is not installed
+        pass
+    try:
+        import nats.errors
+
+        found += [
+            nats.errors.ConnectionClosedError,
+            nats.errors.ConnectionReconnectingError,
+            nats.errors.NoServersError,
+            nats.errors.StaleConnectionError,
+        ]
+    except ImportError:  # pragma: no cover - the feeds extra is not installed
+        pass
+    return tuple(found)

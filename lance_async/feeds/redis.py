@@ -75,6 +75,11 @@ class _Phase(enum.Enum):
     NEW = "new entries"
 
 
+#: Errors after which a command is tried again: the connection timed out or
+#: broke (a paused process, a restarted server); redis-py reconnects.
+TRANSIENT = (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -114,6 +119,13 @@ class RedisStreamFeed(BrokerFeed):
         claims only when the feed starts.
     owns_client : bool
         Close ``client`` in :meth:`aclose` (default False).
+    retry_for : float
+        Seconds a read, claim or ack keeps retrying (with back-off) after
+        the connection timed out or broke -- a process paused longer than
+        redis-py's socket timeout, a Redis restart -- before the error
+        reaches the caller (default 30; 0: no retry). A read interrupted
+        this way is redone from this consumer's pending list, so nothing
+        it took is lost.
 
     Notes
     -----
@@ -131,7 +143,10 @@ class RedisStreamFeed(BrokerFeed):
         min_idle_time: float = 30.0,
         claim_interval: float | None = 60.0,
         owns_client: bool = False,
+        retry_for: float = 30.0,
     ) -> None:
+        if retry_for < 0:
+            raise ValueError(f"retry_for must be >= 0 seconds, got {retry_for}")
         if min_idle_time < 0:
             raise ValueError(f"min_idle_time must be >= 0 seconds, got {min_idle_time}")
         if claim_interval is not None and claim_interval <= 0:
@@ -144,6 +159,7 @@ class RedisStreamFeed(BrokerFeed):
         self.min_idle_time = min_idle_time
         self.claim_interval = claim_interval
         self._owns_client = owns_client
+        self.retry_for = retry_for
         self._state = FeedState.OPEN
         self._phase = _Phase.OWN
         self._own_cursor = "0-0"
@@ -169,6 +185,7 @@ class RedisStreamFeed(BrokerFeed):
         field: bytes | str | None = b"data",
         min_idle_time: float = 30.0,
         claim_interval: float | None = 60.0,
+        retry_for: float = 30.0,
         start_id: str = "0",
         client_options: Mapping[str, Any] | None = None,
     ) -> RedisStreamFeed:
@@ -178,7 +195,7 @@ class RedisStreamFeed(BrokerFeed):
         ----------
         url : str
             A Redis URL (default ``redis://127.0.0.1:6379``).
-        stream, group, consumer, field, min_idle_time, claim_interval
+        stream, group, consumer, field, min_idle_time, claim_interval, retry_for
             See the class.
         start_id : str
             Where a *new* group starts: ``"0"`` (default) the whole stream,
@@ -211,6 +228,7 @@ class RedisStreamFeed(BrokerFeed):
             min_idle_time=min_idle_time,
             claim_interval=claim_interval,
             owns_client=True,
+            retry_for=retry_for,
         )
         try:
             await feed.ensure_group(start_id)
@@ -302,7 +320,7 @@ class RedisStreamFeed(BrokerFeed):
         offsets = [str(m.offset) for m in messages if not m.acked]
         for start in range(0, len(offsets), 1000):
             chunk = offsets[start : start + 1000]
-            await self._client.xack(self.stream, self.group, *chunk)
+            await self._retrying(self._client.xack, self.stream, self.group, *chunk)
             self._inflight.difference_update(chunk)
             self.acked += len(chunk)
         for m in messages:
@@ -311,7 +329,7 @@ class RedisStreamFeed(BrokerFeed):
     def _acker(self, offset: str) -> Any:
         async def ack() -> None:
             check_open(self._state, repr(self))
-            await self._client.xack(self.stream, self.group, offset)
+            await self._retrying(self._client.xack, self.stream, self.group, offset)
             self._inflight.discard(offset)
             self.acked += 1
 
@@ -424,9 +442,38 @@ class RedisStreamFeed(BrokerFeed):
             # A read was cancelled or failed: what it took is in our pending list.
             self._phase, self._own_cursor = _Phase.OWN, "0-0"
         self._interrupted = True
-        out = await self._fetch(max_messages, time.monotonic() + max(timeout, 0.0))
+        deadline = time.monotonic() + max(timeout, 0.0)
+        give_up = time.monotonic() + self.retry_for
+        wait = 0.05
+        while True:
+            try:
+                out = await self._fetch(max_messages, deadline)
+                break
+            except TRANSIENT as exc:
+                if time.monotonic() + wait > give_up:
+                    raise
+                log.warning("%r: %s; reading again in %.2f s", self, exc, wait)
+                # the lost reply may have delivered entries: they are ours now
+                self._phase, self._own_cursor = _Phase.OWN, "0-0"
+                await anyio.sleep(wait)
+                wait = min(wait * 2, 2.0)
         self._interrupted = False
         return out
+
+    async def _retrying(self, call: Any, *args: Any) -> Any:
+        """``await call(*args)``, again after a transient error, for up to
+        ``retry_for`` seconds (for idempotent commands: ``XACK``)."""
+        give_up = time.monotonic() + self.retry_for
+        wait = 0.05
+        while True:
+            try:
+                return await call(*args)
+            except TRANSIENT as exc:
+                if time.monotonic() + wait > give_up:
+                    raise
+                log.warning("%r: %s; trying again in %.2f s", self, exc, wait)
+                await anyio.sleep(wait)
+                wait = min(wait * 2, 2.0)
 
     async def _fetch(self, count: int, deadline: float) -> list[Message]:
         while True:

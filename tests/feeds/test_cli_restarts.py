@@ -178,3 +178,56 @@ def test_bad_feed_options_exit_2(tmp_path: Path) -> None:
     ):
         run = ingest(source, uri)
         assert run.returncode == 2, (source, run.stderr)
+
+
+def _all_acked(client: redis.Redis, key: str, entries: int) -> bool:
+    groups = client.xinfo_groups(key)
+    return bool(groups) and int(groups[0]["entries-read"] or 0) >= entries and (
+        int(groups[0]["pending"]) == 0
+    )
+
+
+def test_a_redis_ingest_paused_past_the_socket_timeout_carries_on(tmp_path: Path) -> None:
+    """SIGSTOP longer than redis-py's socket timeout (5 s): the blocked read
+    times out when the process resumes; the feed reads again instead of
+    failing the run."""
+    import signal
+    import time
+
+    broker_or_skip("Redis", 6379)
+    client = redis.Redis(port=6379)
+    key = f"la-{uuid.uuid4().hex}"
+    uri = table_with_wal(tmp_path)
+    try:
+        for i in range(ROWS):
+            client.xadd(key, {"data": row_json(i)})
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "lance_async", "ingest"),
+                *(f"redis://127.0.0.1:6379/{key}", uri, "--idle-timeout", "4"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not _all_acked(client, key, ROWS):
+                assert time.monotonic() < deadline, "the first entries were not acknowledged"
+                time.sleep(0.1)
+            time.sleep(0.5)  # blocked in XREADGROUP, waiting for more
+            proc.send_signal(signal.SIGSTOP)
+            time.sleep(7)
+            for i in range(ROWS, 2 * ROWS):
+                client.xadd(key, {"data": row_json(i)})
+            proc.send_signal(signal.SIGCONT)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, err
+        assert lsm_ids(uri) == list(range(2 * ROWS))
+    finally:
+        client.delete(key)
+        client.close()
