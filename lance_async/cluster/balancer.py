@@ -21,10 +21,11 @@ and revoked at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 import anyio
@@ -152,7 +153,8 @@ class LeaseBalancer:
                 share,
                 extra={"partition": p},
             )
-            await self._revoke(p, False)
+            async with self._keeping_alive():  # its drain and the others' acks go on
+                await self._revoke(p, False)
             self.owned.discard(p)
             await table.release(p)
             return
@@ -183,13 +185,43 @@ class LeaseBalancer:
                         raise
 
     async def release_all(self) -> None:
-        """Revoke and release every partition held (a clean shutdown)."""
-        for p in sorted(self.owned):
+        """Revoke and release every partition held (a clean shutdown).
+
+        The partitions drain together, and their leases are renewed while
+        they do, so a drain never outlives the right to acknowledge it.
+        """
+
+        async def release(p: int) -> None:
             try:
                 await self._revoke(p, False)
             finally:
                 self.owned.discard(p)
                 await self.table.release(p)
+
+        async with self._keeping_alive(), anyio.create_task_group() as tg:
+            for p in sorted(self.owned):
+                tg.start_soon(release, p)
+
+    @contextlib.asynccontextmanager
+    async def _keeping_alive(self) -> AsyncIterator[None]:
+        """Renew the owned leases every ``interval`` while the body runs: a
+        drain blocks the rounds that would renew them."""
+
+        async def renew() -> None:
+            while True:
+                await anyio.sleep(self.interval)
+                for p in sorted(self.owned):
+                    try:
+                        await self.table.renew(p)  # a lost lease: valid() says so
+                    except broker_errors() as exc:
+                        log.debug("lance_async: renewing partition %d: %r", p, exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(renew)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
 
     def drop(self, partition: int) -> None:
         """Give up ``partition`` at the next round (its work failed or was

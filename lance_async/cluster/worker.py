@@ -214,6 +214,7 @@ class Worker:
         self.drain_timeout = drain_timeout
         self._compaction = compaction
         self._running: dict[int, _Running] = {}
+        self._leaving: dict[int, _Running] = {}
         self._partitioner: Partitioner | None = None
         self._tg: TaskGroup | None = None
         self._started = time.monotonic()
@@ -233,7 +234,7 @@ class Worker:
         s = self._stats
         finished_messages = s.messages
         finished_rows = s.rows
-        for running in self._running.values():
+        for running in (*self._running.values(), *self._leaving.values()):
             finished_messages += running.stats.messages
             finished_rows += running.stats.rows
         return WorkerStats(
@@ -397,6 +398,7 @@ class Worker:
         running = self._running.pop(partition, None)
         if running is None:
             return
+        self._leaving[partition] = running  # its figures still count while it drains
         with anyio.CancelScope(shield=True):
             if lost:
                 running.scope.cancel()  # acks are refused already: stop at once
@@ -409,6 +411,7 @@ class Worker:
                 await running.done.wait()
             self._stats.messages += running.stats.messages
             self._stats.rows += running.stats.rows
+            del self._leaving[partition]
             if lost:
                 self._stats.lost += 1
             else:

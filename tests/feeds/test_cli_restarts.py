@@ -182,8 +182,10 @@ def test_bad_feed_options_exit_2(tmp_path: Path) -> None:
 
 def _all_acked(client: redis.Redis, key: str, entries: int) -> bool:
     groups = client.xinfo_groups(key)
-    return bool(groups) and int(groups[0]["entries-read"] or 0) >= entries and (
-        int(groups[0]["pending"]) == 0
+    return (
+        bool(groups)
+        and int(groups[0]["entries-read"] or 0) >= entries
+        and (int(groups[0]["pending"]) == 0)
     )
 
 
@@ -222,7 +224,7 @@ def test_a_redis_ingest_paused_past_the_socket_timeout_carries_on(tmp_path: Path
             for i in range(ROWS, 2 * ROWS):
                 client.xadd(key, {"data": row_json(i)})
             proc.send_signal(signal.SIGCONT)
-            out, err = proc.communicate(timeout=120)
+            _out, err = proc.communicate(timeout=120)
         finally:
             if proc.poll() is None:
                 proc.kill()
