@@ -62,6 +62,22 @@ def _count(query: dict[str, str], name: str, default: int) -> int:
     return value
 
 
+async def _nats_feed(stream: str, subject: str, *args: Any, **options: Any) -> Any:
+    """``JetStreamFeed.connect``; a missing stream says what to do."""
+    import nats.js.errors
+
+    from .. import errors
+    from ..feeds.nats import JetStreamFeed
+
+    try:
+        return await JetStreamFeed.connect(*args, stream=stream, subject=subject, **options)
+    except nats.js.errors.NotFoundError:
+        raise errors.InvalidInputError(
+            f"the JetStream stream {stream!r} does not exist: create it first "
+            f"(nats stream add {stream} --subjects '{subject}', or js.add_stream in Python)"
+        ) from None
+
+
 def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> Any:
     """An async context manager (or plain feed) for SOURCE.
 
@@ -82,8 +98,6 @@ def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> 
     url = urlparse(source)
     query = {k: v[-1] for k, v in parse_qs(url.query).items()}
     if url.scheme == "nats":
-        from ..feeds.nats import JetStreamFeed
-
         parts = [p for p in url.path.split("/") if p]
         if len(parts) != 2:
             raise typer.BadParameter("nats source: nats://host:port/STREAM/SUBJECT")
@@ -92,10 +106,10 @@ def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> 
         async def quiet(_error: Exception) -> None:
             return None
 
-        return JetStreamFeed.connect(
+        return _nats_feed(
+            stream,
+            subject,
             f"nats://{url.netloc}",
-            stream=stream,
-            subject=subject,
             durable=query.get("durable", f"lance-async-{stream}"),
             ack_wait=_seconds(query, "ack_wait", 30.0),
             max_ack_pending=_count(query, "max_ack_pending", 10_000),
@@ -137,7 +151,6 @@ async def open_partitioned(
     """(coordinator, closer) for a ``redis://``, ``nats://`` or ``kafka://`` URL."""
     from ..cluster import NatsLeaseTable, NatsPartitions, RedisLeaseTable, RedisPartitions
     from ..cluster.balancer import LeaseCoordinator
-    from ..cluster.kafka import KafkaCoordinator
 
     parsed = urlparse(url)
     path = [p for p in parsed.path.split("/") if p]
@@ -169,6 +182,8 @@ async def open_partitioned(
         return LeaseCoordinator(subjects, NatsLeaseTable(bucket, member, ttl)), nc.close
     if parsed.scheme == "kafka":
         from aiokafka import AIOKafkaConsumer
+
+        from ..cluster.kafka import KafkaCoordinator
 
         if len(path) != 1:
             raise typer.BadParameter(

@@ -25,6 +25,9 @@ fencing, offsets, what to configure and what it costs.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .balancer import Coordinator, LeaseBalancer, LeaseCoordinator
 from .feeds import (
     KafkaPublisher,
@@ -35,10 +38,12 @@ from .feeds import (
     RedisPartitions,
     RedisPublisher,
 )
-from .kafka import KafkaCoordinator
 from .leases import LeaseTable, NatsLeaseTable, RedisLeaseTable
 from .partitions import Partitioner
 from .worker import Worker, WorkerStats
+
+if TYPE_CHECKING:
+    from .kafka import KafkaCoordinator as KafkaCoordinator
 
 __all__ = [
     "Coordinator",
@@ -59,3 +64,19 @@ __all__ = [
     "Worker",
     "WorkerStats",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import :class:`KafkaCoordinator` (and aiokafka) on first access (PEP 562)."""
+    if name != "KafkaCoordinator":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        module = importlib.import_module(".kafka", __name__)
+    except ImportError as exc:
+        raise ImportError(
+            f"lance_async.cluster.KafkaCoordinator needs aiokafka: "
+            f"pip install 'lance-async[feeds]' ({exc})"
+        ) from exc
+    value = module.KafkaCoordinator
+    globals()[name] = value
+    return value

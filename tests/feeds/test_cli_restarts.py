@@ -233,3 +233,12 @@ def test_a_redis_ingest_paused_past_the_socket_timeout_carries_on(tmp_path: Path
     finally:
         client.delete(key)
         client.close()
+
+
+def test_a_missing_nats_stream_says_how_to_create_it(tmp_path: Path) -> None:
+    broker_or_skip("NATS JetStream", 4222)
+    uri = table_with_wal(tmp_path)
+    stream = f"LA_missing_{uuid.uuid4().hex[:8]}"
+    run = ingest(f"nats://127.0.0.1:4222/{stream}/{stream}.rows", uri)
+    assert run.returncode == 1, run.stderr
+    assert f"nats stream add {stream}" in run.stderr
