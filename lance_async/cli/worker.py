@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -33,10 +34,18 @@ if TYPE_CHECKING:
 __all__ = ["repartition", "worker"]
 
 
-def _line(stats: WorkerStats) -> str:
+def _line(stats: WorkerStats, recent: float | None = None) -> str:
+    """A stats line: UTC time, then the figures; ``recent`` is the rows/s of
+    the last interval (default: the average since the start)."""
+    rate = (
+        f"{stats.rows_per_second:,.0f}/s overall"
+        if recent is None
+        else f"{recent:,.0f}/s now, {stats.rows_per_second:,.0f}/s overall"
+    )
+    stamp = time.strftime("%H:%M:%S", time.gmtime())
     return (
-        f"worker {stats.member}: partitions {stats.partitions}; {stats.rows:,} rows "
-        f"({stats.rows_per_second:,.0f}/s), {stats.messages:,} messages, "
+        f"{stamp} worker {stats.member}: partitions {stats.partitions}; {stats.rows:,} rows "
+        f"({rate}), {stats.messages:,} messages, "
         f"{stats.dead_letters:,} dead letters; taken {stats.assigned}, handed back "
         f"{stats.revoked}, lost {stats.lost}"
     )
@@ -164,9 +173,13 @@ def worker(
                             w.stop()
 
                 async def report() -> None:
+                    rows, since = 0, time.monotonic()
                     while True:
                         await anyio.sleep(stats_interval)
-                        print(_line(w.stats()), file=sys.stderr, flush=True)
+                        stats, now = w.stats(), time.monotonic()
+                        recent = (stats.rows - rows) / max(now - since, 1e-9)
+                        rows, since = stats.rows, now
+                        print(_line(stats, recent), file=sys.stderr, flush=True)
 
                 tg.start_soon(signals)
                 if stats_interval > 0:
