@@ -35,7 +35,8 @@ class PutSummary:
     rows : int
         Rows written.
     batches : int
-        Record batches they arrived in.
+        Record batches they arrived in, as the shard writers saw them: the
+        routing writer counts a batch split across shards once per shard.
     engine_puts : int
         Engine ``ShardWriter.put`` calls that carried them (coalesced puts
         carry many sends; a large send may span several puts).
@@ -248,5 +249,6 @@ class Ack:
         return self.wait().__await__()
 
     def __repr__(self) -> str:
-        state = "pending" if not self._done else ("failed" if self._error else "done")
-        return f"<Ack {state} rows={self._rows}>"
+        if not self._done:
+            return "<Ack pending>"  # a combined ack's rows add up only as its parts resolve
+        return f"<Ack {'failed' if self._error else 'done'} rows={self._rows}>"
