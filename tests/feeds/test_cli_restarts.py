@@ -10,10 +10,13 @@ and an idle stop that could not reach some messages says so with exit status 3.
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import lance
@@ -45,6 +48,21 @@ def ingest(source: str, uri: str) -> subprocess.CompletedProcess[str]:
         timeout=120,
         stdin=subprocess.DEVNULL,
     )
+
+
+@pytest.fixture
+def redis_stream() -> Iterator[tuple[redis.Redis, str]]:
+    """A fresh Redis stream key holding ROWS rows (deleted afterwards)."""
+    broker_or_skip("Redis", 6379)
+    client = redis.Redis(port=6379)
+    key = f"la-{uuid.uuid4().hex}"
+    for i in range(ROWS):
+        client.xadd(key, {"data": row_json(i)})
+    try:
+        yield client, key
+    finally:
+        client.delete(key)
+        client.close()
 
 
 def lsm_ids(uri: str) -> list[int]:
@@ -124,48 +142,36 @@ def test_nats_restart_redelivers_what_the_killed_run_held_at_once(tmp_path: Path
         asyncio.run(drop())
 
 
-def test_redis_restart_rereads_its_own_pending_entries_first(tmp_path: Path) -> None:
-    broker_or_skip("Redis", 6379)
-    client = redis.Redis(port=6379)
-    key = f"la-{uuid.uuid4().hex}"
+def test_redis_restart_rereads_its_own_pending_entries_first(
+    tmp_path: Path, redis_stream: tuple[redis.Redis, str]
+) -> None:
+    client, key = redis_stream
     uri = table_with_wal(tmp_path)
-    try:
-        for i in range(ROWS):
-            client.xadd(key, {"data": row_json(i)})
-        client.xgroup_create(key, "lance-async", id="0")
-        # the killed run: the same host's consumer read HELD entries, acked none
-        held = client.xreadgroup(
-            "lance-async", f"lance-async-{socket.gethostname()}", {key: ">"}, count=HELD
-        )
-        assert len(held[0][1]) == HELD
-        run = ingest(f"redis://127.0.0.1:6379/{key}", uri)
-        assert run.returncode == 0, run.stderr
-        assert lsm_ids(uri) == list(range(ROWS))
-        assert client.xpending(key, "lance-async")["pending"] == 0
-    finally:
-        client.delete(key)
-        client.close()
+    client.xgroup_create(key, "lance-async", id="0")
+    # the killed run: the same host's consumer read HELD entries, acked none
+    held = client.xreadgroup(
+        "lance-async", f"lance-async-{socket.gethostname()}", {key: ">"}, count=HELD
+    )
+    assert len(held[0][1]) == HELD
+    run = ingest(f"redis://127.0.0.1:6379/{key}", uri)
+    assert run.returncode == 0, run.stderr
+    assert lsm_ids(uri) == list(range(ROWS))
+    assert client.xpending(key, "lance-async")["pending"] == 0
 
 
-def test_an_idle_stop_with_entries_out_of_reach_exits_3(tmp_path: Path) -> None:
-    broker_or_skip("Redis", 6379)
-    client = redis.Redis(port=6379)
-    key = f"la-{uuid.uuid4().hex}"
+def test_an_idle_stop_with_entries_out_of_reach_exits_3(
+    tmp_path: Path, redis_stream: tuple[redis.Redis, str]
+) -> None:
+    client, key = redis_stream
     uri = table_with_wal(tmp_path)
-    try:
-        for i in range(ROWS):
-            client.xadd(key, {"data": row_json(i)})
-        client.xgroup_create(key, "lance-async", id="0")
-        # another consumer holds HELD entries, not idle long enough to claim
-        client.xreadgroup("lance-async", "elsewhere", {key: ">"}, count=HELD)
-        run = ingest(f"redis://127.0.0.1:6379/{key}?min_idle=600", uri)
-        assert run.returncode == 3, (run.stdout, run.stderr)
-        assert f"stopped with {HELD} messages outstanding" in run.stderr
-        assert lsm_ids(uri) == list(range(HELD, ROWS))
-        assert client.xpending(key, "lance-async")["pending"] == HELD
-    finally:
-        client.delete(key)
-        client.close()
+    client.xgroup_create(key, "lance-async", id="0")
+    # another consumer holds HELD entries, not idle long enough to claim
+    client.xreadgroup("lance-async", "elsewhere", {key: ">"}, count=HELD)
+    run = ingest(f"redis://127.0.0.1:6379/{key}?min_idle=600", uri)
+    assert run.returncode == 3, (run.stdout, run.stderr)
+    assert f"stopped with {HELD} messages outstanding" in run.stderr
+    assert lsm_ids(uri) == list(range(HELD, ROWS))
+    assert client.xpending(key, "lance-async")["pending"] == HELD
 
 
 def test_bad_feed_options_exit_2(tmp_path: Path) -> None:
@@ -189,50 +195,41 @@ def _all_acked(client: redis.Redis, key: str, entries: int) -> bool:
     )
 
 
-def test_a_redis_ingest_paused_past_the_socket_timeout_carries_on(tmp_path: Path) -> None:
+def test_a_redis_ingest_paused_past_the_socket_timeout_carries_on(
+    tmp_path: Path, redis_stream: tuple[redis.Redis, str]
+) -> None:
     """SIGSTOP longer than redis-py's socket timeout (5 s): the blocked read
     times out when the process resumes; the feed reads again instead of
     failing the run."""
-    import signal
-    import time
-
-    broker_or_skip("Redis", 6379)
-    client = redis.Redis(port=6379)
-    key = f"la-{uuid.uuid4().hex}"
+    client, key = redis_stream
     uri = table_with_wal(tmp_path)
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "lance_async", "ingest"),
+            *(f"redis://127.0.0.1:6379/{key}", uri, "--idle-timeout", "4"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
     try:
-        for i in range(ROWS):
+        deadline = time.monotonic() + 60
+        while not _all_acked(client, key, ROWS):
+            assert time.monotonic() < deadline, "the first entries were not acknowledged"
+            time.sleep(0.1)
+        time.sleep(0.5)  # blocked in XREADGROUP, waiting for more
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(7)
+        for i in range(ROWS, 2 * ROWS):
             client.xadd(key, {"data": row_json(i)})
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "lance_async", "ingest"),
-                *(f"redis://127.0.0.1:6379/{key}", uri, "--idle-timeout", "4"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while not _all_acked(client, key, ROWS):
-                assert time.monotonic() < deadline, "the first entries were not acknowledged"
-                time.sleep(0.1)
-            time.sleep(0.5)  # blocked in XREADGROUP, waiting for more
-            proc.send_signal(signal.SIGSTOP)
-            time.sleep(7)
-            for i in range(ROWS, 2 * ROWS):
-                client.xadd(key, {"data": row_json(i)})
-            proc.send_signal(signal.SIGCONT)
-            _out, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        assert proc.returncode == 0, err
-        assert lsm_ids(uri) == list(range(2 * ROWS))
+        proc.send_signal(signal.SIGCONT)
+        _out, err = proc.communicate(timeout=120)
     finally:
-        client.delete(key)
-        client.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert lsm_ids(uri) == list(range(2 * ROWS))
 
 
 def test_a_missing_nats_stream_says_how_to_create_it(tmp_path: Path) -> None:
