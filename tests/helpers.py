@@ -205,3 +205,16 @@ async def eventually(
                 return
             await anyio.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")  # pragma: no cover
+
+
+def lsm_ids(uri: str) -> list[int]:
+    """The sorted ids an LSM scan of the table at ``uri`` sees (blocking:
+    for tests of the command line, outside any event loop)."""
+    import lance_async as la
+
+    async def read() -> list[int]:
+        ds = await la.open_dataset(uri)
+        table = await ds.lsm_scan(columns=["id"]).to_table()
+        return sorted(table.column("id").to_pylist())
+
+    return anyio.run(read)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from lance_async.cli import app
 
-from .helpers import KV_SCHEMA, kv_table
+from .helpers import KV_SCHEMA, kv_table, lsm_ids
 
 runner = CliRunner()
 
@@ -26,19 +26,6 @@ def mem_wal_table(tmp_path: Path) -> str:
     ds = lance.write_dataset(kv_table(range(5)), uri)
     ds.initialize_mem_wal()
     return uri
-
-
-def lsm_ids(uri: str) -> list[int]:
-    import anyio
-
-    import lance_async as la
-
-    async def read() -> list[int]:
-        ds = await la.open_dataset(uri)
-        table = await ds.lsm_scan(columns=["id"]).to_table()
-        return sorted(table.column("id").to_pylist())
-
-    return anyio.run(read)
 
 
 def ndjson(path: Path, lines: list[str]) -> Path:

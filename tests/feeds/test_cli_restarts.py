@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from ..conftest import broker_or_skip
-from ..helpers import kv_table
+from ..helpers import kv_table, lsm_ids
 from .support import row_json
 
 pytestmark = pytest.mark.broker
@@ -63,19 +63,6 @@ def redis_stream() -> Iterator[tuple[redis.Redis, str]]:
     finally:
         client.delete(key)
         client.close()
-
-
-def lsm_ids(uri: str) -> list[int]:
-    import anyio
-
-    import lance_async as la
-
-    async def read() -> list[int]:
-        ds = await la.open_dataset(uri)
-        table = await ds.lsm_scan(columns=["id"]).to_table()
-        return sorted(table.column("id").to_pylist())
-
-    return anyio.run(read)
 
 
 def lsm_value(uri: str, key: int) -> int:
