@@ -17,9 +17,15 @@ import math
 import numbers
 from collections.abc import Collection
 from datetime import timedelta
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    import pyarrow as pa
 
 __all__ = [
+    "check_batches",
     "check_choice",
     "check_columns",
     "check_fetch",
@@ -149,3 +155,25 @@ def check_knn(options: dict[str, object]) -> None:
     if "metric" in options:
         check_choice("metric", options["metric"], ("l2", "cosine", "dot"))
     check_columns(options.get("columns"))
+
+
+def check_batches(name: str, batches: Iterable[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """``batches`` as a list of record batches, or a :class:`TypeError`.
+
+    ``send_many``'s argument: an iterable of ``pyarrow.RecordBatch`` (not
+    tables, dicts or readers, which :meth:`send` takes). Drains the iterable.
+    """
+    import pyarrow as pa
+
+    if isinstance(batches, (str, bytes, pa.RecordBatch, pa.Table)):
+        raise TypeError(
+            f"{name} takes an iterable of pyarrow.RecordBatch, got {type(batches).__name__}"
+        )
+    out = list(batches)
+    for i, batch in enumerate(out):
+        if not isinstance(batch, pa.RecordBatch):
+            raise TypeError(
+                f"{name} takes pyarrow.RecordBatch items; item {i} is a {type(batch).__name__}"
+                " (send() takes tables and other sources)"
+            )
+    return out

@@ -220,6 +220,8 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
     ("ShardRouter.put", lambda c: c.router.put(kv_table([1]), timeout=float("nan"))),
     ("ShardRouter.put_stream", lambda c: c.router.put_stream([kv_table([1])], timeout=-1)),
     ("ShardRouter.send", lambda c: c.router.send(kv_table([1]), timeout=-1)),
+    ("ShardRouter.send_many", lambda c: c.router.send_many(kv_table([1]).to_batches(), timeout=-1)),
+    ("ShardRouter.send_many", lambda c: c.router.send_many([kv_table([1])])),  # type: ignore[list-item]
     ("ShardRouter.writer", lambda c: c.router.writer("shard-1")),
     # AsyncShardWriter (open)
     ("AsyncShardWriter.delete", lambda c: c.writer.delete(kv_table([0]), timeout=-1)),
@@ -233,6 +235,11 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
     ("AsyncShardWriter.put", lambda c: c.writer.put(kv_table([0]), timeout=-1)),
     ("AsyncShardWriter.put_stream", lambda c: c.writer.put_stream([kv_table([0])], timeout=-1)),
     ("AsyncShardWriter.send", lambda c: c.writer.send(kv_table([0]), timeout=-1)),
+    (
+        "AsyncShardWriter.send_many",
+        lambda c: c.writer.send_many(kv_table([0]).to_batches(), timeout=-1),
+    ),
+    ("AsyncShardWriter.send_many", lambda c: c.writer.send_many([{"id": 0}])),  # type: ignore[list-item]
     ("AsyncShardWriter.send_nowait", lambda c: c.writer.send_nowait([1])),  # type: ignore[arg-type]
     ("AsyncShardWriter.wait_flushed", lambda c: c.writer.wait_flushed(-1)),
     # the rest

@@ -26,7 +26,7 @@ import anyio
 import pyarrow as pa
 from anyio.abc import TaskGroup
 
-from .._args import check_columns, check_int, check_knn
+from .._args import check_batches, check_columns, check_int, check_knn
 from .._loop import aclose_shielded, unwrap_groups
 from .._metrics import record_lookup, record_scan
 from .._schema import TableFit, primary_key
@@ -315,7 +315,7 @@ class ShardRouter:
         BackpressureTimeoutError, WriterFailedError, FencedError, ClosedError
             As :meth:`send`.
         """
-        return await self._send(Kind.PUT, list(batches), timeout, None)
+        return await self._send(Kind.PUT, check_batches("send_many", batches), timeout, None)
 
     async def put(
         self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None

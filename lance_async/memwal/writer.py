@@ -81,6 +81,7 @@ import anyio
 import pyarrow as pa
 from anyio.abc import TaskGroup
 
+from .._args import check_batches
 from .._loop import LoopHandle, unwrap_groups
 from .._schema import TableFit, primary_key
 from .._threads import run_sync
@@ -427,7 +428,7 @@ class AsyncShardWriter(WriterReads):
         BackpressureTimeoutError, ClosedError, WriterFailedError, FencedError
             As :meth:`send`.
         """
-        return await self._submit(Kind.PUT, list(batches), timeout, None)
+        return await self._submit(Kind.PUT, check_batches("send_many", batches), timeout, None)
 
     def send_nowait(self, data: pa.RecordBatch | pa.Table) -> Ack:
         """Queue in-memory rows at once, or fail at once when there is no room.
