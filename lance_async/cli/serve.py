@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from .common import STORAGE_OPTION, err, parse_storage_options
+from .common import STORAGE_OPTION, err, number, parse_storage_options
 from .common import app as cli
 
 __all__ = ["serve"]
@@ -25,13 +25,21 @@ def serve(
         None, "--host", metavar="HOST", help="Interface (default 127.0.0.1)."
     ),
     port: int | None = typer.Option(
-        None, "--port", metavar="PORT", help="TCP port (default 8000)."
+        None,
+        "--port",
+        metavar="PORT",
+        help="TCP port (default 8000).",
+        callback=number("--port", maximum=65_535),
     ),
     allow_raw_sql: bool | None = typer.Option(
         None, "--allow-raw-sql/--no-raw-sql", help="Accept raw SQL filters."
     ),
     max_body_bytes: int | None = typer.Option(
-        None, "--max-body-bytes", metavar="BYTES", help="Largest request body (default 1 GiB)."
+        None,
+        "--max-body-bytes",
+        metavar="BYTES",
+        help="Largest request body (default 1 GiB).",
+        callback=number("--max-body-bytes", minimum=1),
     ),
     spool_dir: str | None = typer.Option(
         None, "--spool-dir", metavar="DIR", help="Where replay spools go."

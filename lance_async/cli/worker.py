@@ -21,6 +21,7 @@ from .common import (
     STORAGE_OPTION,
     app,
     err,
+    number,
     open_table,
     out,
     require_mem_wal,
@@ -100,18 +101,26 @@ def worker(
         10.0,
         "--lease-ttl",
         help="Seconds without a renewal before a dead worker's partitions are taken over.",
+        callback=number("--lease-ttl", above=True, maximum=86_400),
     ),
     ack_wait: float = typer.Option(
-        30.0, "--ack-wait", help="NATS: seconds before an unacknowledged message comes again."
+        30.0,
+        "--ack-wait",
+        help="NATS: seconds before an unacknowledged message comes again.",
+        callback=number("--ack-wait", above=True, maximum=86_400),
     ),
     stats_interval: float = typer.Option(
-        5.0, "--stats-interval", help="Seconds between stats lines on stderr (0: none)."
+        5.0,
+        "--stats-interval",
+        help="Seconds between stats lines on stderr (0: none).",
+        callback=number("--stats-interval", maximum=86_400),
     ),
     health_port: int | None = typer.Option(
         None,
         "--health-port",
         metavar="PORT",
         help="Serve the stats as JSON over HTTP on 127.0.0.1:PORT.",
+        callback=number("--health-port", maximum=65_535),
     ),
     metrics: bool = typer.Option(
         False,
@@ -215,7 +224,10 @@ def repartition(
         None, "--format", "-f", metavar="FORMAT", help="ndjson, json, csv or ipc."
     ),
     idle_timeout: float | None = typer.Option(
-        None, "--idle-timeout", help="Stop after this many seconds without a message."
+        None,
+        "--idle-timeout",
+        help="Stop after this many seconds without a message.",
+        callback=number("--idle-timeout", maximum=1e9),
     ),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:

@@ -1,0 +1,148 @@
+"""The ``lance-async`` command on bad arguments and bad input: one line on
+standard error, the documented exit code, no traceback, nothing half made.
+
+Every test runs the real command (``python -m lance_async``, so the checkout
+under test is the one that runs) against real tables and files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lance
+import pytest
+
+from .helpers import kv_table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Put first on sys.meta_path by ``python -c``: an import of a module named in
+#: LANCE_ASYNC_TEST_BLOCK fails as if the package were not installed.
+_BLOCKER = """
+import os, runpy, sys
+from importlib.abc import MetaPathFinder
+
+BLOCKED = [m for m in os.environ.get("LANCE_ASYNC_TEST_BLOCK", "").split(",") if m]
+
+
+class Blocker(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if any(name == m or name.startswith(m + ".") for m in BLOCKED):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Blocker())
+sys.argv[0] = "lance-async"
+runpy.run_module("lance_async", run_name="__main__", alter_sys=True)
+"""
+
+
+def cli(
+    *args: str,
+    stdin: str | bytes | None = None,
+    block: str = "",
+    timeout: float = 120,
+    **kwargs: object,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``lance-async ARGS`` (this checkout) in a subprocess.
+
+    ``block``: comma-separated modules whose import fails (not installed).
+    Extra keyword arguments go to :func:`subprocess.run` (``stdin=`` a file).
+    """
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "LANCE_ASYNC_TEST_BLOCK": block,
+    }
+    command = [sys.executable, "-c", _BLOCKER, *args]
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    if "stdin" not in kwargs and data is None:
+        data = b""
+    out = subprocess.run(
+        command,
+        input=data,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+        **kwargs,  # type: ignore[call-overload]
+    )
+    return subprocess.CompletedProcess(
+        out.args, out.returncode, out.stdout.decode(errors="replace"), out.stderr.decode()
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
+    """The error line, after checking the exit code, the one line and ``words`` in it."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    for word in words:
+        assert word in errors[0], (word, errors[0])
+    return errors[0]
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> str:
+    """A keyed table (id, value, name) of 5 rows with its MemWAL."""
+    uri = str(tmp_path / "t.lance")
+    ds = lance.write_dataset(kv_table(range(5)), uri)
+    ds.initialize_mem_wal()
+    return uri
+
+
+def rows_file(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# -- 3. numeric options --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["ingest", "{src}", "{uri}", "--idle-timeout", "-1"], "--idle-timeout"),
+        (["ingest", "{src}", "{uri}", "--idle-timeout", "nan"], "--idle-timeout"),
+        (["ingest", "{src}", "{uri}", "--idle-timeout", "inf"], "--idle-timeout"),
+        (["ingest", "{src}", "{uri}", "--idle-timeout", "1e400"], "--idle-timeout"),
+        (["ingest", "{src}", "{uri}", "--min-put-interval", "-inf"], "--min-put-interval"),
+        (["scan", "{uri}", "--limit", "99999999999999999999"], "--limit"),
+        (["scan", "{uri}", "--limit", "-1"], "--limit"),
+        (["init-wal", "{uri}", "--num-buckets", "99999999999999999999"], "--num-buckets"),
+        (["worker", "redis://127.0.0.1:9/k", "{uri}", "--lease-ttl", "nan"], "--lease-ttl"),
+        (["worker", "redis://127.0.0.1:9/k", "{uri}", "--lease-ttl", "0"], "--lease-ttl"),
+        (["worker", "redis://127.0.0.1:9/k", "{uri}", "--ack-wait", "inf"], "--ack-wait"),
+        (
+            ["worker", "redis://127.0.0.1:9/k", "{uri}", "--stats-interval", "-1"],
+            "--stats-interval",
+        ),
+        (
+            ["worker", "redis://127.0.0.1:9/k", "{uri}", "--stats-interval", "nan"],
+            "--stats-interval",
+        ),
+        (["worker", "redis://127.0.0.1:9/k", "{uri}", "--health-port", "99999"], "--health-port"),
+        (
+            ["repartition", "{src}", "redis://127.0.0.1:9/k", "{uri}", "--idle-timeout", "nan"],
+            "--idle-timeout",
+        ),
+        (["serve", "--root", "{dir}", "--port", "70000"], "--port"),
+        (["serve", "--root", "{dir}", "--max-body-bytes", "-1"], "--max-body-bytes"),
+    ],
+)
+def test_regression_numeric_options_out_of_range_exit_2_naming_the_option(
+    tmp_path: Path, table: str, args: list[str], option: str
+) -> None:
+    src = rows_file(tmp_path / "rows.ndjson", [{"id": 9, "value": 1, "name": "x"}])
+    values = {"src": str(src), "uri": table, "dir": str(tmp_path)}
+    version = lance.dataset(table).version
+    result = cli(*(a.format(**values) for a in args), timeout=60)
+    one_line_error(result, 2, option)
+    assert lance.dataset(table).version == version
