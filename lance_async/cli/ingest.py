@@ -176,7 +176,8 @@ def ingest_cmd(
         f"ingested {count(stats.rows, 'row')} from "
         f"{count(stats.messages, 'chunk' if is_file else 'message')} into "
         f"{target} in {stats.seconds:.1f} s; "
-        f"{count(stats.dead_letters, 'dead letter')}"
+        f"{count(stats.dead_letters, 'dead letter')}",
+        markup=False,
     )
     if outstanding:
         err.print(

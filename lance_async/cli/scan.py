@@ -17,6 +17,7 @@ from .common import (
     app,
     check_columns,
     err,
+    escape,
     number,
     open_table,
     out,
@@ -158,15 +159,16 @@ def _print_preview(preview: _Preview) -> None:
 
     names, rows = preview.names, preview.rows
     if len(names) <= 8:
-        table = Table(*names)
+        table = Table(*(escape(n) for n in names))
         for row in rows:
-            table.add_row(*("" if v is None else str(v) for v in row.values()))
+            table.add_row(*("" if v is None else escape(str(v)) for v in row.values()))
         out.print(table)
     else:
         width = max(len(n) for n in names)
         for i, row in enumerate(rows):
             out.print(f"[bold]-- row {i + 1}[/bold]")
             for name, value in row.items():
-                out.print(f"{name:>{width}}  {'' if value is None else value}", highlight=False)
+                line = f"{name:>{width}}  {'' if value is None else value}"
+                out.print(line, highlight=False, markup=False)
     if preview.total > len(rows):
         err.print(f"(showing {len(rows):,} of {preview.total:,} rows; use --format ndjson for all)")

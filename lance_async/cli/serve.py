@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from .common import STORAGE_OPTION, err, number, parse_storage_options
+from .common import STORAGE_OPTION, fail, missing_extra, number, parse_storage_options
 from .common import app as cli
 
 __all__ = ["serve"]
@@ -69,8 +69,7 @@ def serve(
         from ..web.server import main as serve_main
         from ..web.settings import ServeSettings
     except ImportError as exc:
-        err.print(f"[red]error:[/red] {exc}; pip install 'lance-async[fastapi]'")
-        raise typer.Exit(2) from None
+        fail(_import_error(exc), 2)
     overrides: dict[str, Any] = {
         "root": root,
         "host": host,
@@ -87,8 +86,33 @@ def serve(
         gc.freeze()  # start-up objects out of the collector's way (README, GC)
         serve_main(settings)
     except ImportError as exc:  # --metrics without the extra
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        fail(_import_error(exc), 2)
     except ValueError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        fail(_settings_error(exc), 2)
+
+
+def _import_error(exc: ImportError) -> str:
+    """What to install, said once: the missing module's extra when it is known,
+    else the library's own message (which names its extra)."""
+    hint = missing_extra(exc)
+    if hint is not None:
+        return hint
+    text = " ".join(str(exc).split())
+    return text if "pip install" in text else f"{text}; pip install 'lance-async[fastapi]'"
+
+
+def _settings_error(exc: ValueError) -> str:
+    """A settings error on one line (pydantic's lists one problem per line,
+    each followed by a link)."""
+    problems = getattr(exc, "errors", None)
+    if callable(problems):
+        try:
+            items = [
+                f"{'.'.join(str(p) for p in e.get('loc', ())) or 'settings'}: {e.get('msg')}"
+                for e in problems()
+            ]
+        except Exception:  # not pydantic's errors(): fall back to the text
+            items = []
+        if items:
+            return "bad settings: " + "; ".join(items)
+    return " ".join(str(exc).split())

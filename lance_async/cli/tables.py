@@ -19,6 +19,7 @@ from .common import (
     check_format,
     count,
     err,
+    escape,
     fail,
     file_size,
     format_of,
@@ -113,7 +114,8 @@ def merge(
     out.print(
         f"inserted {result.num_inserted_rows:,}, updated {result.num_updated_rows:,}, "
         f"deleted {result.num_deleted_rows:,} rows in {result.num_attempts} attempt(s); "
-        f"version {result.version}"
+        f"version {result.version}",
+        markup=False,
     )
 
 
@@ -198,7 +200,7 @@ def init_wal(
         return await ds.sharding()
 
     sharding = run_command(run)
-    out.print(f"MemWAL initialized on {table_uri}: {describe_sharding(sharding)}")
+    out.print(f"MemWAL initialized on {table_uri}: {describe_sharding(sharding)}", markup=False)
 
 
 def describe_sharding(sharding: Sharding) -> str:
@@ -232,7 +234,8 @@ def compact(
     out.print(
         f"compacted {count(gens, 'generation')} from {count(len(result.generations), 'shard')}: "
         f"{result.rows_upserted:,} rows upserted, {result.rows_deleted:,} deleted; "
-        f"version {result.version}"
+        f"version {result.version}",
+        markup=False,
     )
 
 
@@ -318,18 +321,20 @@ def info(
     if as_json:
         out.print_json(json.dumps(data))
         return
-    out.print(f"[bold]{data['uri']}[/bold]  version {data['version']} of {data['versions']}")
-    out.print("schema: " + ", ".join(data["schema"]), highlight=False)
+    out.print(
+        f"[bold]{escape(data['uri'])}[/bold]  version {data['version']} of {data['versions']}"
+    )
+    out.print("schema: " + ", ".join(data["schema"]), highlight=False, markup=False)
     if not data["mem_wal"]:
         out.print(f"rows: {data['rows']:,}")
-        out.print(f"MemWAL: not initialized (lance-async init-wal {table_uri})")
+        out.print(f"MemWAL: not initialized (lance-async init-wal {table_uri})", markup=False)
         return
     out.print(
         f"rows: {data['base_rows']:,} in the base table, {data['flushed_rows']:,} in "
         f"{count(data['generations'], 'flushed generation')}, {data['unflushed_rows']:,} "
         f"unflushed (in the WAL); an LSM scan sees {data['lsm_rows']:,} (newest per key)"
     )
-    out.print(f"MemWAL: {data['sharding']}, {count(len(data['shards']), 'shard')}")
+    out.print(f"MemWAL: {data['sharding']}, {count(len(data['shards']), 'shard')}", markup=False)
     if data["unflushed_rows"]:
         out.print("  (unflushed rows come back when their shard's writer opens again)")
     from rich.table import Table
@@ -375,12 +380,13 @@ def check(
             f"{report.shards} shard(s), {report.generations} flushed generation(s), "
             f"{report.rows:,} rows read ({report.sharding} sharding): "
             f"{report.split_keys:,} key(s) in more than one shard, "
-            f"{report.misplaced_keys:,} in the wrong shard"
+            f"{report.misplaced_keys:,} in the wrong shard",
+            markup=False,
         )
         for example in report.examples:
             where = ", ".join(example["shards"])
             expected = f" (belongs to {example['expected']})" if example["expected"] else ""
-            out.print(f"  key {example['key']!r}: shard {where}{expected}")
+            out.print(f"  key {example['key']!r}: shard {where}{expected}", markup=False)
         if report.compacted_shards:
             err.print(
                 f"note: {report.compacted_shards} shard(s) have generations compacted already; "

@@ -178,7 +178,9 @@ def worker(
                 async def signals() -> None:
                     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
                         async for _ in received:
-                            err.print(f"worker {name}: stopping (handing partitions back)")
+                            err.print(
+                                f"worker {name}: stopping (handing partitions back)", markup=False
+                            )
                             w.stop()
 
                 async def report() -> None:
@@ -195,7 +197,9 @@ def worker(
                     tg.start_soon(report)
                 if health_port is not None:
                     tg.start_soon(_health, health_port, w, export)
-                err.print(f"worker {name}: {partitions} partitions in group {group!r}")
+                err.print(
+                    f"worker {name}: {partitions} partitions in group {group!r}", markup=False
+                )
                 stats = await w.run()
                 tg.cancel_scope.cancel()
             return stats
@@ -204,7 +208,7 @@ def worker(
                 await close()
 
     stats = run_command(run)
-    out.print(_line(stats))
+    out.print(_line(stats), markup=False)
 
 
 @app.command()
