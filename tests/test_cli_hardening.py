@@ -214,3 +214,36 @@ def test_regression_a_missing_optional_package_names_its_extra_and_exits_2(
     line = one_line_error(result, 2, f"pip install 'lance-async[{extra}]'")
     assert "ModuleNotFoundError" not in result.stderr
     assert line.count("pip install") == 1, line
+
+
+# -- 2. create --schema -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "key", "words"),
+    [
+        ("", "id", ["--schema", "empty"]),
+        ("  ", "id", ["--schema", "empty"]),
+        (",", "id", ["--schema", "no columns"]),
+        ("id:int64,value:fancy", "id", ["--schema", "unknown type 'fancy'"]),
+        ("id:int64,value:decimal(10,2)", "id", ["--schema", "unknown type 'decimal(10,2)'"]),
+        ("id:int64,id:string", "id", ["--schema", "'id' is named twice"]),
+        ("id:int64,v:float32[0]", "id", ["--schema", "vector's size"]),
+        ("id:int64,v:float32[99999999999999999999]", "id", ["--schema", "vector's size"]),
+        ("id", "id", ["--schema", "expected NAME:TYPE"]),
+        ("id:int64,value:int64", "key", ["--key", "no column 'key'"]),
+    ],
+)
+def test_regression_create_schema_edge_cases_exit_2_and_create_nothing(
+    tmp_path: Path, spec: str, key: str, words: list[str]
+) -> None:
+    uri = tmp_path / "t.lance"
+    one_line_error(cli("create", str(uri), "--schema", spec, "--key", key), 2, *words)
+    assert not uri.exists()
+
+
+def test_regression_create_refuses_a_key_named_twice(tmp_path: Path) -> None:
+    uri = tmp_path / "t.lance"
+    result = cli("create", str(uri), "--schema", "id:int64", "--key", "id", "--key", "id")
+    one_line_error(result, 2, "--key", "named twice")
+    assert not uri.exists()

@@ -51,6 +51,23 @@ _ALIASES = {
     "date": "date32",
 }
 _VECTOR = re.compile(r"^(?P<item>[a-z0-9_]+)\[(?P<size>\d+)\]$")
+_MAX_LIST_SIZE = 2**31 - 1  # Arrow's fixed-size list: an int32 size
+
+
+def _split_items(spec: str) -> list[str]:
+    """``spec`` cut at the commas outside brackets and parentheses
+    (``a:decimal(10,2)`` stays one item, to be refused by its type)."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(spec):
+        if char in "([<":
+            depth += 1
+        elif char in ")]>":
+            depth = max(depth - 1, 0)
+        elif char == "," and depth == 0:
+            items.append(spec[start:i])
+            start = i + 1
+    items.append(spec[start:])
+    return [item.strip() for item in items]
 
 
 def _parse_type(text: str, column: str) -> pa.DataType:
@@ -60,7 +77,14 @@ def _parse_type(text: str, column: str) -> pa.DataType:
     match = _VECTOR.match(name)
     if match and not name.startswith(("timestamp", "time", "duration")):
         item = _parse_type(match["item"], column)
-        return pa.list_(item, int(match["size"]))
+        size = int(match["size"])
+        if not 1 <= size <= _MAX_LIST_SIZE:
+            raise typer.BadParameter(
+                f"column {column!r}: a vector's size must be in 1..{_MAX_LIST_SIZE:,}, "
+                f"got {match['size']}",
+                param_hint="'--schema'",
+            )
+        return pa.list_(item, size)
     try:
         return pa.type_for_alias(name)
     except ValueError:
@@ -89,7 +113,7 @@ def parse_schema_spec(spec: str) -> pa.Schema:
 
     fields = []
     seen: set[str] = set()
-    for item in (i.strip() for i in spec.split(",")):
+    for item in _split_items(spec):
         if not item:
             continue
         name, sep, kind = item.partition(":")
@@ -195,6 +219,11 @@ def create(
     check_format(format)
     if source is None and schema_spec is None:
         raise typer.BadParameter("give --from FILE or --schema SPEC (or both)")
+    if schema_spec is not None and not schema_spec.strip():
+        raise typer.BadParameter("is empty: give NAME:TYPE,...", param_hint="'--schema'")
+    repeated = sorted({k for k in key or [] if list(key).count(k) > 1})
+    if repeated:
+        raise typer.BadParameter(f"column {repeated[0]!r} is named twice", param_hint="'--key'")
     if key and no_key:
         raise typer.BadParameter("--key and --no-key exclude each other", param_hint="'--no-key'")
     if not key and not no_key:
@@ -205,7 +234,7 @@ def create(
         )
     if source not in (None, "-") and not os.path.exists(str(source)):
         fail(f"no such file: {source}", 2)
-    declared = parse_schema_spec(schema_spec) if schema_spec else None
+    declared = parse_schema_spec(schema_spec) if schema_spec is not None else None
     fmt = format or ("ndjson" if source in (None, "-") else format_of(str(source)))
     storage = parse_storage_options(storage_option)
     writes = Writes()
