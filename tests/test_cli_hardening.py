@@ -247,3 +247,115 @@ def test_regression_create_refuses_a_key_named_twice(tmp_path: Path) -> None:
     result = cli("create", str(uri), "--schema", "id:int64", "--key", "id", "--key", "id")
     one_line_error(result, 2, "--key", "named twice")
     assert not uri.exists()
+
+
+# -- 1. create from rows that repeat a key --------------------------------------------
+
+
+@pytest.mark.parametrize("via_stdin", [False, True])
+def test_regression_create_from_rows_repeating_a_key_fails_and_creates_nothing(
+    tmp_path: Path, via_stdin: bool
+) -> None:
+    rows = [{"id": i % 3, "value": i, "name": f"r{i}"} for i in range(6)]
+    src = rows_file(tmp_path / "dup.ndjson", rows)
+    uri = tmp_path / "t.lance"
+    if via_stdin:
+        result = cli("create", str(uri), "--from", "-", "--key", "id", stdin=src.read_text())
+    else:
+        result = cli("create", str(uri), "--from", str(src), "--key", "id")
+    line = one_line_error(result, 1, "repeats key {'id': 0}", "nothing was written")
+    assert "duplicate_keys=" not in line  # the Python API's way out is not the command's
+    assert not uri.exists()
+    # a composite key repeats only when every part does
+    made = cli("create", str(uri), "--from", str(src), "--key", "id", "--key", "value")
+    assert made.returncode == 0, made.stderr
+    assert lance.dataset(str(uri)).count_rows() == 6
+
+
+# -- 4. standard input: empty, closed, a directory -------------------------------------
+
+
+def test_regression_empty_standard_input_is_said_and_commits_nothing(
+    tmp_path: Path, table: str
+) -> None:
+    version = lance.dataset(table).version
+    uri = tmp_path / "new.lance"
+    one_line_error(
+        cli("create", str(uri), "--from", "-", "--key", "id", stdin=""), 1, "standard input"
+    )
+    assert not uri.exists()
+    result = cli("create", str(uri), "--from", "-", "--schema", "id:int64", "--key", "id")
+    one_line_error(result, 1, "standard input is empty", "nothing was created")
+    assert not uri.exists()
+    merged = cli("merge", "-", table, stdin="")
+    assert merged.returncode == 0, merged.stderr
+    assert "nothing to merge: standard input holds no rows" in merged.stdout
+    ingested = cli("ingest", "-", table, stdin="")
+    assert ingested.returncode == 0, ingested.stderr
+    assert "standard input was empty" in ingested.stderr
+    assert lance.dataset(table).version == version
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["create", "{new}", "--from", "-", "--key", "id"],
+        ["merge", "-", "{uri}"],
+        ["ingest", "-", "{uri}"],
+    ],
+)
+def test_regression_closed_standard_input_exits_2(
+    tmp_path: Path, table: str, args: list[str]
+) -> None:
+    values = {"new": str(tmp_path / "new.lance"), "uri": table}
+    version = lance.dataset(table).version
+    # the shell closes fd 0 before Python starts (sys.stdin is None then)
+    result = subprocess.run(
+        ["sh", "-c", 'exec "$@" <&-', "sh", sys.executable, "-m", "lance_async"]
+        + [a.format(**values) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    one_line_error(result, 2, "standard input is closed")
+    assert not (tmp_path / "new.lance").exists()
+    assert lance.dataset(table).version == version
+
+
+def test_regression_a_directory_as_source_exits_2(tmp_path: Path, table: str) -> None:
+    for args in (
+        ["create", str(tmp_path / "new.lance"), "--from", str(tmp_path), "--key", "id"],
+        ["merge", str(tmp_path), table],
+        ["ingest", str(tmp_path), table],
+    ):
+        one_line_error(cli(*args), 2, "is a directory")
+    assert not (tmp_path / "new.lance").exists()
+
+
+# -- 5. a truncated Arrow IPC file ---------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["file", "stream"])
+def test_regression_create_from_a_truncated_ipc_file_leaves_no_folder(
+    tmp_path: Path, kind: str
+) -> None:
+    import pyarrow as pa
+
+    rows = pa.table({"id": list(range(50_000)), "name": [f"n{i}" for i in range(50_000)]})
+    whole = tmp_path / f"whole.{'arrow' if kind == 'file' else 'arrows'}"
+    new = pa.ipc.new_file if kind == "file" else pa.ipc.new_stream
+    with new(str(whole), rows.schema) as writer:
+        for batch in rows.to_batches(max_chunksize=5_000):
+            writer.write_batch(batch)
+    data = whole.read_bytes()
+    half = tmp_path / f"half{whole.suffix}"
+    half.write_bytes(data[: len(data) // 2])
+    uri = tmp_path / "t.lance"
+    result = cli("create", str(uri), "--from", str(half), "--key", "id")
+    one_line_error(result, 1, "bad input", "IPC", "Nothing was written")
+    assert not uri.exists()
+    made = cli("create", str(uri), "--from", str(whole), "--key", "id")
+    assert made.returncode == 0, made.stderr
+    assert lance.dataset(str(uri)).count_rows() == 50_000

@@ -43,6 +43,7 @@ __all__ = [
     "Writes",
     "app",
     "check_columns",
+    "check_source",
     "count",
     "err",
     "escape",
@@ -388,6 +389,9 @@ def report(exc: BaseException, writes: Writes | None = None) -> NoReturn:
         fail(f"bad input{where}: {text.rstrip('.')}.{outcome}")
     if _INSTALL_HINT in str(exc):  # a missing optional part, said by the library
         fail(_one_line(str(exc)), 2)
+    if isinstance(exc, errors.DuplicateKeyError):  # the way out is the file's, not an API's
+        text = _one_line(str(exc)).split(" Deduplicate the rows", 1)[0]
+        fail(f"{text} Deduplicate the rows, keeping one per key.")
     if isinstance(exc, (errors.LanceAsyncError, OSError, ValueError)):
         fail(_one_line(str(exc)))
     fail(f"{type(exc).__name__}: {_one_line(str(exc))}")  # a broker's refusal, and the like
@@ -531,6 +535,27 @@ def check_columns(ds: AsyncDataset, names: Sequence[str], option: str) -> None:
             f"no column {unknown[0]!r} in the table (it has {', '.join(ds.schema.names)})",
             param_hint=f"'{option}'",
         )
+
+
+def check_source(source: str) -> None:
+    """Exit 2 for a ``SOURCE`` that cannot be read: a missing file, a
+    directory, or ``-`` when standard input is closed or a directory."""
+    import stat
+
+    if source == "-":
+        if sys.stdin is None:
+            fail("standard input is closed: pipe rows into '-', or give a file", 2)
+        try:
+            mode = os.fstat(sys.stdin.fileno()).st_mode
+        except (OSError, ValueError):
+            fail("standard input is closed: pipe rows into '-', or give a file", 2)
+        if stat.S_ISDIR(mode):
+            fail("standard input is a directory: pipe rows into '-', or give a file", 2)
+        return
+    if not os.path.exists(source):
+        fail(f"no such file: {source}", 2)
+    if os.path.isdir(source):
+        fail(f"{source} is a directory: give a file", 2)
 
 
 def format_of(path: str) -> str:

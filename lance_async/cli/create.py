@@ -4,6 +4,7 @@ read their rows twice."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -11,6 +12,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +25,8 @@ from .common import (
     Writes,
     app,
     check_format,
-    fail,
+    check_source,
+    count,
     file_size,
     format_of,
     out,
@@ -232,8 +235,8 @@ def create(
             "or pass --no-key to create a table without one",
             param_hint="'--key'",
         )
-    if source not in (None, "-") and not os.path.exists(str(source)):
-        fail(f"no such file: {source}", 2)
+    if source is not None:
+        check_source(source)
     declared = parse_schema_spec(schema_spec) if schema_spec is not None else None
     fmt = format or ("ndjson" if source in (None, "-") else format_of(str(source)))
     storage = parse_storage_options(storage_option)
@@ -252,28 +255,111 @@ def create(
             raise errors.InvalidInputError(
                 f"a table exists at {table_uri} already; see it with: lance-async info {table_uri}"
             )
-        if source is None:
-            assert declared is not None
-            schema = _keyed(declared, key)
-            ds = await write_dataset(schema.empty_table(), table_uri, storage_options=storage)
-            return await ds.count_rows(), ds.primary_key
-        async with spooled_stdin(source) as path:
-            probe = file_source(path, format=fmt, schema=declared)
-            schema = _keyed(await probe.resolve_schema(), key)
-            size = await file_size(path)
-            label = "stdin" if source == "-" else Path(source).name
-            with Progress(f"create from {label}", size, unit="bytes") as progress:
-                rows = file_source(path, format=fmt, schema=schema, on_read=progress.update)
-                ds = await write_dataset(rows, table_uri, schema=schema, storage_options=storage)
-            return await ds.count_rows(), ds.primary_key
+        async with _cleanup_on_failure(table_uri):
+            if source is None:
+                assert declared is not None
+                schema = _keyed(declared, key)
+                ds = await write_dataset(schema.empty_table(), table_uri, storage_options=storage)
+                return await ds.count_rows(), ds.primary_key
+            async with spooled_stdin(source) as path:
+                label = "stdin" if source == "-" else Path(source).name
+                size = await file_size(path)
+                if size == 0:
+                    what = "standard input" if source == "-" else source
+                    raise _NoRows(
+                        f"{what} is empty: no rows, nothing was created (to create a table "
+                        "without rows, give --schema and leave out --from)"
+                    )
+                probe = file_source(path, format=fmt, schema=declared)
+                schema = _keyed(await probe.resolve_schema(), key)
+                rows = await _check_rows(path, fmt, schema, key, label, size)
+                if rows == 0:
+                    raise _NoRows(
+                        f"{label} holds no rows: nothing was created (to create a table "
+                        "without rows, give --schema and leave out --from)"
+                    )
+                with Progress(f"create from {label}", size, unit="bytes") as progress:
+                    src = file_source(path, format=fmt, schema=schema, on_read=progress.update)
+                    writes.started = True
+                    ds = await write_dataset(src, table_uri, schema=schema, storage_options=storage)
+                return await ds.count_rows(), ds.primary_key
 
     rows, pk = run_command(run, writes)
     what = f"primary key {', '.join(pk)}" if pk else "no primary key"
     out.print(
-        f"created {table_uri}: {rows:,} rows, {what}; "
+        f"created {table_uri}: {count(rows, 'row')}, {what}; "
         f"next: lance-async merge FILE {table_uri}, or lance-async init-wal {table_uri}",
         markup=False,
     )
+
+
+class _NoRows(ValueError):
+    """``--from`` gave no rows (an empty file or standard input)."""
+
+
+async def _check_rows(
+    path: str, fmt: str, schema: pa.Schema, key: list[str] | None, label: str, size: int
+) -> int:
+    """Decode the whole file once before anything is written, and check that
+    no primary key repeats in it (the merges' check, :class:`KeyTracker`).
+
+    Returns the number of rows. Raises :class:`~lance_async.DecodeError` for
+    a bad row and :class:`~lance_async.errors.DuplicateKeyError` for a
+    repeated key, both before the table exists.
+    """
+    from .._keys import KeyTracker
+    from .._threads import run_sync
+    from ..sources.files import file_source
+
+    tracker = KeyTracker(key, what=label) if key else None
+    rows = 0
+    with Progress(f"check {label}", size, unit="bytes") as progress:
+        src = file_source(path, format=fmt, schema=schema, on_read=progress.update)
+        async for batch in src.open():
+            rows += batch.num_rows
+            if tracker is not None:
+                await run_sync(partial(tracker.add, batch))
+    if tracker is not None:
+        await run_sync(tracker.check)
+    return rows
+
+
+@asynccontextmanager
+async def _cleanup_on_failure(uri: str) -> AsyncIterator[None]:
+    """Remove what a failed ``create`` made at a local ``uri`` (the table
+    folder when it did not exist before, else the entries it added), so a
+    failure leaves no half-made table; object stores are left as they are."""
+    local = uri[len("file://") :] if uri.startswith("file://") else uri
+    if "://" in local:
+        yield
+        return
+
+    def entries() -> tuple[bool, set[str] | None]:
+        return os.path.lexists(local), set(os.listdir(local)) if os.path.isdir(local) else None
+
+    existed, before = await anyio.to_thread.run_sync(entries)
+    try:
+        yield
+    except BaseException:
+
+        def remove() -> None:
+            versions = os.path.join(local, "_versions")
+            if os.path.isdir(versions) and os.listdir(versions):
+                return  # a committed table (another writer's): not ours to remove
+            if not existed:
+                shutil.rmtree(local, ignore_errors=True)
+            elif before is not None and os.path.isdir(local):
+                for name in set(os.listdir(local)) - before:
+                    target = os.path.join(local, name)
+                    if os.path.isdir(target) and not os.path.islink(target):
+                        shutil.rmtree(target, ignore_errors=True)
+                    else:
+                        with contextlib.suppress(OSError):
+                            os.remove(target)
+
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(remove)
+        raise
 
 
 def _keyed(schema: pa.Schema, key: list[str] | None) -> pa.Schema:

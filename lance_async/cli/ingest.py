@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
 import uuid
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -19,9 +18,9 @@ from .common import (
     Writes,
     app,
     check_format,
+    check_source,
     count,
     err,
-    fail,
     file_size,
     format_of,
     number,
@@ -127,8 +126,8 @@ def ingest_cmd(
             "or redis://host:port/STREAM (for Kafka, use lance_async.feeds.KafkaFeed in Python)"
         )
     is_file = source != "-" and not scheme
-    if is_file and not os.path.exists(source):
-        fail(f"no such file: {source}", 2)
+    if not scheme:
+        check_source(source)
     if is_file and format is None:
         format = format_of(source)
 
@@ -179,6 +178,8 @@ def ingest_cmd(
         f"{count(stats.dead_letters, 'dead letter')}",
         markup=False,
     )
+    if source == "-" and stats.messages == 0 and stats.rows == 0:
+        err.print("standard input was empty: nothing was written", markup=False)
     if outstanding:
         err.print(
             f"[red]stopped with {count(outstanding, 'message')} outstanding[/red]: the feed "

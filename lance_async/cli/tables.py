@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,10 +16,10 @@ from .common import (
     app,
     check_columns,
     check_format,
+    check_source,
     count,
     err,
     escape,
-    fail,
     file_size,
     format_of,
     open_table,
@@ -79,8 +78,7 @@ def merge(
     temporary file, so it can be read again).
     """
     check_format(format)
-    if source != "-" and not os.path.exists(source):
-        fail(f"no such file: {source}", 2)
+    check_source(source)
     fmt = format or ("ndjson" if source == "-" else format_of(source))
 
     async def run() -> Any:
@@ -111,6 +109,10 @@ def merge(
                 )
 
     result = run_command(run, Writes())  # a merge commits all or nothing
+    if not result.committed:
+        what = "standard input" if source == "-" else source
+        out.print(f"nothing to merge: {what} holds no rows; nothing was committed", markup=False)
+        return
     out.print(
         f"inserted {result.num_inserted_rows:,}, updated {result.num_updated_rows:,}, "
         f"deleted {result.num_deleted_rows:,} rows in {result.num_attempts} attempt(s); "

@@ -20,6 +20,7 @@ from .common import (
     MIN_PUT_INTERVAL,
     STORAGE_OPTION,
     app,
+    check_source,
     err,
     number,
     open_table,
@@ -240,6 +241,8 @@ def repartition(
     Each source message is acknowledged once the broker stored its rows in
     the target, so workers reading TARGET own disjoint keys.
     """
+    if "://" not in source:
+        check_source(source)
 
     async def run() -> tuple[int, int]:
         from ..cluster.partitions import Partitioner
