@@ -359,3 +359,63 @@ def test_regression_create_from_a_truncated_ipc_file_leaves_no_folder(
     made = cli("create", str(uri), "--from", str(whole), "--key", "id")
     assert made.returncode == 0, made.stderr
     assert lance.dataset(str(uri)).count_rows() == 50_000
+
+
+# -- 6. CSV garbage ------------------------------------------------------------------
+
+
+def _printable(line: str) -> bool:
+    return all(c.isprintable() for c in line) and "\ufffd" not in line
+
+
+@pytest.mark.parametrize("command", ["create", "merge", "ingest"])
+def test_regression_a_binary_file_as_csv_is_one_readable_line(
+    tmp_path: Path, table: str, command: str
+) -> None:
+    src = tmp_path / "garbage.csv"
+    src.write_bytes(Path(sys.executable).resolve().read_bytes()[:4096])
+    version = lance.dataset(table).version
+    if command == "create":
+        args = ["create", str(tmp_path / "new.lance"), "--from", str(src), "--key", "id"]
+    else:
+        args = [command, str(src), table]
+    line = one_line_error(cli(*args), 1, "bad input", "garbage.csv", "Nothing was written")
+    assert _printable(line), line
+    assert "pass schema=" not in line and "universal-newline" not in line
+    assert len(line) < 600
+    assert not (tmp_path / "new.lance").exists()
+    assert lance.dataset(table).version == version
+
+
+@pytest.mark.parametrize("command", ["merge", "ingest"])
+@pytest.mark.parametrize(
+    ("body", "line_no", "words"),
+    [
+        ("id,value,name\n1,1,a\n2,x,b\n", 3, ["column 'value'", "invalid value 'x'"]),
+        ("id,value,name\n1,1,a\n2,2,b,extra\n", 3, ["Expected 3 columns, got 4"]),
+        ('id,value,name\n1,1,a\n2,"2\n3,3,c\n', 4, ["never closed"]),
+        ("id,value,name\n1,1,a\n2,\xff,b\n", 3, ["column 'value'"]),  # not UTF-8
+    ],
+)
+def test_regression_bad_csv_names_its_line_and_column(
+    tmp_path: Path, table: str, command: str, body: str, line_no: int, words: list[str]
+) -> None:
+    src = tmp_path / "bad.csv"
+    src.write_bytes(body.encode("latin-1"))
+    version = lance.dataset(table).version
+    line = one_line_error(cli(command, str(src), table), 1, f"line {line_no} of bad.csv", *words)
+    assert "Row #" not in line and _printable(line), line
+    assert lance.dataset(table).version == version
+
+
+def test_regression_a_bad_csv_line_far_into_a_file_is_found(tmp_path: Path, table: str) -> None:
+    lines = ["id,value,name", *(f"{i},{i},n" for i in range(10, 60_010))]
+    lines[50_001] = "oops,1,n"
+    src = tmp_path / "big.csv"
+    src.write_text("\n".join(lines) + "\n")
+    one_line_error(cli("merge", str(src), table), 1, "line 50002 of big.csv", "'oops'")
+    one_line_error(
+        cli("merge", "-", table, "--format", "csv", stdin=src.read_text()),
+        1,
+        "line 50002 of standard input",
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -333,10 +334,21 @@ def number(
     return check
 
 
+_LONGEST = 500  # characters of a message shown (a binary file's sample can be long)
+_STDIN_SPOOL = re.compile(r"'?[^\s']*lance-async-stdin-[^\s/']+/stdin'?")
+
+
 def _one_line(text: str) -> str:
-    """An engine message on one line, without the Rust source location."""
+    """An engine message on one line, without the Rust source location,
+    with bytes that cannot be shown (a binary file's) as ``?`` and the
+    temporary copy of standard input called what it is."""
     first = str(text).split(", /home/runner", 1)[0]
-    return " ".join(first.split())
+    first = _STDIN_SPOOL.sub("standard input", first)
+    first = first.replace("; pass schema=", "; give --schema SPEC")
+    first = first.replace(" - do you need to open the file in universal-newline mode?", "")
+    shown = "".join(c if c.isprintable() or c.isspace() else "?" for c in first)
+    shown = " ".join(shown.replace("\ufffd", "?").split())
+    return shown if len(shown) <= _LONGEST else shown[: _LONGEST - 4] + " ..."
 
 
 def run_command(
@@ -535,6 +547,91 @@ def check_columns(ds: AsyncDataset, names: Sequence[str], option: str) -> None:
             f"no column {unknown[0]!r} in the table (it has {', '.join(ds.schema.names)})",
             param_hint=f"'{option}'",
         )
+
+
+def _csv_error_line(path: str, schema: Any, seconds: float) -> tuple[int, str] | None:
+    """The first line of ``path`` where CSV decoding fails, and the error
+    there (blocking; None when not found within ``seconds``).
+
+    The decoder is fed 64 KiB of whole lines at a time, a copy of it kept
+    before each feed; the piece that fails is fed again, to the copy, one
+    line at a time.
+    """
+    import copy
+    import csv
+
+    from ..sources.decoders import make_decoder
+
+    failures = (errors.DecodeError, csv.Error)
+    decoder = make_decoder("csv", schema)
+    deadline = time.monotonic() + seconds
+    lines = 0
+    with open(path, "rb") as f:
+        while piece := f.read(1 << 16) + f.readline():
+            if time.monotonic() > deadline:
+                return None
+            before = copy.deepcopy(decoder)
+            try:
+                decoder.feed(piece)
+            except failures as exc:
+                for raw in piece.splitlines(keepends=True):
+                    lines += 1
+                    try:
+                        before.feed(raw)
+                    except failures as first:
+                        return lines, str(first)
+                return lines, str(exc)
+            lines += piece.count(b"\n")
+    open_quote = bool(getattr(decoder, "_in_quotes", False))  # before finish() resets it
+    try:
+        decoder.finish()
+    except failures as exc:
+        hint = " (a quoted value is never closed)" if open_quote else ""
+        return max(lines, 1), f"{exc}{hint}"
+    return None
+
+
+def _csv_header(path: str) -> list[str]:
+    """The column names on a CSV file's first line (blocking)."""
+    import csv
+
+    with open(path, "rb") as f:
+        text = f.readline().rstrip(b"\r\n").decode("utf-8", errors="replace").removeprefix("\ufeff")
+    return next(csv.reader([text]), [])
+
+
+async def with_csv_line(
+    exc: Exception, path: str, label: str, fmt: str | None, schema: Any
+) -> Exception:
+    """``exc`` (a CSV decoding error of the file at ``path``) as a
+    :class:`~lance_async.DecodeError` that names the file's line, when the
+    line can be found within a few seconds; else ``exc`` itself.
+
+    pyarrow's ``Row #N`` counts rows from the start of the chunk being
+    parsed, not of the file, so it is replaced by the line.
+    """
+    import csv
+    import re
+
+    if fmt != "csv" or not isinstance(exc, (errors.DecodeError, csv.Error)):
+        return exc
+    from functools import partial
+
+    found = await anyio.to_thread.run_sync(partial(_csv_error_line, path, schema, 10.0))
+    if found is None:
+        return exc
+    line, message = found
+    text = re.sub(r"Row #\d+: ", "", _one_line(message))
+    column = re.search(r"In CSV column #(\d+): ", text)
+    if column is not None:
+        header = await anyio.to_thread.run_sync(partial(_csv_header, path))
+        index = int(column[1])
+        if index < len(header):
+            text = text.replace(column[0], f"column {header[index]!r}: ")
+    if isinstance(exc, csv.Error):
+        text = f"not CSV: {text}"
+    where = "standard input" if label == "stdin" else label
+    return errors.DecodeError(f"line {line} of {where}: {text}")
 
 
 def check_source(source: str) -> None:

@@ -32,6 +32,7 @@ from .common import (
     out,
     parse_storage_options,
     run_command,
+    with_csv_line,
 )
 
 if TYPE_CHECKING:
@@ -315,10 +316,16 @@ async def _check_rows(
     rows = 0
     with Progress(f"check {label}", size, unit="bytes") as progress:
         src = file_source(path, format=fmt, schema=schema, on_read=progress.update)
-        async for batch in src.open():
-            rows += batch.num_rows
-            if tracker is not None:
-                await run_sync(partial(tracker.add, batch))
+        try:
+            async for batch in src.open():
+                rows += batch.num_rows
+                if tracker is not None:
+                    await run_sync(partial(tracker.add, batch))
+        except Exception as exc:
+            located = await with_csv_line(exc, path, label, fmt, schema)
+            if located is exc:
+                raise
+            raise located from exc
     if tracker is not None:
         await run_sync(tracker.check)
     return rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import uuid
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -28,6 +29,7 @@ from .common import (
     out,
     require_mem_wal,
     run_command,
+    with_csv_line,
     writer_options,
 )
 
@@ -61,8 +63,14 @@ async def _validate_file(source: str, fmt: str | None, schema: pa.Schema) -> int
     size = await file_size(source)
     with Progress("check", size, unit="bytes") as progress:
         src = file_source(source, format=fmt, schema=schema, on_read=progress.update)
-        async for batch in src.open():
-            rows += batch.num_rows
+        try:
+            async for batch in src.open():
+                rows += batch.num_rows
+        except Exception as exc:
+            located = await with_csv_line(exc, source, os.path.basename(source), fmt, schema)
+            if located is exc:
+                raise
+            raise located from exc
     return rows
 
 

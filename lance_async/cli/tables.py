@@ -26,6 +26,7 @@ from .common import (
     out,
     require_mem_wal,
     run_command,
+    with_csv_line,
 )
 from .create import spooled_stdin
 
@@ -101,12 +102,18 @@ def merge(
                 if fmt != "ipc":
                     options["schema"] = ds.schema
                 src = file_source(path, format=fmt, **options)
-                return await (
-                    ds.merge_insert(keys)
-                    .when_matched_update_all()
-                    .when_not_matched_insert_all()
-                    .execute(src)
-                )
+                try:
+                    return await (
+                        ds.merge_insert(keys)
+                        .when_matched_update_all()
+                        .when_not_matched_insert_all()
+                        .execute(src)
+                    )
+                except Exception as exc:
+                    located = await with_csv_line(exc, path, label, fmt, ds.schema)
+                    if located is exc:
+                        raise
+                    raise located from exc
 
     result = run_command(run, Writes())  # a merge commits all or nothing
     if not result.committed:
