@@ -419,3 +419,16 @@ def test_regression_a_bad_csv_line_far_into_a_file_is_found(tmp_path: Path, tabl
         1,
         "line 50002 of standard input",
     )
+
+
+def test_regression_a_create_that_fails_while_writing_removes_what_it_made(
+    tmp_path: Path,
+) -> None:
+    src = rows_file(tmp_path / "rows.ndjson", [{"id": 1, "value": 1, "name": "a"}])
+    uri = tmp_path / "t.lance"
+    uri.mkdir()
+    (uri / "_versions").write_text("")  # a file where the engine needs a folder: the commit fails
+    (uri / "keep.txt").write_text("mine")
+    result = cli("create", str(uri), "--from", str(src), "--key", "id")
+    one_line_error(result, 1)
+    assert sorted(p.name for p in uri.iterdir()) == ["_versions", "keep.txt"]
