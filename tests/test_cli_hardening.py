@@ -232,6 +232,7 @@ def test_regression_a_missing_optional_package_names_its_extra_and_exits_2(
         ("id:int64,v:float32[99999999999999999999]", "id", ["--schema", "vector's size"]),
         ("id", "id", ["--schema", "expected NAME:TYPE"]),
         ("id:int64,value:int64", "key", ["--key", "no column 'key'"]),
+        ("id:int64,emb:float32[2]", "emb", ["--key", "'emb' is a fixed_size_list"]),
     ],
 )
 def test_regression_create_schema_edge_cases_exit_2_and_create_nothing(

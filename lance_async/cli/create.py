@@ -371,10 +371,19 @@ async def _cleanup_on_failure(uri: str) -> AsyncIterator[None]:
 
 def _keyed(schema: pa.Schema, key: list[str] | None) -> pa.Schema:
     """The table schema: ``key`` checked against the columns and marked."""
+    import pyarrow as pa
+
     unknown = [k for k in key or [] if k not in schema.names]
     if unknown:
         raise typer.BadParameter(
             f"no column {unknown[0]!r} (the columns are {', '.join(schema.names)})",
+            param_hint="'--key'",
+        )
+    nested = [k for k in key or [] if pa.types.is_nested(schema.field(k).type)]
+    if nested:
+        raise typer.BadParameter(
+            f"column {nested[0]!r} is a {schema.field(nested[0]).type}: a key is a scalar "
+            "(an integer, a string, ...), which the MemWAL's shards hash",
             param_hint="'--key'",
         )
     return with_primary_key(schema, list(key or [])) if key else schema
