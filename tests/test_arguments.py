@@ -177,6 +177,60 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
     ("AsyncDataset.take", lambda c: c.ds.take([-1])),
     ("AsyncDataset.take", lambda c: c.ds.take([True])),
     ("AsyncDataset.to_table", lambda c: c.ds.to_table(limit=-1)),
+    # integers past what the engine holds: a ValueError, not an OverflowError or an abort
+    ("AsyncDataset.scan", lambda c: c.ds.scan(limit=2**64)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(offset=2**70)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(batch_size=2**64)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(batch_size=2**32)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(nearest={"column": "v", "q": [1.0], "k": 2**32})),
+    ("AsyncDataset.to_table", lambda c: c.ds.to_table(limit=2**64)),
+    ("AsyncDataset.to_table", lambda c: c.ds.to_table(offset=2**63)),
+    ("AsyncDataset.to_table", lambda c: c.ds.to_table(batch_size=2**64)),
+    (
+        "AsyncDataset.to_table",
+        lambda c: c.ds.to_table(nearest={"column": "v", "q": [1.0], "refine_factor": 2**31}),
+    ),
+    ("AsyncDataset.to_pandas", lambda c: c.ds.to_pandas(offset=2**64)),
+    ("AsyncDataset.head", lambda c: c.ds.head(2**64)),
+    ("AsyncDataset.take", lambda c: c.ds.take([2**64])),
+    ("AsyncDataset.slice", lambda c: c.ds.slice(0, 2**64)),
+    ("AsyncDataset.sample", lambda c: c.ds.sample(2**64)),
+    ("AsyncDataset.checkout", lambda c: c.ds.checkout(2**64)),
+    ("AsyncDataset.add_columns", lambda c: c.ds.add_columns({"x": "1"}, batch_size=2**64)),
+    ("AsyncDataset.compact_mem_wal", lambda c: c.ds.compact_mem_wal(chunk_rows=2**64)),
+    (
+        "AsyncDataset.cleanup_old_versions",
+        lambda c: c.ds.cleanup_old_versions(retain_versions=2**64),
+    ),
+    ("AsyncTags.create", lambda c: c.ds.tags.create("t", 2**64)),
+    ("open_dataset", lambda c: la.open_dataset(c.ds.uri, version=2**64)),
+    ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(limit=2**64)),
+    ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(batch_size=2**64)),
+    ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(batch_size=2**32)),
+    ("ShardRouter.lsm_scan", lambda c: c.router.lsm_scan(limit=2**64)),
+    ("ShardRouter.lsm_scan", lambda c: c.router.lsm_scan(batch_size=2**64)),
+    ("AsyncShardWriter.lsm_scan", lambda c: c.writer.lsm_scan(limit=2**64)),
+    ("AsyncShardWriter.lsm_scan", lambda c: c.writer.lsm_scan(batch_size=2**64)),
+    (
+        "AsyncDataset.lsm_vector_search",
+        lambda c: c.ds.lsm_vector_search([1.0], column="v", k=2**32),
+    ),
+    (
+        "AsyncDataset.lsm_vector_search",
+        lambda c: c.ds.lsm_vector_search([1.0], column="v", nprobes=2**64),
+    ),
+    (
+        "AsyncDataset.lsm_vector_search",
+        lambda c: c.ds.lsm_vector_search([1.0], column="v", refine_factor=2**31),
+    ),
+    (
+        "ShardRouter.lsm_vector_search",
+        lambda c: c.router.lsm_vector_search([1.0], column="v", k=2**64),
+    ),
+    (
+        "AsyncShardWriter.lsm_vector_search",
+        lambda c: c.writer.lsm_vector_search([1.0], column="v", k=2**64),
+    ),
     ("AsyncDataset.update", lambda c: c.ds.update(3)),  # type: ignore[arg-type]
     ("AsyncDataset.update_config", lambda c: c.ds.update_config({"a": 1})),  # type: ignore[dict-item]
     ("AsyncDataset.update_field_metadata", lambda c: c.ds.update_field_metadata({"id": 3})),  # type: ignore[dict-item]

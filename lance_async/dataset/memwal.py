@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import pyarrow as pa
 
-from .._args import check_columns, check_int, check_knn, check_seconds
+from .._args import check_batch_size, check_columns, check_int, check_knn, check_seconds
 from .._metrics import record_lookup, record_scan
 from ..memwal import retired
 from ..memwal.check import ShardCheck, check_shards
@@ -182,7 +182,7 @@ class MemWalMixin(DatasetCore):
         if limit is not None:
             check_int("limit", limit, minimum=0)
         if batch_size is not None:
-            check_int("batch_size", batch_size, minimum=1)
+            check_batch_size("batch_size", batch_size)
         record_scan(self.uri, "lsm")
         return lsm_scan(
             self._facade(),
