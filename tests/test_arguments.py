@@ -137,6 +137,22 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
         "AsyncDataset.initialize_mem_wal",
         lambda c: c.ds.initialize_mem_wal(manual_shards=True, unsharded=True),
     ),
+    (
+        "AsyncDataset.initialize_mem_wal",
+        lambda c: c.ds.initialize_mem_wal(bucket_column="id", num_buckets=0),
+    ),
+    (
+        "AsyncDataset.initialize_mem_wal",
+        lambda c: c.ds.initialize_mem_wal(bucket_column="id", num_buckets=1025),
+    ),
+    (
+        "AsyncDataset.initialize_mem_wal",
+        lambda c: c.ds.initialize_mem_wal(bucket_column="id", num_buckets=2**64),
+    ),
+    (
+        "AsyncDataset.initialize_mem_wal",
+        lambda c: c.ds.initialize_mem_wal(bucket_column="id", num_buckets=1.5),
+    ),
     ("AsyncDataset.insert", lambda c: c.ds.insert(kv_table([9]), mode="create")),
     ("AsyncDataset.lsm_point_lookup", lambda c: c.ds.lsm_point_lookup(1, columns="id")),
     ("AsyncDataset.lsm_point_lookups", lambda c: c.ds.lsm_point_lookups([1], columns="id")),
@@ -408,3 +424,16 @@ async def test_arguments_wrong_in_themselves_raise_value_or_type_error(tmp_path:
             broken[name] = "accepted"
         assert ds.version == version  # nothing was committed by a bad call
     assert set(broken) <= ELSEWHERE, {k: v for k, v in broken.items() if k not in ELSEWHERE}
+
+
+@pytest.mark.parametrize("num_buckets", [0, -1, 1025, 2**32, 2**64])
+async def test_num_buckets_outside_what_pylance_takes_is_a_value_error_before_any_commit(
+    tmp_path: Path, num_buckets: int
+) -> None:
+    ds = await la.write_dataset(kv_table(range(3)), tmp_path / "t.lance")
+    version = ds.version
+    with pytest.raises(ValueError, match="num_buckets must be"):
+        await ds.initialize_mem_wal(bucket_column="id", num_buckets=num_buckets)
+    assert (await la.open_dataset(ds.uri)).version == version
+    await ds.initialize_mem_wal(bucket_column="id", num_buckets=1024)  # the bound is inclusive
+    assert (await ds.sharding()).num_buckets == 1024

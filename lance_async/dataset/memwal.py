@@ -79,7 +79,8 @@ class MemWalMixin(DatasetCore):
             initialized, or was by a concurrent call; an unknown maintained
             index (the engine's "Invalid user input"). Nothing is committed.
         ValueError
-            Conflicting sharding options (raised by pylance).
+            Conflicting sharding options (raised by pylance); ``num_buckets``
+            outside 1..1024 (the bound pylance 14 enforces; at the call).
         """
         chosen = sharding_options(self.schema, options, manual_shards)
         storage = self._storage_options
