@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from .._filters import sql_int
 from ..errors import (
     FilterError,
 )
@@ -66,7 +67,7 @@ def _literal(text: str, field: pa.Field, raw: str) -> str:
         )
         if not low <= value <= high:
             raise FilterError(f"{value} is out of range for {field.name!r} ({dtype})", filter=raw)
-        return str(value)
+        return sql_int(value)
     if pa.types.is_floating(dtype):
         try:
             number = float(text)
