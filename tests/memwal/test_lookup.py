@@ -186,6 +186,9 @@ async def test_the_int64_extremes_are_keys_like_any_other(table_uri: str) -> Non
 
     assert await values(INT64_MIN, INT64_MAX) == [1, 1]  # the base table
     assert (await ds.lsm_point_lookup(INT64_MIN)).column("id").to_pylist() == [INT64_MIN]
+    for bad in (INT64_MAX + 1, INT64_MIN - 1, "0x10", "16"):  # never wrapped, never parsed
+        with pytest.raises(la.InvalidInputError, match="does not fit 'id'"):
+            await ds.lsm_point_lookup(bad)
     async with ds.mem_wal_writer() as router:
         await router.put(kv_table([INT64_MIN, INT64_MAX], value=2))
         got = await router.lsm_point_lookup(INT64_MIN, columns=["value"])
