@@ -53,8 +53,12 @@ Slow clients
 ------------
 No engine thread ever waits on a client: bodies are read whole before the
 engine runs. A body that pauses longer than ``BodyLimits.body_idle_timeout``
-(30 s by default) is a 408 and writes nothing; past ``max_uploads`` bodies
-in flight (16 by default) a new upload is a 503 with ``Retry-After``.
+(30 s by default), that averages less than ``min_body_rate`` (1 KiB/s, after
+a ``body_rate_grace`` of 10 s) or that takes longer than ``max_body_time``
+(1 hour) is a 408 and writes nothing; past ``max_uploads`` bodies in flight
+(16 by default) a new upload is a 503 with ``Retry-After``. ``serve`` sets
+them with ``LANCE_ASYNC_SERVE_BODY_IDLE_TIMEOUT``, ``..._MIN_BODY_RATE``,
+``..._BODY_RATE_GRACE`` and ``..._MAX_BODY_TIME`` (or the config file).
 """
 
 from __future__ import annotations
@@ -577,10 +581,9 @@ def main(settings: ServeSettings) -> None:
     """
     import uvicorn
 
-    limits = BodyLimits(max_body_bytes=settings.max_body_bytes) if settings.max_body_bytes else None
     app = create_app(
         settings.root,
-        limits=limits,
+        limits=settings.body_limits(),
         allow_raw_sql=settings.allow_raw_sql,
         spool_dir=settings.spool_dir,
         writer_options=settings.writer_options,
