@@ -331,3 +331,32 @@ def test_the_slow_body_limits_are_serve_settings(monkeypatch: pytest.MonkeyPatch
         ServeSettings.load(None, min_body_rate=-1)
     with pytest.raises(ValueError):
         BodyLimits(max_body_time=float("nan"))
+
+
+# -- malformed CSV ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'id,value,name\n1,1,a\n2,2,"unterminated\n3,3,c\n', "CSV line 3: a quoted field"),
+        (b"id,value,name\n1,1,a\n\xff\xfe\x00garbage\n3,3,c\n", "CSV line 3: expected 3 columns"),
+        (b"id,value,name\n1,1,a\n2,2,\xff\n", "CSV line 3: column 'name'"),
+    ],
+)
+def test_regression_malformed_csv_bodies_are_a_line_numbered_422(
+    guarded: Server, body: bytes, message: str
+) -> None:
+    # the unterminated quote was a 200 that wrote the rest of the body into one value
+    before = version(guarded.table("kv"))
+    with guarded.client() as client:
+        for response in (
+            merge(client, "kv", body, "text/csv"),
+            ingest(client, "events", body, "text/csv"),
+        ):
+            assert response.status_code == 422, response.text
+            assert response.json()["error"] == "DecodeError"
+            assert response.json()["detail"].startswith(message), response.json()
+        for key in (1, 2, 3):  # the rows before the bad line were not ingested either
+            assert client.get(f"/tables/events/lookup/{key}").json()["row"]["value"] == 0
+    assert version(guarded.table("kv")) == before
