@@ -21,8 +21,9 @@ Endpoints
     Reads the body (Arrow IPC stream, NDJSON or CSV) to its end into a spool
     (memory up to 4 MiB, then a temporary file), then merges the spool with
     one merge_insert (update matched rows, insert the rest; ``on`` defaults
-    to the primary key, repeat it for composite keys) and answers the
-    MergeResult as JSON. Conflicts replay the spool (see
+    to the primary key, repeat it for composite keys; on a table with a
+    primary key, any other ``on`` is a 422: it would insert a second row for
+    a key the table holds) and answers the MergeResult as JSON. Conflicts replay the spool (see
     :func:`lance_async.fastapi.merge_body`).
 ``POST /tables/{name}/ingest``
     Reads the body to its end, checking every row and spooling it (memory
@@ -31,7 +32,7 @@ Endpoints
     :func:`lance_async.fastapi.ingest_body`): a bad row anywhere or a client
     that leaves mid-upload writes nothing.
 ``GET /tables/{name}/rows?filter=COL<op>VALUE&columns=a,b&limit=N``
-    Streams rows as NDJSON, or Arrow IPC with
+    ``limit``, ``offset`` and ``batch_size`` past int64 are a 422. Streams rows as NDJSON, or Arrow IPC with
     ``Accept: application/vnd.apache.arrow.stream`` (or ``format=arrow``).
     Filters must be ``column <op> literal`` (repeat ``filter`` for AND)
     unless the server runs with ``--allow-raw-sql``. On MemWAL tables the rows
@@ -78,6 +79,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
+from .._args import INT64_MAX
 from .._metrics import record_lookup, record_scan
 from .._storage import filesystem, join
 from .._threads import ThreadLimits, run_sync, stream_limiter
@@ -461,6 +463,15 @@ def create_app(
                 raise SchemaMismatchError(
                     f"join column {key[:64]!r} is not in the table", field=key
                 )
+        primary = dataset.primary_key
+        if primary and sorted(keys) != sorted(primary):
+            # a row whose join value is new would be inserted even when its
+            # primary key is in the table already: two rows for one key
+            raise InvalidInputError(
+                f"merge?on= must be the table's primary key {primary}, got {keys}: joining on "
+                "other columns would insert a second row for a key the table holds; leave "
+                "out on= to join on the primary key"
+            )
         required = list(dict.fromkeys([*keys, *(f.name for f in dataset.schema if not f.nullable)]))
         async with upload(request, dataset.schema, required_columns=required) as body:
             result = await merge_body(
@@ -507,9 +518,9 @@ def create_app(
         table: TableDep,
         filters: Annotated[list[str] | None, Query(alias="filter")] = None,
         columns: str | None = None,
-        limit: Annotated[int | None, Query(ge=0)] = None,
-        offset: Annotated[int | None, Query(ge=0)] = None,
-        batch_size: Annotated[int | None, Query(ge=1)] = None,
+        limit: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
+        offset: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
+        batch_size: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
         format: str | None = None,
     ) -> BatchStreamResponse:
         """Stream rows (NDJSON, or Arrow IPC when asked for)."""

@@ -360,3 +360,62 @@ def test_regression_malformed_csv_bodies_are_a_line_numbered_422(
         for key in (1, 2, 3):  # the rows before the bad line were not ingested either
             assert client.get(f"/tables/events/lookup/{key}").json()["row"]["value"] == 0
     assert version(guarded.table("kv")) == before
+
+
+# -- merge keys, query integers, error names ------------------------------------------
+
+
+def test_regression_merge_on_a_column_other_than_the_primary_key_is_a_422(
+    guarded: Server,
+) -> None:
+    # Before: a 200 that joined on 'name', and a row whose name was new was
+    # inserted beside the row holding its id
+    before = version(guarded.table("kv"))
+    body = ndjson([{"id": 7, "value": 70, "name": "not-n7"}])
+    with guarded.client() as client:
+        for on in ("name", "value", ["id", "name"]):
+            response = merge(client, "kv", body, NDJSON, on=on)
+            assert response.status_code == 422, response.text
+            assert response.json()["error"] == "InvalidInputError"
+            assert "must be the table's primary key ['id']" in response.json()["detail"]
+        unknown = merge(client, "kv", body, NDJSON, on="nope")
+        assert unknown.status_code == 422
+        assert unknown.json()["field"] == "nope"
+    assert version(guarded.table("kv")) == before
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"limit": 2**64}, {"offset": 2**70}, {"limit": 2**63}, {"batch_size": 2**64}],
+)
+def test_regression_query_integers_past_int64_are_a_422(
+    guarded: Server, params: dict[str, int]
+) -> None:
+    # Before: an OverflowError inside the engine call, answered 500
+    with guarded.client() as client:
+        for table in ("kv", "events"):
+            response = client.get(f"/tables/{table}/rows", params=params)
+            assert response.status_code == 422, response.text
+            assert next(iter(params)) in response.text
+        assert client.get("/tables/kv/rows", params={"limit": 2**63 - 1}).status_code == 200
+    assert guarded.health()["status"] == "ok"
+
+
+def test_regression_error_bodies_name_public_error_types(guarded: Server) -> None:
+    # Before: a deep first NDJSON line answered {"error": "_LineError"}
+    deep = b'{"id": ' + b"[" * 100 + b"]" * 100 + b"}\n"
+    with guarded.client() as client:
+        response = merge(client, "kv", deep, NDJSON)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == "DecodeError"
+
+
+def test_error_payloads_never_carry_private_class_names() -> None:
+    from lance_async.errors import DecodeError
+    from lance_async.web.handlers import error_payload
+
+    class _Internal(DecodeError):
+        pass
+
+    assert error_payload(_Internal("x"))["error"] == "DecodeError"
+    assert error_payload(DecodeError("x"))["error"] == "DecodeError"
