@@ -32,8 +32,9 @@ Endpoints
     :func:`lance_async.fastapi.ingest_body`): a bad row anywhere or a client
     that leaves mid-upload writes nothing.
 ``GET /tables/{name}/rows?filter=COL<op>VALUE&columns=a,b&limit=N``
-    ``limit``, ``offset`` and ``batch_size`` past int64 are a 422. Streams rows as NDJSON, or Arrow IPC with
-    ``Accept: application/vnd.apache.arrow.stream`` (or ``format=arrow``).
+    Streams rows as NDJSON, or Arrow IPC with
+    ``Accept: application/vnd.apache.arrow.stream`` (or ``format=arrow``);
+    ``limit``, ``offset`` or ``batch_size`` past int64 is a 422.
     Filters must be ``column <op> literal`` (repeat ``filter`` for AND)
     unless the server runs with ``--allow-raw-sql``. On MemWAL tables the rows
     are the writer's LSM view (every acknowledged row); pylance 14 collects
