@@ -13,18 +13,28 @@ parse error instead of being dropped.
 
 from __future__ import annotations
 
+import re
 from typing import TypeVar
 
 from .errors import FilterError
 
 T = TypeVar("T")
 
-__all__ = ["MAX_FILTER_LENGTH", "check_filter", "sql_int"]
+__all__ = ["DECIMAL_FLOAT", "DECIMAL_INT", "MAX_FILTER_LENGTH", "check_filter", "sql_int"]
 
 #: Characters a filter may hold.
 MAX_FILTER_LENGTH = 16_384
 
 _CLOSERS = {"'": "'", '"': '"', "`": "`"}
+
+
+#: An integer as clients write one in a query string: ASCII digits only (``\\d``
+#: and ``int()`` take other scripts' digits, ``int("٣")`` is 3).
+DECIMAL_INT = re.compile(r"[+-]?[0-9]{1,20}")
+
+#: A decimal number in ASCII (``float()`` also takes ``1_000`` and other
+#: scripts' digits).
+DECIMAL_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def sql_int(value: int) -> str:

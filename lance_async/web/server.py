@@ -81,6 +81,7 @@ import pyarrow.fs as pafs
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
 from .._args import INT64_MAX
+from .._filters import DECIMAL_FLOAT, DECIMAL_INT
 from .._metrics import record_lookup, record_scan
 from .._storage import filesystem, join
 from .._threads import ThreadLimits, run_sync, stream_limiter
@@ -229,10 +230,12 @@ def _parse_key(text: str, field: pa.Field) -> Any:
     dtype = field.type
     try:
         if pa.types.is_integer(dtype):
-            if not re.fullmatch(r"[+-]?\d{1,20}", text):
+            if not DECIMAL_INT.fullmatch(text):
                 raise ValueError(text)
             return int(text)
         if pa.types.is_floating(dtype):
+            if not DECIMAL_FLOAT.fullmatch(text):
+                raise ValueError(text)
             return float(text)
         if pa.types.is_boolean(dtype):
             if text.lower() not in ("true", "false"):

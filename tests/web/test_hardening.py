@@ -196,6 +196,8 @@ def test_regression_a_json_true_key_is_a_422_not_row_1(guarded: Server) -> None:
         assert response.status_code == 422, response.text
         assert "not numbers" in response.json()["detail"]
         assert client.get("/tables/kv/lookup/1.5").status_code == 422
+        for key in ("٣", "１", "0x1"):  # int("٣") is 3: only ASCII digits are a key
+            assert client.get(f"/tables/kv/lookup/{key}").status_code == 422, key
     assert contents(guarded.table("kv"))[1] == before
 
 
