@@ -236,6 +236,15 @@ def _check_into_integer(col: pa.ChunkedArray, field: pa.Field) -> None:
                 f'({field.type}); write integers in digits, as 16 or "16"',
                 field=field.name,
             )
+        long = col.filter(pc.greater(pc.utf8_length(col), 18))  # may be out of range
+        low, high = _integer_range(field.type)
+        for text in long.to_pylist():
+            if len(text) > 21 or not low <= int(text) <= high:  # 21: a sign and 20 digits
+                raise DecodeError(
+                    f"field {field.name!r}: {text[:40]} is out of range for {field.type} "
+                    f"[{low}, {high}]",
+                    field=field.name,
+                )
 
 
 def coerce_columns(table: pa.Table, schema: pa.Schema, extra: str = "error") -> pa.Table:
@@ -521,6 +530,14 @@ def _first_bad_line(
     return None
 
 
+def _shown_int(value: int) -> str:
+    """An int for a message: its digits, or its size when they are too many
+    (Python refuses to print an int of more than 4,300 digits)."""
+    if value.bit_length() > 128:
+        return f"an integer of {len(format(value, 'x')) * 4} bits"
+    return str(value)
+
+
 def _out_of_range_integer(obj: dict[str, Any], schema: pa.Schema) -> tuple[str, str] | None:
     """The first integer of a parsed JSON object outside its integer column's
     range, as (message, field); Python's JSON parser keeps the exact digits
@@ -534,7 +551,7 @@ def _out_of_range_integer(obj: dict[str, Any], schema: pa.Schema) -> tuple[str, 
         ):
             low, high = _integer_range(field.type)
             if not low <= value <= high:
-                shown = str(value) if len(str(value)) <= 40 else f"{str(value)[:37]}..."
+                shown = _shown_int(value)
                 return (
                     f"field {field.name!r}: {shown} is out of range for {field.type} "
                     f"[{low}, {high}]",
@@ -575,7 +592,8 @@ def _wide_column(name: str, values: list[Any], schema: pa.Schema) -> pa.Array:
         for v in values:
             if isinstance(v, int) and not isinstance(v, bool) and not low <= v <= high:
                 raise SchemaMismatchError(
-                    f"field {name!r}: {v} is out of range for {field.type} [{low}, {high}]",
+                    f"field {name!r}: {_shown_int(v)} is out of range for {field.type} "
+                    f"[{low}, {high}]",
                     field=name,
                 )
         if all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in values):
@@ -584,7 +602,8 @@ def _wide_column(name: str, values: list[Any], schema: pa.Schema) -> pa.Array:
         return pa.array([None if v is None else float(v) for v in values], type=field.type)
     wide = next(v for v in values if _is_wide(v))
     raise SchemaMismatchError(
-        f"field {name!r}: cannot convert the integer {wide} and the column's other values "
+        f"field {name!r}: cannot convert the integer {_shown_int(wide)} and the column's "
+        "other values "
         f"to {field.type}",
         field=name,
     )

@@ -121,6 +121,9 @@ WIDE = pa.schema(
         ('{"id": 1e20}', "id", "does not fit int64 exactly"),
         ('{"id": "0x10"}', "id", "'0x10' is not a decimal integer"),
         ('{"id": 1, "u": "0x10"}', "u", "'0x10' is not a decimal integer"),
+        ('{"id": "9223372036854775808"}', "id", "9223372036854775808 is out of range for int64"),
+        ('{"id": "-99999999999999999999"}', "id", "out of range for int64"),
+        ('{"id": "' + "9" * 5000 + '"}', "id", "out of range for int64"),
     ],
 )
 def test_regression_integers_outside_their_column_are_decode_errors_naming_line_and_field(
@@ -161,7 +164,7 @@ def test_regression_python_rows_with_integers_past_int64() -> None:
     from lance_async.errors import SchemaMismatchError
     from lance_async.sources.jsonrows import rows_table
 
-    for value in (2**63, -(2**63) - 1):  # were an untyped OverflowError
+    for value in (2**63, -(2**63) - 1, 10**5000):  # were an untyped OverflowError
         with pytest.raises(SchemaMismatchError, match="out of range for int64") as caught:
             rows_table([{"id": value}], WIDE)
         assert caught.value.field == "id"
