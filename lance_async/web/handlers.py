@@ -94,12 +94,16 @@ def http_status(exc: BaseException) -> int:
 
 
 def public_error_name(exc: BaseException) -> str:
-    """The name of the public error type ``exc`` is: its own class's, or for
-    an internal class (a name starting with ``_``) its nearest public base
-    class's (``DecodeError`` for an internal subclass of it), so a client
-    never sees a private class name."""
+    """The name of the public error type ``exc`` is: its own class's when
+    :mod:`lance_async.errors` exports it (or it is a built-in), else its
+    nearest such base class's (``DecodeError`` for an internal subclass of
+    it), so a client never sees an internal class name."""
+    from .. import errors
+
     for kind in type(exc).__mro__:
-        if not kind.__name__.startswith("_"):
+        if kind.__module__ == "builtins" or (
+            kind.__module__ == errors.__name__ and kind.__name__ in errors.__all__
+        ):
             return kind.__name__
     return "Exception"
 
