@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = [
+    "BATCH_SIZE_MAX",
+    "INT64_MAX",
+    "KNN_MAX_CANDIDATES",
+    "KNN_MAX_K",
+    "check_batch_size",
     "check_batches",
     "check_choice",
     "check_columns",
@@ -37,8 +42,18 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: The largest count, offset, version or size any call takes: the engine
+#: holds them in 64-bit integers, and a larger Python int would reach it as
+#: an ``OverflowError`` (or wrap around).
+INT64_MAX = 2**63 - 1
 
-def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
+#: The largest ``batch_size`` the engine takes (it holds it in 32 bits).
+BATCH_SIZE_MAX = 2**32 - 1
+
+
+def check_int(
+    name: str, value: object, *, minimum: int | None = None, maximum: int = INT64_MAX
+) -> int:
     """``value`` as an int, or the error a bad one deserves.
 
     Parameters
@@ -49,6 +64,10 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
         What the caller passed; ``bool`` is refused (``True`` is no count).
     minimum : int, optional
         The smallest value accepted.
+    maximum : int, optional
+        The largest value accepted; by default the largest int64
+        (:data:`INT64_MAX`), so that no value reaches the engine as an
+        ``OverflowError``.
 
     Returns
     -------
@@ -59,14 +78,27 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     TypeError
         ``value`` is not an integer (or is a bool).
     ValueError
-        ``value`` is below ``minimum``.
+        ``value`` is below ``minimum`` or above ``maximum``.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     number = int(value)
     if minimum is not None and number < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {number}")
+    if number > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {number}")
     return number
+
+
+def check_batch_size(name: str, value: object) -> int:
+    """A ``batch_size``: an int from 1 to :data:`BATCH_SIZE_MAX` (what the engine takes).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`check_int`.
+    """
+    return check_int(name, value, minimum=1, maximum=BATCH_SIZE_MAX)
 
 
 def check_seconds(name: str, value: object, *, positive: bool = False) -> float:
@@ -139,19 +171,43 @@ def check_columns(columns: T) -> T:
     return columns
 
 
-def check_knn(options: dict[str, object]) -> None:
-    """The arguments of an LSM vector search (``k``, ``nprobes``,
+#: The largest ``k`` of a nearest-neighbour search. The engine allocates room
+#: for ``k`` (times ``refine_factor``) candidates up front: ``k=2**32`` aborts
+#: the process with a failed allocation instead of raising.
+KNN_MAX_K = 1_000_000
+
+#: The most candidates (``k * refine_factor``) a search may ask the engine to
+#: re-rank, for the same reason.
+KNN_MAX_CANDIDATES = 10_000_000
+
+
+def check_knn(options: Mapping[str, object]) -> None:
+    """The arguments of a nearest-neighbour search (``k``, ``nprobes``,
     ``refine_factor``, ``metric``, ``columns``), as keywords.
+
+    ``k`` is at most :data:`KNN_MAX_K` and ``k * refine_factor`` at most
+    :data:`KNN_MAX_CANDIDATES`; ``nprobes`` at most an int64.
 
     Raises
     ------
     TypeError, ValueError
-        ``k``, ``nprobes`` or ``refine_factor`` below 1, an unknown metric,
-        ``columns`` given as one string.
+        ``k``, ``nprobes`` or ``refine_factor`` below 1 or above their
+        bounds, an unknown metric, ``columns`` given as one string.
     """
-    for name in ("k", "nprobes", "refine_factor"):
-        if options.get(name) is not None:
-            check_int(name, options[name], minimum=1)
+    k = 10
+    if options.get("k") is not None:
+        k = check_int("k", options["k"], minimum=1, maximum=KNN_MAX_K)
+    if options.get("nprobes") is not None:
+        check_int("nprobes", options["nprobes"], minimum=1)
+    if options.get("refine_factor") is not None:
+        factor = check_int(
+            "refine_factor", options["refine_factor"], minimum=1, maximum=KNN_MAX_CANDIDATES
+        )
+        if k * factor > KNN_MAX_CANDIDATES:
+            raise ValueError(
+                f"k * refine_factor must be <= {KNN_MAX_CANDIDATES:,} candidates, "
+                f"got {k} * {factor}"
+            )
     if "metric" in options:
         check_choice("metric", options["metric"], ("l2", "cosine", "dot"))
     check_columns(options.get("columns"))

@@ -13,18 +13,42 @@ parse error instead of being dropped.
 
 from __future__ import annotations
 
+import re
 from typing import TypeVar
 
 from .errors import FilterError
 
 T = TypeVar("T")
 
-__all__ = ["MAX_FILTER_LENGTH", "check_filter"]
+__all__ = ["DECIMAL_FLOAT", "DECIMAL_INT", "MAX_FILTER_LENGTH", "check_filter", "sql_int"]
 
 #: Characters a filter may hold.
 MAX_FILTER_LENGTH = 16_384
 
 _CLOSERS = {"'": "'", '"': '"', "`": "`"}
+
+
+#: An integer as clients write one in a query string: ASCII digits only (``\\d``
+#: and ``int()`` take other scripts' digits, ``int("٣")`` is 3).
+DECIMAL_INT = re.compile(r"[+-]?[0-9]{1,20}")
+
+#: A decimal number in ASCII (``float()`` also takes ``1_000`` and other
+#: scripts' digits).
+DECIMAL_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def sql_int(value: int) -> str:
+    """An integer as a Lance SQL literal that the engine reads back exactly.
+
+    pylance 14 parses ``-9223372036854775808`` (the smallest int64) as the
+    negation of ``9223372036854775808``, which does not fit an int64, so it
+    becomes a float64 and no longer compares equal to any int64 column
+    ("could not convert to literal of type 'Int64'"). That one value is
+    written as ``(-9223372036854775807 - 1)``; every other int is its digits.
+    """
+    if value == -(2**63):
+        return "(-9223372036854775807 - 1)"
+    return str(value)
 
 
 def check_filter(filter: T) -> T:

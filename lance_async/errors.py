@@ -43,7 +43,7 @@ The tree::
     ├── NoShardWriterError          the table has no MemWAL writer in the app (409)
     ├── SourceConsumedError ─ BodyConsumedError       body already read (400)
     ├── SourceError ─ ClientDisconnectedError         client left mid-upload (499)
-    ├── SourceError ─ BodyTimeoutError                client went silent mid-upload (408)
+    ├── SourceError ─ BodyTimeoutError                client too slow mid-upload (408)
     ├── ServerBusyError             too many uploads in flight (503, .retryable)
     └── InvalidInputError ─ EmptyBodyError, FilterError   (400)
 
@@ -486,9 +486,11 @@ class ClientDisconnectedError(SourceError):
 
 
 class BodyTimeoutError(SourceError):
-    """The client sent no body bytes for longer than the body's idle timeout
-    (``BodyLimits.body_idle_timeout``) before the body ended (HTTP 408).
-    Nothing was written; send the body again without pausing."""
+    """The client sent the body too slowly (HTTP 408): no bytes for longer than
+    ``BodyLimits.body_idle_timeout``, an average below
+    ``BodyLimits.min_body_rate`` once ``body_rate_grace`` has passed, or
+    longer in all than ``BodyLimits.max_body_time``. Nothing was written;
+    send the body again, without pausing."""
 
 
 class ServerBusyError(LanceAsyncError):

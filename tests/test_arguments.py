@@ -137,6 +137,22 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
         "AsyncDataset.initialize_mem_wal",
         lambda c: c.ds.initialize_mem_wal(manual_shards=True, unsharded=True),
     ),
+    (
+        "AsyncDataset.initialize_mem_wal",
+        lambda c: c.ds.initialize_mem_wal(bucket_column="id", num_buckets=0),
+    ),
+    (
+        "AsyncDataset.initialize_mem_wal",
+        lambda c: c.ds.initialize_mem_wal(bucket_column="id", num_buckets=1025),
+    ),
+    (
+        "AsyncDataset.initialize_mem_wal",
+        lambda c: c.ds.initialize_mem_wal(bucket_column="id", num_buckets=2**64),
+    ),
+    (
+        "AsyncDataset.initialize_mem_wal",
+        lambda c: c.ds.initialize_mem_wal(bucket_column="id", num_buckets=1.5),
+    ),
     ("AsyncDataset.insert", lambda c: c.ds.insert(kv_table([9]), mode="create")),
     ("AsyncDataset.lsm_point_lookup", lambda c: c.ds.lsm_point_lookup(1, columns="id")),
     ("AsyncDataset.lsm_point_lookups", lambda c: c.ds.lsm_point_lookups([1], columns="id")),
@@ -177,6 +193,60 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
     ("AsyncDataset.take", lambda c: c.ds.take([-1])),
     ("AsyncDataset.take", lambda c: c.ds.take([True])),
     ("AsyncDataset.to_table", lambda c: c.ds.to_table(limit=-1)),
+    # integers past what the engine holds: a ValueError, not an OverflowError or an abort
+    ("AsyncDataset.scan", lambda c: c.ds.scan(limit=2**64)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(offset=2**70)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(batch_size=2**64)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(batch_size=2**32)),
+    ("AsyncDataset.scan", lambda c: c.ds.scan(nearest={"column": "v", "q": [1.0], "k": 2**32})),
+    ("AsyncDataset.to_table", lambda c: c.ds.to_table(limit=2**64)),
+    ("AsyncDataset.to_table", lambda c: c.ds.to_table(offset=2**63)),
+    ("AsyncDataset.to_table", lambda c: c.ds.to_table(batch_size=2**64)),
+    (
+        "AsyncDataset.to_table",
+        lambda c: c.ds.to_table(nearest={"column": "v", "q": [1.0], "refine_factor": 2**31}),
+    ),
+    ("AsyncDataset.to_pandas", lambda c: c.ds.to_pandas(offset=2**64)),
+    ("AsyncDataset.head", lambda c: c.ds.head(2**64)),
+    ("AsyncDataset.take", lambda c: c.ds.take([2**64])),
+    ("AsyncDataset.slice", lambda c: c.ds.slice(0, 2**64)),
+    ("AsyncDataset.sample", lambda c: c.ds.sample(2**64)),
+    ("AsyncDataset.checkout", lambda c: c.ds.checkout(2**64)),
+    ("AsyncDataset.add_columns", lambda c: c.ds.add_columns({"x": "1"}, batch_size=2**64)),
+    ("AsyncDataset.compact_mem_wal", lambda c: c.ds.compact_mem_wal(chunk_rows=2**64)),
+    (
+        "AsyncDataset.cleanup_old_versions",
+        lambda c: c.ds.cleanup_old_versions(retain_versions=2**64),
+    ),
+    ("AsyncTags.create", lambda c: c.ds.tags.create("t", 2**64)),
+    ("open_dataset", lambda c: la.open_dataset(c.ds.uri, version=2**64)),
+    ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(limit=2**64)),
+    ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(batch_size=2**64)),
+    ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(batch_size=2**32)),
+    ("ShardRouter.lsm_scan", lambda c: c.router.lsm_scan(limit=2**64)),
+    ("ShardRouter.lsm_scan", lambda c: c.router.lsm_scan(batch_size=2**64)),
+    ("AsyncShardWriter.lsm_scan", lambda c: c.writer.lsm_scan(limit=2**64)),
+    ("AsyncShardWriter.lsm_scan", lambda c: c.writer.lsm_scan(batch_size=2**64)),
+    (
+        "AsyncDataset.lsm_vector_search",
+        lambda c: c.ds.lsm_vector_search([1.0], column="v", k=2**32),
+    ),
+    (
+        "AsyncDataset.lsm_vector_search",
+        lambda c: c.ds.lsm_vector_search([1.0], column="v", nprobes=2**64),
+    ),
+    (
+        "AsyncDataset.lsm_vector_search",
+        lambda c: c.ds.lsm_vector_search([1.0], column="v", refine_factor=2**31),
+    ),
+    (
+        "ShardRouter.lsm_vector_search",
+        lambda c: c.router.lsm_vector_search([1.0], column="v", k=2**64),
+    ),
+    (
+        "AsyncShardWriter.lsm_vector_search",
+        lambda c: c.writer.lsm_vector_search([1.0], column="v", k=2**64),
+    ),
     ("AsyncDataset.update", lambda c: c.ds.update(3)),  # type: ignore[arg-type]
     ("AsyncDataset.update_config", lambda c: c.ds.update_config({"a": 1})),  # type: ignore[dict-item]
     ("AsyncDataset.update_field_metadata", lambda c: c.ds.update_field_metadata({"id": 3})),  # type: ignore[dict-item]
@@ -354,3 +424,16 @@ async def test_arguments_wrong_in_themselves_raise_value_or_type_error(tmp_path:
             broken[name] = "accepted"
         assert ds.version == version  # nothing was committed by a bad call
     assert set(broken) <= ELSEWHERE, {k: v for k, v in broken.items() if k not in ELSEWHERE}
+
+
+@pytest.mark.parametrize("num_buckets", [0, -1, 1025, 2**32, 2**64])
+async def test_num_buckets_outside_what_pylance_takes_is_a_value_error_before_any_commit(
+    tmp_path: Path, num_buckets: int
+) -> None:
+    ds = await la.write_dataset(kv_table(range(3)), tmp_path / "t.lance")
+    version = ds.version
+    with pytest.raises(ValueError, match="num_buckets must be"):
+        await ds.initialize_mem_wal(bucket_column="id", num_buckets=num_buckets)
+    assert (await la.open_dataset(ds.uri)).version == version
+    await ds.initialize_mem_wal(bucket_column="id", num_buckets=1024)  # the bound is inclusive
+    assert (await ds.sharding()).num_buckets == 1024

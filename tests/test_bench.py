@@ -38,6 +38,7 @@ def test_target_values_never_round_across_the_limit(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # the run's own limit (240 s) first
 def test_quick_run_writes_report_and_charts(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the suite draws its charts with matplotlib")
     pytest.importorskip("psutil", reason="the suite reads write_bytes with psutil")

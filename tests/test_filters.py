@@ -65,3 +65,35 @@ def test_regression_the_scan_command_refuses_text_after_the_expression(tmp_path:
     result = CliRunner().invoke(app, ["scan", uri, "--filter", "id < 3; DROP TABLE x"])
     assert result.exit_code != 0, result.output
     assert "one expression" in result.output
+
+
+async def test_a_query_string_filter_on_the_smallest_int64_finds_its_row(tmp_path: Path) -> None:
+    """``-9223372036854775808`` in Lance SQL is a float64; the compiled filter
+    must still compare equal to the int64 key."""
+    from lance_async.web.filters import compile_filter
+
+    ds = await la.write_dataset(kv_table([-(2**63), 0, 2**63 - 1]), tmp_path / "t.lance")
+    for raw, expected in [
+        ("id = -9223372036854775808", [-(2**63)]),
+        ("id <= -9223372036854775808", [-(2**63)]),
+        ("id > -9223372036854775808", [0, 2**63 - 1]),
+        ("id = 9223372036854775807", [2**63 - 1]),
+    ]:
+        sql = compile_filter(raw, ds.schema)
+        assert (await ds.to_table(filter=sql)).column("id").to_pylist() == expected, raw
+
+
+def test_regression_query_string_numbers_are_ascii_decimals() -> None:
+    """``\\d`` and ``int()`` take other scripts' digits and ``float()`` takes
+    ``1_000``: ``id=٣`` compiled to ``id = 3``."""
+    import pyarrow as pa
+
+    from lance_async.web.filters import compile_filter
+
+    schema = pa.schema([("id", pa.int64()), ("x", pa.float64())])
+    for bad in ("id=٣", "id=１", "x=١.٥", "x=1_000", "x=0x10", "id=0x10"):
+        with pytest.raises(FilterError, match="is not"):
+            compile_filter(bad, schema)
+    assert compile_filter(["id=-5", "x=-2.5E-3", "x=.5"], schema) == (
+        "`id` = -5 AND `x` = -0.0025 AND `x` = 0.5"
+    )

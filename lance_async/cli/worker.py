@@ -153,49 +153,64 @@ def worker(
         except ImportError as exc:
             raise typer.BadParameter(str(exc), param_hint="'--metrics'") from None
     name = member or f"{socket.gethostname()}-{os.getpid()}".replace(".", "-")
+    # A SIGTERM during start-up (imports, opening the table and the feed) is
+    # not fatal: the worker stops at once, cleanly (exit 0), owning nothing.
+    early: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: early.append(signum))
 
-    async def run() -> WorkerStats:
+    async def run() -> WorkerStats | None:
         from ..cluster import Worker
         from ..cluster.partitions import Partitioner
         from ..memwal.compactor import CompactionPolicy
         from .feeds import open_partitioned
 
-        ds = await open_table(table_uri, storage_option)
-        await require_mem_wal(ds, table_uri, " --num-buckets N")
-        partitions = (await Partitioner.for_dataset(ds)).num_partitions
-        coordinator, close = await open_partitioned(
-            feed, group, name, partitions, lease_ttl, ack_wait
-        )
-        w = Worker(
-            ds,
-            coordinator=coordinator,
-            writer_options=options,
-            compaction=CompactionPolicy(),
-        )
-        gc.freeze()  # start-up objects out of the collector's way (README, GC)
-        try:
-            async with anyio.create_task_group() as tg:
+        running: list[Worker] = []
+        async with anyio.create_task_group() as tg:
 
-                async def signals() -> None:
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
-                        async for _ in received:
-                            err.print(
-                                f"worker {name}: stopping (handing partitions back)", markup=False
-                            )
-                            w.stop()
+            def stop() -> None:
+                if running:
+                    err.print(f"worker {name}: stopping (handing partitions back)", markup=False)
+                    running[0].stop()
+                else:
+                    err.print(
+                        f"worker {name}: stopped during start-up (owned nothing)", markup=False
+                    )
+                    tg.cancel_scope.cancel()
 
-                async def report() -> None:
-                    rows, since = 0, time.monotonic()
-                    while True:
-                        await anyio.sleep(stats_interval)
-                        stats, now = w.stats(), time.monotonic()
-                        recent = (stats.rows - rows) / max(now - since, 1e-9)
-                        rows, since = stats.rows, now
-                        print(_line(stats, recent), file=sys.stderr, flush=True)
+            async def signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                    if early:
+                        stop()
+                    async for _ in received:
+                        stop()
 
-                tg.start_soon(signals)
+            async def report(w: Worker) -> None:
+                rows, since = 0, time.monotonic()
+                while True:
+                    await anyio.sleep(stats_interval)
+                    stats, now = w.stats(), time.monotonic()
+                    recent = (stats.rows - rows) / max(now - since, 1e-9)
+                    rows, since = stats.rows, now
+                    print(_line(stats, recent), file=sys.stderr, flush=True)
+
+            tg.start_soon(signals)
+            ds = await open_table(table_uri, storage_option)
+            await require_mem_wal(ds, table_uri, " --num-buckets N")
+            partitions = (await Partitioner.for_dataset(ds)).num_partitions
+            coordinator, close = await open_partitioned(
+                feed, group, name, partitions, lease_ttl, ack_wait
+            )
+            try:
+                w = Worker(
+                    ds,
+                    coordinator=coordinator,
+                    writer_options=options,
+                    compaction=CompactionPolicy(),
+                )
+                gc.freeze()  # start-up objects out of the collector's way (README, GC)
+                running.append(w)
                 if stats_interval > 0:
-                    tg.start_soon(report)
+                    tg.start_soon(report, w)
                 if health_port is not None:
                     tg.start_soon(_health, health_port, w, export)
                 err.print(
@@ -203,13 +218,15 @@ def worker(
                 )
                 stats = await w.run()
                 tg.cancel_scope.cancel()
-            return stats
-        finally:
-            with anyio.CancelScope(shield=True):
-                await close()
+                return stats
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await close()
+        return None  # stopped during start-up
 
     stats = run_command(run)
-    out.print(_line(stats), markup=False)
+    if stats is not None:
+        out.print(_line(stats), markup=False)
 
 
 @app.command()

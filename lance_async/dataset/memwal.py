@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import pyarrow as pa
 
-from .._args import check_columns, check_int, check_knn, check_seconds
+from .._args import check_batch_size, check_columns, check_int, check_knn, check_seconds
 from .._metrics import record_lookup, record_scan
 from ..memwal import retired
 from ..memwal.check import ShardCheck, check_shards
@@ -79,7 +79,8 @@ class MemWalMixin(DatasetCore):
             initialized, or was by a concurrent call; an unknown maintained
             index (the engine's "Invalid user input"). Nothing is committed.
         ValueError
-            Conflicting sharding options (raised by pylance).
+            Conflicting sharding options (raised by pylance); ``num_buckets``
+            outside 1..1024 (the bound pylance 14 enforces; at the call).
         """
         chosen = sharding_options(self.schema, options, manual_shards)
         storage = self._storage_options
@@ -182,7 +183,7 @@ class MemWalMixin(DatasetCore):
         if limit is not None:
             check_int("limit", limit, minimum=0)
         if batch_size is not None:
-            check_int("batch_size", batch_size, minimum=1)
+            check_batch_size("batch_size", batch_size)
         record_scan(self.uri, "lsm")
         return lsm_scan(
             self._facade(),

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .._args import check_int
+from .._args import check_batch_size, check_int, check_knn
 from .._filters import check_filter
 from .._metrics import record_scan
 from ..errors import InvalidInputError, SchemaMismatchError, raise_mapped
@@ -56,6 +56,24 @@ def _check_columns(schema: pa.Schema, columns: Sequence[str] | None) -> list[str
             f"no column {unknown[0]!r} in the table (it has {schema.names})", field=unknown[0]
         )
     return names
+
+
+def _check_nearest(nearest: object) -> None:
+    """The integer options of a scanner's ``nearest`` (``k``, ``nprobes``,
+    ``refine_factor``), bounded as :func:`~lance_async._args.check_knn` does:
+    the engine aborts the process on a ``k`` it cannot allocate room for."""
+    if isinstance(nearest, Mapping):
+        check_knn({n: nearest[n] for n in ("k", "nprobes", "refine_factor") if n in nearest})
+
+
+def _check_scanner_ints(options: Mapping[str, Any]) -> None:
+    """The integer scanner options of ``to_table``/``to_pandas``, checked at the call."""
+    _check_nearest(options.get("nearest"))
+    for name in ("limit", "offset"):
+        if options.get(name) is not None:
+            check_int(name, options[name], minimum=0)
+    if options.get("batch_size") is not None:
+        check_batch_size("batch_size", options["batch_size"])
 
 
 class ReadsMixin(DatasetCore):
@@ -120,6 +138,7 @@ class ReadsMixin(DatasetCore):
         record_scan(self.uri, "base")
         if isinstance(columns, (list, tuple, str)):
             _check_columns(ds.schema, columns)
+        _check_nearest(nearest)
         options: dict[str, Any] = dict(scanner_options)
         for key, value in (
             ("columns", columns),
@@ -128,7 +147,7 @@ class ReadsMixin(DatasetCore):
             ("offset", None if offset is None else check_int("offset", offset, minimum=0)),
             (
                 "batch_size",
-                None if batch_size is None else check_int("batch_size", batch_size, minimum=1),
+                None if batch_size is None else check_batch_size("batch_size", batch_size),
             ),
             ("nearest", nearest),
         ):
@@ -167,13 +186,12 @@ class ReadsMixin(DatasetCore):
         Raises
         ------
         ValueError, TypeError
-            A negative ``limit`` or ``offset`` (at the call).
+            A negative ``limit`` or ``offset``, one past int64, a
+            ``batch_size`` outside 1..2**32-1 (at the call).
         """
         if "filter" in scanner_options:
             scanner_options["filter"] = check_filter(scanner_options["filter"])
-        for name in ("limit", "offset"):
-            if scanner_options.get(name) is not None:
-                check_int(name, scanner_options[name], minimum=0)
+        _check_scanner_ints(scanner_options)
         return await engine_call(lambda: self._ds.to_table(**scanner_options))
 
     async def count_rows(self, filter: str | None = None) -> int:
@@ -258,7 +276,5 @@ class ReadsMixin(DatasetCore):
         must not run on the loop). Keyword arguments as :meth:`to_table`."""
         if "filter" in scanner_options:
             scanner_options["filter"] = check_filter(scanner_options["filter"])
-        for name in ("limit", "offset"):
-            if scanner_options.get(name) is not None:
-                check_int(name, scanner_options[name], minimum=0)
+        _check_scanner_ints(scanner_options)
         return await engine_call(lambda: self._ds.to_table(**scanner_options).to_pandas())

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .._args import check_int
+from .._args import check_batch_size
 from ..errors import SchemaMismatchError
 from ._core import DatasetCore, engine_call
 
@@ -79,7 +79,7 @@ class SchemaMixin(DatasetCore):
             A concurrent commit conflicted.
         """
         if batch_size is not None:
-            check_int("batch_size", batch_size, minimum=1)
+            check_batch_size("batch_size", batch_size)
         cols = _names(read_columns, "read_columns") if read_columns is not None else None
         await self._mutate(
             lambda d: d.add_columns(

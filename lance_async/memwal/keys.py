@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .._filters import sql_int
 from ..errors import InvalidInputError, SchemaMismatchError
 
 __all__ = ["key_array", "key_filter", "key_value", "key_values"]
@@ -104,7 +105,7 @@ def _sql_literal(value: Any, field: pa.Field) -> str:
     if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
         return "'" + str(value).replace("'", "''") + "'"
     if pa.types.is_integer(dtype):
-        return str(value)
+        return sql_int(int(value))
     if pa.types.is_floating(dtype):
         return repr(value)
     if pa.types.is_boolean(dtype):

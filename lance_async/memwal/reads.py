@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pyarrow as pa
 
-from .._args import check_seconds
+from .._args import check_batch_size, check_int, check_seconds
 from .._filters import check_filter
 from .._schema import primary_key
 from .._threads import run_sync
@@ -81,10 +81,10 @@ def scan_stream(
 ) -> AsyncBatchStream:
     """An LSM scan as an :class:`AsyncBatchStream` (the levels are resolved on first use)."""
     _check_columns(dataset.schema, columns)
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if limit is not None:
+        check_int("limit", limit, minimum=0)
+    if batch_size is not None:
+        check_batch_size("batch_size", batch_size)
     cols = list(columns) if columns is not None else None
     filter = check_filter(filter)  # one expression, as on every read path
     read_size, max_rows = batch_size, None

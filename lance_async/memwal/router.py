@@ -337,10 +337,26 @@ class ShardRouter:
         return await ack
 
     async def flush(self) -> None:
-        """Wait until every writer has written what was queued."""
-        async with anyio.create_task_group() as tg:
-            for writer in list(self._writers.values()):
-                tg.start_soon(writer.flush)
+        """Wait until every writer has written what was queued.
+
+        Raises
+        ------
+        ClosedError
+            The router is not open (never entered, closing or closed), as
+            for every other call; also when it closes while the flush waits.
+        WriterFailedError, FencedError
+            A shard's writer broke.
+        """
+        self._check_open()
+        try:
+            with unwrap_groups():
+                async with anyio.create_task_group() as tg:
+                    for writer in list(self._writers.values()):
+                        tg.start_soon(writer.flush)
+        except Exception as exc:
+            if self._state is not WriterState.OPEN:
+                raise ClosedError(f"{self!r} was closed while the flush waited") from exc
+            raise
 
     def stats(self) -> RouterStats:
         """Every open writer's statistics and their totals (does not block)."""

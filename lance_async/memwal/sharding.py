@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.mem_wal import evaluate_sharding_spec
 
+from .._args import check_int
 from .._threads import run_sync
 from ..errors import InvalidInputError, WrongShardError
 from .keys import key_values
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_NUM_BUCKETS",
+    "MAX_NUM_BUCKETS",
     "SHARD_NAMESPACE",
     "Sharding",
     "default_shard_id",
@@ -66,6 +68,9 @@ is a shard with one writer; this many workers can ingest one table at once."""
 
 _SHARDING_OPTIONS = ("bucket_column", "num_buckets", "identity_column", "unsharded")
 
+MAX_NUM_BUCKETS = 1024
+"""The most buckets a bucket-sharded MemWAL may have (what pylance 14 enforces)."""
+
 
 def sharding_options(
     schema: pa.Schema, options: Mapping[str, Any], manual_shards: bool
@@ -80,10 +85,15 @@ def sharding_options(
 
     Raises
     ------
-    ValueError
-        ``manual_shards`` together with a sharding option.
+    TypeError, ValueError
+        ``manual_shards`` together with a sharding option; ``num_buckets``
+        not an int from 1 to :data:`MAX_NUM_BUCKETS`.
     """
     out = dict(options)
+    if out.get("num_buckets") is not None:
+        out["num_buckets"] = check_int(
+            "num_buckets", out["num_buckets"], minimum=1, maximum=MAX_NUM_BUCKETS
+        )
     given = [k for k in _SHARDING_OPTIONS if out.get(k) not in (None, False)]
     if manual_shards:
         if given:

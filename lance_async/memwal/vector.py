@@ -260,7 +260,8 @@ async def lsm_vector_search(
     """
     del overfetch_factor
     filter = check_filter(filter)  # one expression, as on every read path
-    check_knn({"k": k, "metric": metric})  # ValueError: the rule for arguments (_args.py)
+    # ValueError: the rule for arguments (_args.py)
+    check_knn({"k": k, "nprobes": nprobes, "refine_factor": refine_factor, "metric": metric})
     schema = dataset.schema
     for name in [column, *(columns or [])]:
         if name not in schema.names:

@@ -41,8 +41,9 @@ The package, one module per job (imports run down this list, never up):
     The built-in kinds (tables, Lance and Arrow datasets, readers, iterators).
 ``replay.py``
     Reader factories: :func:`replayable`.
-``ipc.py``, ``jsonrows.py``, ``decoders.py``
-    Arrow IPC framing, JSON rows, incremental NDJSON / CSV / IPC decoders.
+``ipc.py``, ``jsondepth.py``, ``jsonrows.py``, ``decoders.py``
+    Arrow IPC framing, JSON nesting limits, JSON rows, incremental NDJSON /
+    CSV / IPC decoders.
 ``files.py``
     Files read in chunks (aiofiles on asyncio): :func:`file_source`.
 ``registry.py``

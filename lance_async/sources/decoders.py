@@ -18,6 +18,7 @@ import re
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from .._schema import conform_batch, describe_difference
@@ -267,6 +268,25 @@ def _csv_scan(
     return max(last, rest), stopped, state
 
 
+def _record_line(data: bytes, row: int, delimiter: str) -> int:
+    """Lines before the ``row``-th record (1-based, blank lines not counted, as
+    pyarrow counts rows) of CSV ``data``; only on the error path."""
+    reader = csv.reader(
+        io.StringIO(data.decode("utf-8", errors="replace"), newline=""), delimiter=delimiter
+    )
+    lines_before, seen = 0, 0
+    try:
+        for record in reader:
+            if record:
+                seen += 1
+                if seen == row:
+                    return lines_before
+            lines_before = reader.line_num
+    except csv.Error:
+        pass
+    return lines_before
+
+
 def csv_record_cut(data: bytes, delimiter: bytes = b",") -> int:
     """Index just past the last newline that ends a CSV record, or -1.
 
@@ -300,6 +320,7 @@ class CsvDecoder(Decoder):
         self._pending = bytearray()  # starts at a record boundary (after the header)
         self._scanned = 0  # where the search for record ends resumes in _pending
         self._in_quotes = False  # the CSV state there
+        self._line = 2  # number of the first pending line, for messages (the header is 1)
 
     @property
     def pending(self) -> int:
@@ -324,8 +345,44 @@ class CsvDecoder(Decoder):
                 ),
             )
         except pa.ArrowInvalid as exc:
-            raise DecodeError(f"bad CSV: {exc}") from exc
-        return conform_all(table, self._schema)
+            raise self._located(data, exc) from exc
+        finally:
+            first_line, self._line = self._line, self._line + data.count(b"\n")
+        try:
+            return conform_all(table, self._schema)
+        except DecodeError as exc:
+            where = f"CSV lines {first_line}-{self._line - 1}"
+            if exc.field in table.column_names:
+                nulls = pc.is_null(table.column(exc.field))
+                row = pc.index(nulls, True).as_py()
+                if row >= 0:
+                    where = f"CSV line {first_line + _record_line(data, row + 1, self._delimiter)}"
+            raise DecodeError(f"{where}: {exc}", field=exc.field) from exc
+
+    def _located(self, data: bytes, exc: pa.ArrowInvalid) -> DecodeError:
+        """pyarrow's complaint about ``data`` as a message naming the body's line
+        and the column (pyarrow counts rows from the start of each chunk)."""
+        text = str(exc)
+        field = None
+        column = re.search(r"In CSV column #(\d+)", text)
+        if column is not None and self._header is not None:
+            index = int(column.group(1))
+            if index < len(self._header):
+                field = self._header[index]
+        row = re.search(r"Row #(\d+)", text)
+        where = f"CSV line {self._line}"
+        if row is not None:
+            where = (
+                f"CSV line {self._line + _record_line(data, int(row.group(1)), self._delimiter)}"
+            )
+        why = text.split(": ", 2)[-1] if row is not None else text
+        why = why.replace("CSV conversion error to ", "cannot convert to ").replace(
+            "invalid UTF8 data", "not valid UTF-8"
+        )
+        why = why[:1].lower() + why[1:]
+        if field is not None:
+            why = f"column {field!r}: {why}"
+        return DecodeError(f"{where}: {why[:300]}", field=field)
 
     def _set_header(self, line: bytes) -> None:
         text = line.rstrip(b"\r").decode("utf-8", errors="replace").removeprefix("\ufeff")
@@ -367,7 +424,17 @@ class CsvDecoder(Decoder):
             rest = b"" if nl < 0 else rest[nl + 1 :]
         if not rest.strip():
             return []
-        return self._parse(rest if rest.endswith(b"\n") else rest + b"\n")
+        rest = rest if rest.endswith(b"\n") else rest + b"\n"
+        last, _, in_quotes = _csv_scan(rest, 0, False, self._delim)
+        if in_quotes:
+            # the input ended inside a quoted field: pyarrow would read every
+            # byte up to the end into that one value
+            opened = self._line + rest.count(b"\n", 0, max(last, 0))
+            raise DecodeError(
+                f"CSV line {opened}: a quoted field opened in this record is never closed "
+                "(unterminated quote); the input ended inside it"
+            )
+        return self._parse(rest)
 
 
 class IpcStreamDecoder(Decoder):

@@ -13,7 +13,9 @@ engine drains :meth:`FileSource.open_reader`.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -175,12 +177,14 @@ class FileSource(WriteSource):
             check_json_depth(sample)  # inferred types recurse: pyarrow would crash
         try:
             if self.format == "csv":
-                return pcsv.read_csv(pa.py_buffer(sample)).schema
-            return pjson.read_json(pa.py_buffer(sample)).schema
+                schema = pcsv.read_csv(pa.py_buffer(sample)).schema
+            else:
+                schema = pjson.read_json(pa.py_buffer(sample)).schema
         except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
             raise DecodeError(
                 f"cannot infer a schema from the start of {self.path!r} ({exc}); pass schema="
             ) from exc
+        return wide_integers_inferred(schema, sample, self.format, str(self.path))
 
     # -- passes -----------------------------------------------------------
     def _decoder(self) -> Decoder:
@@ -293,3 +297,75 @@ def file_source(
         on_read=on_read,
         **options,
     )
+
+
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+def _sample_values(sample: bytes, fmt: str, names: list[str]) -> dict[str, list[object]]:
+    """The values of columns ``names`` in an inference sample, as written:
+    Python ints for JSON integers (exact digits), text for CSV."""
+    if fmt == "csv":
+        options = pcsv.ConvertOptions(column_types={n: pa.string() for n in names})
+        table = pcsv.read_csv(pa.py_buffer(sample), convert_options=options)
+        return {n: table.column(n).to_pylist() for n in names}
+    values: dict[str, list[object]] = {n: [] for n in names}
+    for line in sample.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            for n in names:
+                values[n].append(row.get(n))
+    return values
+
+
+def _as_integer(value: object) -> int | None:
+    """``value`` as the integer it was written as, or None if it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _INTEGER_TEXT.fullmatch(value.strip()):
+        return int(value)
+    return None
+
+
+def wide_integers_inferred(schema: pa.Schema, sample: bytes, fmt: str, where: str) -> pa.Schema:
+    """An inferred schema with no integer rounded into a float64 column.
+
+    pyarrow infers ``float64`` for a column holding an integer outside int64
+    (JSON and CSV alike), and every later value of it would lose its low
+    digits without an error. Such a column becomes ``uint64`` when every
+    value is an integer in ``[0, 2**64)``; otherwise the inference is refused.
+
+    Raises
+    ------
+    DecodeError
+        A float64-inferred column holds an integer at or past 2**53 that
+        no inferable type holds exactly (names the field); pass ``schema=``.
+    """
+    floats = [f.name for f in schema if pa.types.is_floating(f.type)]
+    if not floats or not re.search(rb"[0-9]{16}", sample):
+        return schema
+    values = _sample_values(sample, fmt, floats)
+    for name in floats:
+        column = [v for v in values[name] if v is not None and v != ""]
+        integers = [_as_integer(v) for v in column]
+        wide = [i for i in integers if i is not None and abs(i) >= 2**53]
+        if not wide:
+            continue
+        if all(i is not None and 0 <= i < 2**64 for i in integers):
+            index = schema.get_field_index(name)
+            schema = schema.set(index, schema.field(name).with_type(pa.uint64()))
+            continue
+        raise DecodeError(
+            f"cannot infer a type for column {name!r} of {where!r}: it holds the integer "
+            f"{wide[0]}, past 2**53, where float64 (the type pyarrow infers) rounds integers; "
+            "pass schema= (an integer, decimal or string column)",
+            field=name,
+        )
+    return schema

@@ -13,7 +13,12 @@ cannot change what it means:
 * a number into a timestamp column as a count of the column's unit;
 * nothing else changes kind: a number is never a string (send ``"5"``), a
   boolean is never a number, nor a number a boolean (``true`` is not the
-  key 1).
+  key 1);
+* an integer outside its column's range is refused, never wrapped or
+  rounded (pyarrow reads ``-9223372036854775809`` as a float that would cast
+  to the int64 minimum); so is a number written as a float at or past 2**53
+  for an integer column, and a string that is not decimal digits (``"0x10"``,
+  which Arrow's cast would read as 16).
 
 Values are parsed with the table's schema first; when that fails, the chunk
 is parsed with inferred types and each column is cast to the table's type
@@ -42,6 +47,8 @@ import pyarrow.json as pjson
 
 from .._schema import conform_batch
 from ..errors import DecodeError, SchemaMismatchError
+from .jsondepth import MAX_JSON_DEPTH, check_json_depth, json_depth
+from .jsondepth import LineError as _LineError
 
 __all__ = [
     "LEADING_NULL",
@@ -57,118 +64,6 @@ __all__ = [
 
 ROWS_SLICE = 8_192
 """Python rows converted per pyarrow call by :func:`rows_table` (a few ms each)."""
-
-MAX_JSON_DEPTH = 64
-"""Deepest nesting of arrays and objects lance_async decodes (a row object is level 1)."""
-
-_IS_BRACKET = np.zeros(256, dtype=bool)
-_IS_BRACKET[[ord("["), ord("]"), ord("{"), ord("}")]] = True
-_BRACKET_STEP = np.zeros(256, dtype=np.int64)
-_BRACKET_STEP[[ord("["), ord("{")]] = 1
-_BRACKET_STEP[[ord("]"), ord("}")]] = -1
-
-
-def _unescaped(arr: np.ndarray, quotes: np.ndarray) -> np.ndarray:
-    """The quotes of ``quotes`` (positions in ``arr``) not escaped by a backslash."""
-    after = quotes[quotes > 0]
-    suspects = after[arr[after - 1] == ord("\\")]
-    if not len(suspects):
-        return quotes
-    run = np.ones(len(suspects), dtype=np.int64)  # backslashes right before each suspect
-    live = np.arange(len(suspects))
-    while len(live):
-        at = suspects[live] - run[live] - 1
-        more = at >= 0
-        more[more] = arr[at[more]] == ord("\\")
-        live = live[more]
-        run[live] += 1
-    escaped = suspects[(run & 1) == 1]
-    return np.setdiff1d(quotes, escaped, assume_unique=True) if len(escaped) else quotes
-
-
-def _depths(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """Positions of the brackets outside strings, and an upper bound of the
-    nesting depth a JSON parser can reach at each (vectorized, numpy)."""
-    arr = np.frombuffer(data, dtype=np.uint8)
-    brackets = np.flatnonzero(np.take(_IS_BRACKET, arr))
-    if not len(brackets):
-        return brackets, brackets
-    quotes = np.flatnonzero(arr == ord('"'))
-    if len(quotes):
-        quotes = _unescaped(arr, quotes)
-        # A raw newline cannot be inside a JSON string, so every line starts
-        # outside one: count the quotes before a bracket from its line's start.
-        newlines = np.flatnonzero(arr == ord("\n"))
-        starts = np.concatenate(([0], newlines + 1))[np.searchsorted(newlines, brackets)]
-        inside = (np.searchsorted(quotes, brackets) - np.searchsorted(quotes, starts)) & 1
-        brackets = brackets[inside == 0]
-    level = np.cumsum(_BRACKET_STEP[arr[brackets]])
-    # A parse may start at any line (the error paths parse line by line) and
-    # a value may span lines: bound the depth by the rise over any start.
-    floor = np.minimum.accumulate(np.concatenate(([0], level)))[:-1]
-    return brackets, level - floor
-
-
-def json_depth(data: bytes) -> int:
-    """An upper bound of how deep the JSON text ``data`` nests (0 for scalars).
-
-    Parameters
-    ----------
-    data : bytes
-        JSON text: one value, or newline-delimited values.
-
-    Returns
-    -------
-    int
-        For valid JSON, the exact depth (``{"a": [1]}`` is 2); for invalid
-        JSON, at least the depth any parser reaches before it stops at the
-        error, wherever it starts reading (at any line).
-
-    Notes
-    -----
-    Blocking CPU work, linear in ``len(data)`` and vectorized (numpy): about
-    as long as parsing the text. Brackets inside strings (escapes included)
-    do not count.
-    """
-    _, depth = _depths(data)
-    return int(depth.max()) if len(depth) else 0
-
-
-def check_json_depth(data: bytes, *, first_line: int = 1, max_depth: int = MAX_JSON_DEPTH) -> None:
-    """Refuse JSON text that nests deeper than ``max_depth`` levels.
-
-    Call it before handing untrusted JSON to a parser that recurses: pyarrow's
-    JSON reader with inferred types crashes the process from about 7,000
-    levels, Python's ``json`` raises ``RecursionError`` from about 1,000.
-
-    Parameters
-    ----------
-    data : bytes
-        JSON text (one value or newline-delimited values).
-    first_line : int
-        The line number of ``data``'s first line, for the message.
-    max_depth : int
-        Levels allowed (default :data:`MAX_JSON_DEPTH`, 64).
-
-    Raises
-    ------
-    DecodeError
-        The text nests deeper; the message names the line (1-based).
-
-    Notes
-    -----
-    Blocking CPU work (see :func:`json_depth`); a text with at most
-    ``max_depth`` brackets is passed after two ``bytes.count`` calls.
-    """
-    if data.count(b"[") + data.count(b"{") <= max_depth:
-        return
-    positions, depth = _depths(data)
-    deep = np.flatnonzero(depth > max_depth)
-    if len(deep):
-        line = first_line + data.count(b"\n", 0, int(positions[deep[0]]))
-        raise _LineError(
-            f"line {line}: JSON nested deeper than {max_depth} levels; nothing was decoded"
-        )
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -189,6 +84,57 @@ def _refusal(have: pa.DataType, want: pa.DataType) -> str | None:
         kind = "a number" if _is_number(have) else str(have)
         return f"{kind} is not a string (send it as a JSON string)"
     return None
+
+
+EXACT_FLOAT_INTEGERS = 2**53
+"""Past this magnitude a float64 no longer holds every integer: a JSON number
+that reached an integer column as a float (pyarrow reads an integer beyond
+int64 as one) is refused there, never rounded into the column."""
+
+_DECIMAL_INTEGER = r"^-?[0-9]+$"
+
+
+def _integer_range(t: pa.DataType) -> tuple[int, int]:
+    info = np.iinfo(t.to_pandas_dtype())
+    return int(info.min), int(info.max)
+
+
+def _check_into_integer(col: pa.ChunkedArray, field: pa.Field) -> None:
+    """Refuse values Arrow's cast to an integer column would take but the
+    coercion rule does not: a float that may not be the integer written (at
+    or past 2**53: pyarrow reads ``-9223372036854775809`` as the float
+    ``-2**63``, which would become the int64 ``-2**63``), and a string that
+    is not a decimal integer (Arrow's cast reads ``"0x10"`` as 16)."""
+    have = col.type
+    if pa.types.is_floating(have):
+        big = pc.greater_equal(pc.abs(col), EXACT_FLOAT_INTEGERS)
+        if pc.any(big).as_py():
+            value = col.filter(big)[0].as_py()
+            low, high = _integer_range(field.type)
+            raise DecodeError(
+                f"field {field.name!r}: {value:.17g} does not fit {field.type} exactly: an "
+                f"integer outside [{low}, {high}], or a number written as a float at or past "
+                "2**53 (send integers as JSON integers, or wide ones as strings)",
+                field=field.name,
+            )
+    elif _is_text(have):
+        bad = pc.invert(pc.match_substring_regex(col, _DECIMAL_INTEGER))
+        if pc.any(bad).as_py():
+            value = col.filter(bad)[0].as_py()
+            raise DecodeError(
+                f"field {field.name!r}: {str(value)[:40]!r} is not a decimal integer "
+                f'({field.type}); write integers in digits, as 16 or "16"',
+                field=field.name,
+            )
+        long = col.filter(pc.greater(pc.utf8_length(col), 18))  # may be out of range
+        low, high = _integer_range(field.type)
+        for text in long.to_pylist():
+            if len(text) > 21 or not low <= int(text) <= high:  # 21: a sign and 20 digits
+                raise DecodeError(
+                    f"field {field.name!r}: {text[:40]} is out of range for {field.type} "
+                    f"[{low}, {high}]",
+                    field=field.name,
+                )
 
 
 def coerce_columns(table: pa.Table, schema: pa.Schema, extra: str = "error") -> pa.Table:
@@ -235,6 +181,8 @@ def coerce_columns(table: pa.Table, schema: pa.Schema, extra: str = "error") -> 
                         f"field {field.name!r}: cannot convert {col.type} to {field.type}: {why}",
                         field=field.name,
                     )
+                if pa.types.is_integer(field.type):
+                    _check_into_integer(col, field)
                 try:
                     col = pc.cast(col, field.type, safe=True)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
@@ -301,6 +249,11 @@ def decode_json_rows(
     except DecodeError as exc:
         where = _first_bad_line(data, schema, extra_fields, first_line)
         if where is None:
+            if data.strip().count(b"\n"):
+                try:
+                    return _decode_by_line(data, schema, extra_fields, first_line)
+                except DecodeError:
+                    pass
             raise
         raise DecodeError(where[0], field=where[1] or exc.field) from exc
 
@@ -310,10 +263,6 @@ def decode_json_rows(
 # wrong. The first case is refused before pyarrow sees the bytes (this match
 # reads only the leading whitespace), the second after it parsed them.
 LEADING_NULL = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*null")
-
-
-class _LineError(DecodeError):
-    """Internal: a decode error whose message names its line already."""
 
 
 _JSON_KINDS = {
@@ -449,6 +398,9 @@ def _first_bad_line(
                 f"line {number}: unknown field {unknown[0]!r} (the table has {schema.names})",
                 unknown[0],
             )
+        wide = _out_of_range_integer(obj, schema)
+        if wide is not None:
+            return f"line {number}: {wide[0]}", wide[1]
         missing = [f.name for f in schema if not f.nullable and obj.get(f.name) is None]
         if missing:
             return (
@@ -462,6 +414,107 @@ def _first_bad_line(
         except DecodeError as exc:
             return f"line {number}: {exc}", exc.field
     return None
+
+
+def _shown_int(value: int) -> str:
+    """An int for a message: its digits, or its size when they are too many
+    (Python refuses to print an int of more than 4,300 digits)."""
+    if value.bit_length() > 128:
+        return f"an integer of {len(format(value, 'x')) * 4} bits"
+    return str(value)
+
+
+def _out_of_range_integer(obj: dict[str, Any], schema: pa.Schema) -> tuple[str, str] | None:
+    """The first integer of a parsed JSON object outside its integer column's
+    range, as (message, field); Python's JSON parser keeps the exact digits
+    that pyarrow's turns into a float (only on the error path)."""
+    for field in schema:
+        value = obj.get(field.name)
+        if (
+            pa.types.is_integer(field.type)
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+        ):
+            low, high = _integer_range(field.type)
+            if not low <= value <= high:
+                shown = _shown_int(value)
+                return (
+                    f"field {field.name!r}: {shown} is out of range for {field.type} "
+                    f"[{low}, {high}]",
+                    field.name,
+                )
+    return None
+
+
+def _decode_by_line(data: bytes, schema: pa.Schema, extra_fields: str, first_line: int) -> pa.Table:
+    """Decode each line on its own (the error path, when every line decodes
+    alone but the chunk did not: a column whose values pyarrow inferred as
+    one type across lines, such as an integer past 2**53 beside a float)."""
+    tables = [
+        _decode_json(line, schema, extra_fields, number)
+        for number, line in enumerate(data.split(b"\n"), first_line)
+        if line.strip()
+    ]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def _is_wide(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63
+
+
+def _wide_column(name: str, values: list[Any], schema: pa.Schema) -> pa.Array:
+    """A column of Python rows holding an int outside int64 (which pyarrow's
+    inference cannot hold), built with its column's type by the coercion rule."""
+    if name not in schema.names:
+        raise SchemaMismatchError(
+            f"unknown field {name!r} (the table has {schema.names})", field=name
+        )
+    field = schema.field(name)
+    numbers = all(
+        v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values
+    )
+    if pa.types.is_integer(field.type):
+        low, high = _integer_range(field.type)
+        for v in values:
+            if isinstance(v, int) and not isinstance(v, bool) and not low <= v <= high:
+                raise SchemaMismatchError(
+                    f"field {name!r}: {_shown_int(v)} is out of range for {field.type} "
+                    f"[{low}, {high}]",
+                    field=name,
+                )
+        if all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in values):
+            return pa.array(values, type=field.type)
+    elif pa.types.is_floating(field.type) and numbers:
+        return pa.array([None if v is None else float(v) for v in values], type=field.type)
+    wide = next(v for v in values if _is_wide(v))
+    raise SchemaMismatchError(
+        f"field {name!r}: cannot convert the integer {_shown_int(wide)} and the column's "
+        "other values "
+        f"to {field.type}",
+        field=name,
+    )
+
+
+def _wide_rows(part: Any, schema: pa.Schema) -> pa.Table:
+    """Python rows with an int outside int64 as a table (pyarrow's inference
+    raises OverflowError): those columns built with the table's types (a
+    uint64 column takes 2**63), the others inferred as usual."""
+    if isinstance(part, dict):
+        columns = {name: list(values) for name, values in part.items()}
+    else:
+        names = list(dict.fromkeys(name for row in part for name in row))
+        columns = {name: [row.get(name) for row in part] for name in names}
+    wide = {name for name, values in columns.items() if any(_is_wide(v) for v in values)}
+    rest = {name: values for name, values in columns.items() if name not in wide}
+    try:
+        others = pa.table(rest)
+        arrays = [
+            _wide_column(name, values, schema) if name in wide else others.column(name)
+            for name, values in columns.items()
+        ]
+        return pa.Table.from_arrays(arrays, names=list(columns))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        raise SchemaMismatchError(f"cannot read the rows: {exc}") from exc
 
 
 def rows_schema(data: object, schema: pa.Schema, values: bool = True) -> pa.Schema | None:
@@ -536,6 +589,8 @@ def rows_table(data: object, schema: pa.Schema) -> pa.Table:
     for part in parts:
         try:
             inferred = pa.table(part) if isinstance(part, dict) else pa.Table.from_pylist(part)
+        except OverflowError:
+            inferred = _wide_rows(part, schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
             raise SchemaMismatchError(f"cannot read the rows: {exc}") from exc
         try:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from .._filters import DECIMAL_FLOAT, DECIMAL_INT, sql_int
 from ..errors import (
     FilterError,
 )
@@ -55,7 +56,7 @@ def _literal(text: str, field: pa.Field, raw: str) -> str:
     if not text:
         raise FilterError(f"the filter {raw!r} has no value", filter=raw)
     if pa.types.is_integer(dtype):
-        if not re.fullmatch(r"[+-]?\d{1,20}", text):
+        if not DECIMAL_INT.fullmatch(text):
             raise FilterError(f"{field.name!r} is {dtype}: {text[:40]!r} is not one", filter=raw)
         value = int(text)
         bits = dtype.bit_width
@@ -66,9 +67,15 @@ def _literal(text: str, field: pa.Field, raw: str) -> str:
         )
         if not low <= value <= high:
             raise FilterError(f"{value} is out of range for {field.name!r} ({dtype})", filter=raw)
-        return str(value)
+        return sql_int(value)
     if pa.types.is_floating(dtype):
         try:
+            if not DECIMAL_FLOAT.fullmatch(text) and text.lower().lstrip("+-") not in (
+                "inf",
+                "infinity",
+                "nan",
+            ):
+                raise ValueError(text)
             number = float(text)
         except ValueError:
             raise FilterError(

@@ -35,7 +35,13 @@ from .responses import dumps_json
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-__all__ = ["error_payload", "http_status", "install_error_handlers", "lance_error_handler"]
+__all__ = [
+    "error_payload",
+    "http_status",
+    "install_error_handlers",
+    "lance_error_handler",
+    "public_error_name",
+]
 
 log = logging.getLogger("lance_async.web")
 
@@ -87,10 +93,26 @@ def http_status(exc: BaseException) -> int:
     return 500
 
 
+def public_error_name(exc: BaseException) -> str:
+    """The name of the public error type ``exc`` is: its own class's when
+    :mod:`lance_async.errors` exports it (or it is a built-in), else its
+    nearest such base class's (``DecodeError`` for an internal subclass of
+    it), so a client never sees an internal class name."""
+    from .. import errors
+
+    for kind in type(exc).__mro__:
+        if kind.__module__ == "builtins" or (
+            kind.__module__ == errors.__name__ and kind.__name__ in errors.__all__
+        ):
+            return kind.__name__
+    return "Exception"
+
+
 def error_payload(exc: BaseException) -> dict[str, Any]:
-    """The JSON body for an error: ``detail``, ``error`` and, when set, ``field``,
-    ``limit``, ``maximum``, ``actual``, ``filter`` and ``retryable``."""
-    payload: dict[str, Any] = {"detail": str(exc), "error": type(exc).__name__}
+    """The JSON body for an error: ``detail``, ``error`` (a public type name,
+    see :func:`public_error_name`) and, when set, ``field``, ``limit``,
+    ``maximum``, ``actual``, ``filter`` and ``retryable``."""
+    payload: dict[str, Any] = {"detail": str(exc), "error": public_error_name(exc)}
     for attr in ("field", "limit", "maximum", "actual", "filter"):
         value = getattr(exc, attr, None)
         if value is not None:

@@ -21,7 +21,12 @@ and checked against ``Content-Length`` first), ``max_batch_rows`` and
 ``max_batch_bytes`` (an IPC message is refused as soon as its header
 arrives, before its body is buffered; a text record longer than the limit is
 refused too). Passing a limit raises
-:class:`~lance_async.errors.PayloadTooLargeError`.
+:class:`~lance_async.errors.PayloadTooLargeError`. Slow clients: the time
+to the first bytes (``body_start_timeout``), the pauses between chunks
+(``body_idle_timeout``), the average rate after a grace period
+(``min_body_rate``, ``body_rate_grace``) and the whole body's time
+(``max_body_time``) are bounded; passing one is a 408
+(:class:`~lance_async.errors.BodyTimeoutError`).
 """
 
 from __future__ import annotations
@@ -119,11 +124,25 @@ class BodyLimits:
         nothing is written: a stalled upload holds a connection, never an
         engine thread, and not for longer than this. Only
         :func:`lance_async.fastapi.request_batches` applies it.
+    min_body_rate : float
+        Bytes per second a body must average, counted from its first bytes,
+        once ``body_rate_grace`` has passed (default 1,024, 1 KiB/s; 0 turns
+        it off). A client that trickles a byte every few seconds never trips
+        the idle timeout; below this rate it gets a
+        :class:`~lance_async.errors.BodyTimeoutError` (HTTP 408) and
+        nothing is written, so it cannot hold an upload slot for long.
+    body_rate_grace : float
+        Seconds from the first body bytes before ``min_body_rate`` applies
+        (default 10): a connection may start slowly.
+    max_body_time : float
+        Seconds a body may take from its first bytes to its end, however
+        steadily it arrives (default 3,600, one hour; 0 turns it off). Past
+        it: :class:`~lance_async.errors.BodyTimeoutError` (HTTP 408).
 
     Raises
     ------
     ValueError
-        A limit below 1 (or a negative drain or start setting).
+        A limit below 1 (or a negative drain, start, idle, rate or time setting).
     """
 
     max_body_bytes: int = 1 << 30
@@ -133,14 +152,26 @@ class BodyLimits:
     drain_timeout: float = 5.0
     body_start_timeout: float = 10.0
     body_idle_timeout: float = 30.0
+    min_body_rate: float = 1024.0
+    body_rate_grace: float = 10.0
+    max_body_time: float = 3600.0
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_batch_rows", "max_batch_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("drain_bytes", "drain_timeout", "body_start_timeout", "body_idle_timeout"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in (
+            "drain_bytes",
+            "drain_timeout",
+            "body_start_timeout",
+            "body_idle_timeout",
+            "min_body_rate",
+            "body_rate_grace",
+            "max_body_time",
+        ):
+            value = getattr(self, name)
+            if not value >= 0:  # NaN too
+                raise ValueError(f"{name} must be >= 0, got {value}")
 
 
 @dataclass(frozen=True)

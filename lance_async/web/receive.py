@@ -12,6 +12,7 @@ write, and lets error responses reach clients that are still uploading.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING
@@ -85,7 +86,8 @@ async def _receive_chunks(request: Request, limits: BodyLimits) -> AsyncIterator
     so is a body of which fewer bytes reached us than the server delivered.
     Without one (or when the body was consumed outside the middleware), the
     wait for the first bytes is bounded by ``limits.body_start_timeout``;
-    every later wait by ``limits.body_idle_timeout``
+    every later wait by ``limits.body_idle_timeout``, and the whole body by
+    ``limits.max_body_time`` and ``limits.min_body_rate``
     (:class:`BodyTimeoutError`).
     """
     ledger = request.scope.get(BODY_LEDGER_SCOPE_KEY)
@@ -93,6 +95,7 @@ async def _receive_chunks(request: Request, limits: BodyLimits) -> AsyncIterator
         ledger = None
     received = 0
     first = True
+    started = 0.0  # the loop time the first body bytes arrived
     try:
         async with aclosing(request.stream()) as stream:
             iterator = aiter(stream)
@@ -111,17 +114,14 @@ async def _receive_chunks(request: Request, limits: BodyLimits) -> AsyncIterator
                                 "(body_start_timeout); either the client stalled, or a "
                                 "middleware outside BodyDrainMiddleware read the body"
                             )
-                    elif not first and limits.body_idle_timeout > 0:
-                        with anyio.move_on_after(limits.body_idle_timeout) as idle:
+                    elif not first:
+                        wait, limit = _next_wait(limits, started, received)
+                        with anyio.move_on_after(wait) as waited:
                             chunk = await anext(iterator)
-                        if idle.cancelled_caught:
+                        if waited.cancelled_caught:
                             if ledger is not None:
                                 ledger.stalled = True
-                            raise BodyTimeoutError(
-                                f"no body bytes arrived for {limits.body_idle_timeout:g} s "
-                                f"(body_idle_timeout) after {received:,} bytes; nothing was "
-                                "written"
-                            )
+                            raise _slow_body_error(limits, limit, started, received)
                     else:
                         chunk = await anext(iterator)
                 except StopAsyncIteration:
@@ -129,6 +129,8 @@ async def _receive_chunks(request: Request, limits: BodyLimits) -> AsyncIterator
                 finally:
                     if ledger is not None:
                         ledger.readers -= 1
+                if first:
+                    started = anyio.current_time()
                 first = False
                 if chunk:
                     received += len(chunk)
@@ -151,6 +153,46 @@ async def _receive_chunks(request: Request, limits: BodyLimits) -> AsyncIterator
             f"the server delivered {ledger.received:,} body bytes but {received:,} reached "
             "this handler"
         )
+
+
+def _next_wait(limits: BodyLimits, started: float, received: int) -> tuple[float, str]:
+    """How long to wait for the next body chunk, and the limit that ends the wait.
+
+    The nearest of: the idle timeout from now, the body's total time from
+    ``started``, and the moment the average rate since ``started`` falls
+    below ``min_body_rate`` if nothing more arrives (never before the grace).
+    """
+    now = anyio.current_time()
+    waits = [(math.inf, "")]
+    if limits.body_idle_timeout > 0:
+        waits.append((limits.body_idle_timeout, "body_idle_timeout"))
+    if limits.max_body_time > 0:
+        waits.append((started + limits.max_body_time - now, "max_body_time"))
+    if limits.min_body_rate > 0:
+        behind = started + max(limits.body_rate_grace, received / limits.min_body_rate)
+        waits.append((behind - now, "min_body_rate"))
+    wait, limit = min(waits)
+    return max(wait, 0.0), limit
+
+
+def _slow_body_error(
+    limits: BodyLimits, limit: str, started: float, received: int
+) -> BodyTimeoutError:
+    elapsed = anyio.current_time() - started
+    if limit == "max_body_time":
+        why = f"the body took longer than {limits.max_body_time:g} s (max_body_time)"
+    elif limit == "min_body_rate":
+        why = (
+            f"the body arrived at {received / max(elapsed, 1e-9):,.0f} bytes/s on average, "
+            f"below {limits.min_body_rate:,.0f} bytes/s (min_body_rate, after "
+            f"{limits.body_rate_grace:g} s)"
+        )
+    else:
+        why = f"no body bytes arrived for {limits.body_idle_timeout:g} s (body_idle_timeout)"
+    return BodyTimeoutError(
+        f"{why}, after {received:,} bytes in {elapsed:.1f} s; nothing was written. "
+        "Send the body again, faster"
+    )
 
 
 @asynccontextmanager

@@ -21,8 +21,9 @@ Endpoints
     Reads the body (Arrow IPC stream, NDJSON or CSV) to its end into a spool
     (memory up to 4 MiB, then a temporary file), then merges the spool with
     one merge_insert (update matched rows, insert the rest; ``on`` defaults
-    to the primary key, repeat it for composite keys) and answers the
-    MergeResult as JSON. Conflicts replay the spool (see
+    to the primary key, repeat it for composite keys; on a table with a
+    primary key, any other ``on`` is a 422: it would insert a second row for
+    a key the table holds) and answers the MergeResult as JSON. Conflicts replay the spool (see
     :func:`lance_async.fastapi.merge_body`).
 ``POST /tables/{name}/ingest``
     Reads the body to its end, checking every row and spooling it (memory
@@ -32,7 +33,8 @@ Endpoints
     that leaves mid-upload writes nothing.
 ``GET /tables/{name}/rows?filter=COL<op>VALUE&columns=a,b&limit=N``
     Streams rows as NDJSON, or Arrow IPC with
-    ``Accept: application/vnd.apache.arrow.stream`` (or ``format=arrow``).
+    ``Accept: application/vnd.apache.arrow.stream`` (or ``format=arrow``);
+    ``limit``, ``offset`` or ``batch_size`` past int64 is a 422.
     Filters must be ``column <op> literal`` (repeat ``filter`` for AND)
     unless the server runs with ``--allow-raw-sql``. On MemWAL tables the rows
     are the writer's LSM view (every acknowledged row); pylance 14 collects
@@ -53,8 +55,12 @@ Slow clients
 ------------
 No engine thread ever waits on a client: bodies are read whole before the
 engine runs. A body that pauses longer than ``BodyLimits.body_idle_timeout``
-(30 s by default) is a 408 and writes nothing; past ``max_uploads`` bodies
-in flight (16 by default) a new upload is a 503 with ``Retry-After``.
+(30 s by default), that averages less than ``min_body_rate`` (1 KiB/s, after
+a ``body_rate_grace`` of 10 s) or that takes longer than ``max_body_time``
+(1 hour) is a 408 and writes nothing; past ``max_uploads`` bodies in flight
+(16 by default) a new upload is a 503 with ``Retry-After``. ``serve`` sets
+them with ``LANCE_ASYNC_SERVE_BODY_IDLE_TIMEOUT``, ``..._MIN_BODY_RATE``,
+``..._BODY_RATE_GRACE`` and ``..._MAX_BODY_TIME`` (or the config file).
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
+from .._args import INT64_MAX
+from .._filters import DECIMAL_FLOAT, DECIMAL_INT
 from .._metrics import record_lookup, record_scan
 from .._storage import filesystem, join
 from .._threads import ThreadLimits, run_sync, stream_limiter
@@ -222,10 +230,12 @@ def _parse_key(text: str, field: pa.Field) -> Any:
     dtype = field.type
     try:
         if pa.types.is_integer(dtype):
-            if not re.fullmatch(r"[+-]?\d{1,20}", text):
+            if not DECIMAL_INT.fullmatch(text):
                 raise ValueError(text)
             return int(text)
         if pa.types.is_floating(dtype):
+            if not DECIMAL_FLOAT.fullmatch(text):
+                raise ValueError(text)
             return float(text)
         if pa.types.is_boolean(dtype):
             if text.lower() not in ("true", "false"):
@@ -457,6 +467,15 @@ def create_app(
                 raise SchemaMismatchError(
                     f"join column {key[:64]!r} is not in the table", field=key
                 )
+        primary = dataset.primary_key
+        if primary and sorted(keys) != sorted(primary):
+            # a row whose join value is new would be inserted even when its
+            # primary key is in the table already: two rows for one key
+            raise InvalidInputError(
+                f"merge?on= must be the table's primary key {primary}, got {keys}: joining on "
+                "other columns would insert a second row for a key the table holds; leave "
+                "out on= to join on the primary key"
+            )
         required = list(dict.fromkeys([*keys, *(f.name for f in dataset.schema if not f.nullable)]))
         async with upload(request, dataset.schema, required_columns=required) as body:
             result = await merge_body(
@@ -503,9 +522,9 @@ def create_app(
         table: TableDep,
         filters: Annotated[list[str] | None, Query(alias="filter")] = None,
         columns: str | None = None,
-        limit: Annotated[int | None, Query(ge=0)] = None,
-        offset: Annotated[int | None, Query(ge=0)] = None,
-        batch_size: Annotated[int | None, Query(ge=1)] = None,
+        limit: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
+        offset: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
+        batch_size: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
         format: str | None = None,
     ) -> BatchStreamResponse:
         """Stream rows (NDJSON, or Arrow IPC when asked for)."""
@@ -577,10 +596,9 @@ def main(settings: ServeSettings) -> None:
     """
     import uvicorn
 
-    limits = BodyLimits(max_body_bytes=settings.max_body_bytes) if settings.max_body_bytes else None
     app = create_app(
         settings.root,
-        limits=limits,
+        limits=settings.body_limits(),
         allow_raw_sql=settings.allow_raw_sql,
         spool_dir=settings.spool_dir,
         writer_options=settings.writer_options,

@@ -18,10 +18,13 @@ import importlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from .limits import BodyLimits
 
 __all__ = ["ServeSettings"]
 
@@ -44,6 +47,18 @@ class ServeSettings(BaseSettings):
         Accept raw Lance SQL filters (trusted clients only).
     max_body_bytes : int or None
         Largest request body (default 1 GiB).
+    body_idle_timeout : float or None
+        Seconds an upload may pause between body chunks (default 30; 0: no limit).
+    min_body_rate : float or None
+        Bytes per second an upload must average once ``body_rate_grace`` has
+        passed (default 1,024; 0: no limit).
+    body_rate_grace : float or None
+        Seconds from an upload's first bytes before ``min_body_rate`` applies
+        (default 10).
+    max_body_time : float or None
+        Seconds an upload may take in all (default 3,600; 0: no limit).
+        Passing any of these four is a 408 that writes nothing
+        (see :class:`lance_async.fastapi.BodyLimits`).
     spool_dir : str or None
         Where merge and ingest bodies are spooled.
     log_level : str
@@ -63,10 +78,32 @@ class ServeSettings(BaseSettings):
     writer_options: dict[str, Any] = Field(default_factory=dict)
     allow_raw_sql: bool = False
     max_body_bytes: int | None = Field(default=None, ge=1)
+    body_idle_timeout: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    min_body_rate: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    body_rate_grace: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    max_body_time: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     spool_dir: str | None = None
     log_level: str = "info"
     metrics: bool = False
     lance_metrics: bool = False
+
+    def body_limits(self) -> BodyLimits | None:
+        """The :class:`~lance_async.fastapi.BodyLimits` these settings ask for
+        (None: every limit at its default)."""
+        from .limits import BodyLimits
+
+        given = {
+            name: getattr(self, name)
+            for name in (
+                "max_body_bytes",
+                "body_idle_timeout",
+                "min_body_rate",
+                "body_rate_grace",
+                "max_body_time",
+            )
+            if getattr(self, name) is not None
+        }
+        return BodyLimits(**given) if given else None
 
     @classmethod
     def load(cls, config: str | os.PathLike[str] | None = None, **overrides: Any) -> ServeSettings:

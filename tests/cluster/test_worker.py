@@ -155,7 +155,7 @@ async def test_a_clean_stop_drains_every_partition_under_its_lease(
     worker = Worker(
         ds,
         RedisPartitions(client, key, "g", 6),
-        RedisLeaseTable(client, f"{key}:leases", "solo", 1.0),  # acks valid for 0.6 s
+        RedisLeaseTable(client, f"{key}:leases", "solo", 3.0),  # acks valid for 1.8 s
     )
     seen: list[int] = []
     publishing = True
@@ -197,3 +197,33 @@ async def test_a_clean_stop_drains_every_partition_under_its_lease(
         for p in range(6):
             await client.delete(f"{key}:{p}")
         await client.delete(f"{key}:leases:member:solo")
+
+
+async def test_a_sigterm_during_start_up_stops_the_worker_cleanly(tmp_path: Path) -> None:
+    """SIGTERM while the worker still connects to its broker: exit 0, owning nothing.
+
+    (The default action would end the process with -15 and no word.)
+    """
+    import signal
+    import socket
+    import sys
+
+    uri = str(tmp_path / "t.lance")
+    ds = await la.write_dataset(KV_SCHEMA.empty_table(), uri, schema=KV_SCHEMA)
+    await ds.initialize_mem_wal(num_buckets=2, bucket_column="id")
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(60)
+        port = server.getsockname()[1]
+        # a "NATS server" that accepts and never sends its INFO: the worker waits
+        command = [sys.executable, "-m", "lance_async", "worker"]
+        command += [f"nats://127.0.0.1:{port}/S/s", uri, "--group", "g", "--member", "m"]
+        async with await anyio.open_process(command) as proc:
+            conn, _ = await anyio.to_thread.run_sync(server.accept)
+            with conn:
+                proc.send_signal(signal.SIGTERM)
+                with anyio.fail_after(60):
+                    code = await proc.wait()
+            assert proc.stderr is not None
+            err = (await proc.stderr.receive()).decode()
+    assert code == 0, err
+    assert "stopped during start-up" in err

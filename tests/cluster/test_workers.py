@@ -217,12 +217,14 @@ class Workers:
     setup: Setup
     logs: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    current: dict[str, Path] = field(default_factory=dict)
     started: int = 0
 
     def start(self, member: str) -> None:
         self.started += 1
         env = {**os.environ, "LANCE_LOG": "critical"}
-        with open(self.logs / f"{member}-{self.started}.log", "wb") as log:
+        self.current[member] = self.logs / f"{member}-{self.started}.log"
+        with open(self.current[member], "wb") as log:
             self.procs[member] = self._spawn(member, log, env)
 
     def _spawn(self, member: str, log: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -258,6 +260,16 @@ class Workers:
             proc.wait()
 
     async def stop_all(self) -> dict[str, int]:
+        """SIGTERM to every live worker once it is up (past the interpreter's start)."""
+
+        def up() -> bool:
+            return all(
+                b"partitions in group" in self.current[m].read_bytes()
+                for m, proc in self.procs.items()
+                if proc.poll() is None
+            )
+
+        await eventually(up, 60, "every live worker to have started")
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import pyarrow as pa
 import pytest
 
@@ -81,3 +82,31 @@ async def test_shard_router_send_many_gives_one_ack_and_one_entry_per_shard(
     table = await ds.lsm_scan(filter="id >= 100").to_table()
     assert sorted(table.column("id").to_pylist()) == list(range(100, 1_100))
     assert set(table.column("value").to_pylist()) == {5}
+
+
+@pytest.mark.parametrize("used", [False, True], ids=["no-writers", "with-writers"])
+async def test_a_closed_or_unopened_router_refuses_every_call_with_closed_error(
+    table_uri: str, used: bool
+) -> None:
+    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
+    router = ds.shard_router()
+    with pytest.raises(la.ClosedError, match="not open"):
+        await router.flush()
+    async with router:
+        if used:
+            await router.put(kv_table(range(100, 200)))
+    shard = (await ds.sharding()).shard_id(0)
+    calls = {
+        "flush": lambda: router.flush(),
+        "put": lambda: router.put(kv_table([1])),
+        "send": lambda: router.send(kv_table([1])),
+        "delete": lambda: router.delete(kv_table([1])),
+        "writer": lambda: router.writer(shard),
+        "lsm_point_lookup": lambda: router.lsm_point_lookup(1),
+    }
+    for call in calls.values():
+        with anyio.fail_after(10), pytest.raises(la.ClosedError, match="not open"):
+            await call()
+    with pytest.raises(la.ClosedError):
+        router.lsm_scan()
+    await router.aclose()  # still safe to call twice

@@ -70,8 +70,10 @@ def _on_another_loop(fn: Any) -> BaseException | None:
 async def test_10000_sends_of_10_rows_coalesce(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri, rows=0)
     async with ds.mem_wal_writer(sid(), durable_write=True) as writer:
+        started = anyio.current_time()
         acks = [await writer.send(ten_rows(i)) for i in range(10_000)]
         summaries = [await ack for ack in acks]
+        took = anyio.current_time() - started
         stats = writer.stats()
         table = await writer.lsm_scan(columns=["id"]).to_table()
     assert all(s.rows == 10 for s in summaries)
@@ -79,8 +81,11 @@ async def test_10000_sends_of_10_rows_coalesce(table_uri: str) -> None:
     ids = table.column("id").to_pylist()
     assert len(ids) == 100_000 and len(set(ids)) == 100_000
     assert stats.rows == 100_000
-    assert stats.engine_puts < 500, stats.engine_puts  # far below 10,000
-    assert stats.rows_per_put >= 200
+    # the adaptive policy puts at most once per 5 ms (a slow, loaded producer
+    # sees more, smaller puts), and always far fewer than one per message
+    assert stats.engine_puts <= took / 0.005 + 10, (stats.engine_puts, took)
+    assert stats.engine_puts < 2_000, stats.engine_puts
+    assert stats.rows_per_put >= 50
 
 
 async def test_fast_producer_is_held_within_the_queue_limits(table_uri: str) -> None:

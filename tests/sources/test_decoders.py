@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import re
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -249,3 +251,48 @@ def test_decoders_report_the_bytes_they_hold_back() -> None:
     assert 0 < ipc.pending < len(data) and not ipc.ended
     rows += sum(b.num_rows for b in ipc.feed(data[-30:]))
     assert rows == 50 and ipc.pending == 0 and ipc.ended
+
+
+MALFORMED_CSV = [
+    # (body, line, text in the message)
+    (b'id,value,name\n1,1,a\n2,2,"unterminated\n3,3,c\n', 3, "never closed (unterminated quote)"),
+    (b'id,value,name\n1,1,a\n2,2,"abc', 3, "never closed (unterminated quote)"),
+    (b"id,value,name\n1,1,a\n\xff\xfe\x00garbage\n3,3,c\n", 3, "expected 3 columns, got 1"),
+    (b"id,value,name\n1,1,a\n2,2,\xff\xfe\n", 3, "column 'name': cannot convert to string"),
+    (b'id,value,name\n1,1,a\n\n4,4,"x\ny"\n6,x,b\n', 6, "column 'value': cannot convert"),
+    (b"id,value,name\n1,1,a\n2,2\n", 3, "expected 3 columns, got 2"),
+    (b'id,value,name\n1,1,"a\nb"\n,2,b\n', 4, "field 'id' is not nullable"),
+]
+
+
+@pytest.mark.parametrize(("data", "line", "text"), MALFORMED_CSV)
+@pytest.mark.parametrize("chunk", [1 << 20, 7, 1])
+def test_regression_malformed_csv_is_a_decode_error_naming_the_body_line(
+    data: bytes, line: int, text: str, chunk: int
+) -> None:
+    # an unterminated quote swallowed the rest of the input into one value;
+    # pyarrow's errors counted rows from the start of each chunk
+    decoder = make_decoder("csv", KV_SCHEMA)
+    with pytest.raises(DecodeError, match=rf"^CSV line {line}: .*{re.escape(text)}"):
+        for i in range(0, len(data), chunk):
+            decoder.feed(data[i : i + chunk])
+        decoder.finish()
+
+
+@pytest.mark.anyio
+async def test_regression_malformed_csv_files_merge_and_ingest_nothing(tmp_path: Path) -> None:
+    import lance_async as la
+
+    path = tmp_path / "bad.csv"
+    path.write_bytes(b'id,value,name\n1,9,a\n2,9,"unterminated\n3,9,c\n')
+    ds = await la.write_dataset(kv_table(range(5)), tmp_path / "t.lance")
+    version = ds.version
+    builder = ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+    with pytest.raises(DecodeError, match=r"CSV line 3: .*unterminated quote"):
+        await builder.execute(la.file_source(path, schema=KV_SCHEMA))
+    assert (await la.open_dataset(ds.uri)).version == version
+    assert (await ds.count_rows("value = 9")) == 0
+    await ds.initialize_mem_wal()
+    async with ds.mem_wal_writer() as router:
+        with pytest.raises(DecodeError, match="CSV line 3"):  # a streamed put: rows before it land
+            await router.put(la.file_source(path, schema=KV_SCHEMA))

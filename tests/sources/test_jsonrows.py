@@ -100,3 +100,76 @@ def test_regression_json_booleans_are_not_numbers() -> None:
     assert decode_json_rows(b'{"id": 2.0, "value": "3"}', KV_SCHEMA).to_pylist() == [
         {"id": 2, "value": 3, "name": None}
     ]
+
+
+WIDE = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("u", pa.uint64()),
+        pa.field("f", pa.float64()),
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "message"),
+    [
+        ('{"id": 9223372036854775808}', "id", "9223372036854775808 is out of range for int64"),
+        ('{"id": -9223372036854775809}', "id", "-9223372036854775809 is out of range for int64"),
+        ('{"id": 1, "u": 18446744073709551616}', "u", "out of range for uint64"),
+        ('{"id": 1, "u": -1}', "u", "-1 is out of range for uint64"),
+        ('{"id": 1e20}', "id", "does not fit int64 exactly"),
+        ('{"id": "0x10"}', "id", "'0x10' is not a decimal integer"),
+        ('{"id": 1, "u": "0x10"}', "u", "'0x10' is not a decimal integer"),
+        ('{"id": "9223372036854775808"}', "id", "9223372036854775808 is out of range for int64"),
+        ('{"id": "-99999999999999999999"}', "id", "out of range for int64"),
+        ('{"id": "' + "9" * 5000 + '"}', "id", "out of range for int64"),
+    ],
+)
+def test_regression_integers_outside_their_column_are_decode_errors_naming_line_and_field(
+    text: str, field: str, message: str
+) -> None:
+    # -2**63-1 became -2**63 (read as a float, which casts to the int64 minimum),
+    # and "0x10" became 16 (Arrow's string cast reads hex)
+    data = ('{"id": 5}\n' + text + "\n").encode()
+    with pytest.raises(DecodeError, match=f"^line 2: .*{message}") as caught:
+        decode_json_rows(data, WIDE)
+    assert caught.value.field == field
+    decoder = NdjsonDecoder(WIDE)
+    with pytest.raises(DecodeError, match=message):
+        decoder.feed(data)
+        decoder.finish()
+
+
+def test_integers_at_the_edges_of_their_columns_still_decode() -> None:
+    data = (
+        b'{"id": -9223372036854775808, "u": 18446744073709551615, "f": 18446744073709551617}\n'
+        b'{"id": 9223372036854775807, "u": "9223372036854775808", "f": 1}\n'
+        b'{"id": "-16", "u": 0}\n'
+    )
+    table = decode_json_rows(data, WIDE)
+    assert table.column("id").to_pylist() == [-(2**63), 2**63 - 1, -16]
+    assert table.column("u").to_pylist() == [2**64 - 1, 2**63, 0]
+    assert table.column("f").to_pylist() == [float(2**64), 1.0, None]  # the nearest float
+
+
+def test_regression_an_integer_past_2_53_beside_a_float_keeps_its_digits() -> None:
+    # the chunk was read with inferred types: one float64 column, so
+    # 9007199254740993 became 9007199254740992 without an error
+    data = b'{"id": 9007199254740993}\n{"id": 2.0}\n'
+    assert decode_json_rows(data, WIDE).column("id").to_pylist() == [2**53 + 1, 2]
+
+
+def test_regression_python_rows_with_integers_past_int64() -> None:
+    from lance_async.errors import SchemaMismatchError
+    from lance_async.sources.jsonrows import rows_table
+
+    for value in (2**63, -(2**63) - 1, 10**5000):  # were an untyped OverflowError
+        with pytest.raises(SchemaMismatchError, match="out of range for int64") as caught:
+            rows_table([{"id": value}], WIDE)
+        assert caught.value.field == "id"
+    with pytest.raises(SchemaMismatchError, match="not a decimal integer"):
+        rows_table([{"id": "0x10"}], WIDE)
+    table = rows_table([{"id": 1, "u": 2**64 - 1}, {"id": 2, "u": 3}], WIDE)
+    assert table.column("u").to_pylist() == [2**64 - 1, 3]
+    assert rows_table({"id": [1], "f": [2**70]}, WIDE).column("f").to_pylist() == [float(2**70)]

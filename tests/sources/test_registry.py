@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -364,10 +365,14 @@ async def test_converting_python_rows_leaves_the_loop_free(tmp_path: Path) -> No
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker.run)
         await anyio.sleep(0.01)
+        started = time.perf_counter()
         source = await resolve_source(rows, schema=KV_SCHEMA)
+        took = time.perf_counter() - started
         ticker.running = False
     assert source.num_rows == 400_000
-    assert ticker.max_lag < LAG_LIMIT, ticker.max_lag
+    # converted in slices: the loop waits for one slice, never for the whole
+    # conversion (a loaded machine stretches both, so the bound follows it)
+    assert ticker.max_lag < max(LAG_LIMIT, took / 3), (ticker.max_lag, took)
 
 
 async def test_a_sync_factory_may_return_an_async_iterable(table_uri: str) -> None:
@@ -429,3 +434,41 @@ async def test_a_json_file_starting_with_null_is_a_decode_error(tmp_path: Path) 
     path.write_text('null\n{"id": 1, "value": 1, "name": "a"}\n')
     with pytest.raises(la.DecodeError, match="line 1"):
         await la.resolve_source(la.file_source(path))
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("wide.ndjson", '{"id": 1, "x": 18446744073709551615}\n{"id": 2, "x": 1}\n'),
+        ("wide.csv", "id,x\n1,18446744073709551615\n2,1\n"),
+    ],
+)
+async def test_regression_inferred_wide_unsigned_integers_keep_their_digits(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    # pyarrow infers float64 for an integer past int64: 18446744073709551615 was
+    # written as 1.8446744073709552e19, silently
+    path = tmp_path / name
+    path.write_text(text)
+    ds = await la.write_dataset(la.file_source(path), tmp_path / "t.lance")
+    assert ds.schema.field("x").type == pa.uint64()
+    assert (await ds.to_table()).column("x").to_pylist() == [2**64 - 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("neg.ndjson", '{"id": 1, "x": -9223372036854775809}\n'),
+        ("mixed.ndjson", '{"id": 1, "x": 9007199254740993}\n{"id": 2, "x": 1.5}\n'),
+        ("neg.csv", "id,x\n1,-18446744073709551615\n"),
+    ],
+)
+async def test_regression_inference_refuses_integers_a_float64_would_round(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(la.DecodeError, match=r"column 'x'.*pass schema=") as caught:
+        await la.write_dataset(la.file_source(path), tmp_path / "t.lance")
+    assert caught.value.field == "x"
+    assert not (tmp_path / "t.lance").exists()

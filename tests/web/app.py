@@ -3,6 +3,8 @@
     python -m tests.web.app --root DIR [--strict] [--spool-dir DIR]
                                 [--threads ENGINE,STREAM,READER]
                                 [--max-uploads N] [--idle-timeout SECONDS]
+                                [--min-body-rate BYTES_PER_S] [--body-rate-grace SECONDS]
+                                [--max-body-time SECONDS]
 
 It listens on an ephemeral port of 127.0.0.1 and prints ``PORT <n>`` once the
 socket is bound (``GET /health`` answers once startup is done).
@@ -110,10 +112,13 @@ def build_app(
     threads: ThreadLimits | None = None,
     max_uploads: int | None = 16,
     idle_timeout: float | None = None,
+    slow_body: dict[str, float] | None = None,
 ) -> FastAPI:
     limits = STRICT_LIMITS if strict else MAIN_LIMITS
     if idle_timeout is not None:
         limits = dataclasses.replace(limits, body_idle_timeout=idle_timeout)
+    if slow_body:
+        limits = dataclasses.replace(limits, **slow_body)
     app = create_app(
         root,
         limits=limits,
@@ -153,7 +158,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", default=None, help="ENGINE,STREAM,READER thread limits")
     parser.add_argument("--max-uploads", type=int, default=16)
     parser.add_argument("--idle-timeout", type=float, default=None)
+    parser.add_argument("--min-body-rate", type=float, default=None)
+    parser.add_argument("--body-rate-grace", type=float, default=None)
+    parser.add_argument("--max-body-time", type=float, default=None)
     args = parser.parse_args(argv)
+    slow_body = {
+        name: getattr(args, name)
+        for name in ("min_body_rate", "body_rate_grace", "max_body_time")
+        if getattr(args, name) is not None
+    }
     threads = None
     if args.threads:
         engine, stream, reader = (int(n) for n in args.threads.split(","))
@@ -165,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         threads=threads,
         max_uploads=args.max_uploads,
         idle_timeout=args.idle_timeout,
+        slow_body=slow_body,
     )
     asgi: ASGIApp = app
     if args.strict:

@@ -838,9 +838,9 @@ def test_slow_uploads_do_not_starve_the_apps_sync_endpoints(server: Server) -> N
     in flight hold library threads only, so a sync endpoint still answers."""
 
     def slow_body(lo: int) -> Iterator[bytes]:
-        for message in ipc_messages(kv_block(lo, 2000, 1), batch_rows=200):
+        for message in ipc_messages(kv_block(lo, 2000, 1), batch_rows=100):
             yield message
-            time.sleep(0.15)
+            time.sleep(0.15)  # 20 messages: about 3 s in flight
 
     results: list[int] = []
 

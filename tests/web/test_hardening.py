@@ -150,7 +150,8 @@ def test_regression_stalled_uploads_never_starve_reads_and_time_out(guarded: Ser
 
 
 def test_a_slow_but_steady_upload_is_not_cut_off(guarded: Server) -> None:
-    """Pauses shorter than the idle timeout are fine, however long the body takes."""
+    """Pauses shorter than the idle timeout are fine within the rate's grace
+    (10 s by default) and, past it, at 1 KiB/s or more."""
     rows = [{"id": 2000 + i, "value": i, "name": "slow"} for i in range(6)]
 
     def body() -> Iterator[bytes]:
@@ -195,4 +196,228 @@ def test_regression_a_json_true_key_is_a_422_not_row_1(guarded: Server) -> None:
         assert response.status_code == 422, response.text
         assert "not numbers" in response.json()["detail"]
         assert client.get("/tables/kv/lookup/1.5").status_code == 422
+        for key in ("٣", "１", "0x1"):  # int("٣") is 3: only ASCII digits are a key
+            assert client.get(f"/tables/kv/lookup/{key}").status_code == 422, key
     assert contents(guarded.table("kv"))[1] == before
+
+
+# -- slow uploads: a minimum body rate and a maximum body time --------------------
+
+RATE = 200.0  # bytes/s, averaged from the first body bytes
+GRACE = 1.0
+MAX_TIME = 4.0
+
+
+@pytest.fixture(scope="module")
+def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with small slow-body limits, so that tricklers are cut off in seconds."""
+    base = tmp_path_factory.mktemp("paced")
+    root = base / "tables"
+    root.mkdir()
+    make_table(root / "kv.lance", kv_block(0, 100, 0))
+    srv = launch(
+        root,
+        base / "server.log",
+        "--max-uploads",
+        "2",
+        "--idle-timeout",
+        "3",
+        "--min-body-rate",
+        str(RATE),
+        "--body-rate-grace",
+        str(GRACE),
+        "--max-body-time",
+        str(MAX_TIME),
+    )
+    try:
+        yield srv
+    finally:
+        srv.stop()
+    srv.assert_clean_shutdown()
+
+
+def trickle(
+    server: Server, payload: bytes, step: int, pause: float, limit: float
+) -> tuple[int, float]:
+    """Upload ``payload`` ``step`` bytes at a time, ``pause`` s apart, until the
+    server answers; the status and the seconds it took."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=limit)
+    start = time.monotonic()
+    try:
+        sock.sendall(
+            (
+                "POST /tables/kv/merge?on=id HTTP/1.1\r\nHost: x\r\n"
+                f"Content-Type: {NDJSON}\r\nContent-Length: {len(payload)}\r\n\r\n"
+            ).encode()
+        )
+        sock.setblocking(False)
+        sent = 0
+        while time.monotonic() - start < limit:
+            try:
+                if sock.recv(1, socket.MSG_PEEK):
+                    break  # the server answered before the body ended
+            except BlockingIOError:
+                pass
+            if sent < len(payload):
+                try:
+                    sent += sock.send(payload[sent : sent + step])
+                except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+                    pass
+            time.sleep(pause)
+        sock.setblocking(True)
+        return read_status(sock), time.monotonic() - start
+    finally:
+        sock.close()
+
+
+def test_regression_a_trickling_upload_is_a_408_once_below_the_minimum_rate(
+    paced: Server,
+) -> None:
+    # Before: one byte every second never tripped the idle timeout, so the
+    # client held an upload slot for as long as it liked
+    before = version(paced.table("kv"))
+    payload = ndjson({"id": i, "value": 7, "name": "t"} for i in range(1000, 1100))
+    status, took = trickle(paced, payload, step=1, pause=0.5, limit=30)
+    assert status == 408
+    assert GRACE <= took < GRACE + 5, took
+    log = paced.log_tail()
+    assert version(paced.table("kv")) == before, log
+    with paced.client() as client:
+        assert paced.health()["uploads_in_flight"] == 0
+        assert client.get("/tables/kv/lookup/1000").status_code == 404
+
+
+def test_regression_a_steady_upload_longer_than_the_maximum_time_is_a_408(
+    paced: Server,
+) -> None:
+    # 400 bytes/s passes the rate, but the body would take ~15 s in all
+    before = version(paced.table("kv"))
+    payload = ndjson({"id": i, "value": 7, "name": "steady"} for i in range(2000, 2200))
+    assert len(payload) > 15 * 400
+    status, took = trickle(paced, payload, step=100, pause=0.25, limit=30)
+    assert status == 408
+    assert MAX_TIME <= took < MAX_TIME + 5, took
+    assert version(paced.table("kv")) == before
+
+
+def test_an_upload_above_the_rate_and_within_the_time_goes_through(paced: Server) -> None:
+    payload = ndjson({"id": i, "value": 8, "name": "ok"} for i in range(3000, 3040))
+    status, took = trickle(paced, payload, step=400, pause=0.25, limit=30)
+    assert status == 200
+    assert took < MAX_TIME
+    assert contents(paced.table("kv"))[3000] == (8, "ok")
+
+
+def test_the_slow_body_limits_are_serve_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lance_async.fastapi import BodyLimits
+    from lance_async.web.settings import ServeSettings
+
+    assert ServeSettings().body_limits() is None  # every limit at its default
+    defaults = BodyLimits()
+    assert (defaults.min_body_rate, defaults.body_rate_grace, defaults.max_body_time) == (
+        1024.0,
+        10.0,
+        3600.0,
+    )
+    monkeypatch.setenv("LANCE_ASYNC_SERVE_MIN_BODY_RATE", "4096")
+    monkeypatch.setenv("LANCE_ASYNC_SERVE_MAX_BODY_TIME", "600")
+    limits = ServeSettings.load(None, body_rate_grace=5.0).body_limits()
+    assert limits is not None
+    assert (limits.min_body_rate, limits.body_rate_grace, limits.max_body_time) == (
+        4096.0,
+        5.0,
+        600.0,
+    )
+    assert limits.body_idle_timeout == defaults.body_idle_timeout
+    with pytest.raises(ValueError):
+        ServeSettings.load(None, min_body_rate=-1)
+    with pytest.raises(ValueError):
+        BodyLimits(max_body_time=float("nan"))
+
+
+# -- malformed CSV ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'id,value,name\n1,1,a\n2,2,"unterminated\n3,3,c\n', "CSV line 3: a quoted field"),
+        (b"id,value,name\n1,1,a\n\xff\xfe\x00garbage\n3,3,c\n", "CSV line 3: expected 3 columns"),
+        (b"id,value,name\n1,1,a\n2,2,\xff\n", "CSV line 3: column 'name'"),
+    ],
+)
+def test_regression_malformed_csv_bodies_are_a_line_numbered_422(
+    guarded: Server, body: bytes, message: str
+) -> None:
+    # the unterminated quote was a 200 that wrote the rest of the body into one value
+    before = version(guarded.table("kv"))
+    with guarded.client() as client:
+        for response in (
+            merge(client, "kv", body, "text/csv"),
+            ingest(client, "events", body, "text/csv"),
+        ):
+            assert response.status_code == 422, response.text
+            assert response.json()["error"] == "DecodeError"
+            assert response.json()["detail"].startswith(message), response.json()
+        for key in (1, 2, 3):  # the rows before the bad line were not ingested either
+            assert client.get(f"/tables/events/lookup/{key}").json()["row"]["value"] == 0
+    assert version(guarded.table("kv")) == before
+
+
+# -- merge keys, query integers, error names ------------------------------------------
+
+
+def test_regression_merge_on_a_column_other_than_the_primary_key_is_a_422(
+    guarded: Server,
+) -> None:
+    # Before: a 200 that joined on 'name', and a row whose name was new was
+    # inserted beside the row holding its id
+    before = version(guarded.table("kv"))
+    body = ndjson([{"id": 7, "value": 70, "name": "not-n7"}])
+    with guarded.client() as client:
+        for on in ("name", "value", ["id", "name"]):
+            response = merge(client, "kv", body, NDJSON, on=on)
+            assert response.status_code == 422, response.text
+            assert response.json()["error"] == "InvalidInputError"
+            assert "must be the table's primary key ['id']" in response.json()["detail"]
+        unknown = merge(client, "kv", body, NDJSON, on="nope")
+        assert unknown.status_code == 422
+        assert unknown.json()["field"] == "nope"
+    assert version(guarded.table("kv")) == before
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"limit": 2**64}, {"offset": 2**70}, {"limit": 2**63}, {"batch_size": 2**64}],
+)
+def test_regression_query_integers_past_int64_are_a_422(
+    guarded: Server, params: dict[str, int]
+) -> None:
+    # Before: an OverflowError inside the engine call, answered 500
+    with guarded.client() as client:
+        for table in ("kv", "events"):
+            response = client.get(f"/tables/{table}/rows", params=params)
+            assert response.status_code == 422, response.text
+            assert next(iter(params)) in response.text
+        assert client.get("/tables/kv/rows", params={"limit": 2**63 - 1}).status_code == 200
+    assert guarded.health()["status"] == "ok"
+
+
+def test_regression_error_bodies_name_public_error_types(guarded: Server) -> None:
+    # Before: a deep first NDJSON line answered {"error": "_LineError"}
+    deep = b'{"id": ' + b"[" * 100 + b"]" * 100 + b"}\n"
+    with guarded.client() as client:
+        response = merge(client, "kv", deep, NDJSON)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == "DecodeError"
+
+
+def test_error_payloads_never_carry_private_class_names() -> None:
+    from lance_async.errors import DecodeError
+    from lance_async.web.handlers import error_payload
+
+    class _Internal(DecodeError):
+        pass
+
+    assert error_payload(_Internal("x"))["error"] == "DecodeError"
+    assert error_payload(DecodeError("x"))["error"] == "DecodeError"
