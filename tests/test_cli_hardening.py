@@ -433,3 +433,24 @@ def test_regression_a_create_that_fails_while_writing_removes_what_it_made(
     result = cli("create", str(uri), "--from", str(src), "--key", "id")
     one_line_error(result, 1)
     assert sorted(p.name for p in uri.iterdir()) == ["_versions", "keep.txt"]
+
+
+# -- a new user's findings ----------------------------------------------------
+
+
+def test_regression_a_filter_of_two_statements_is_a_bad_argument(table: str) -> None:
+    # Before: exit 1 and no option named (the one-expression rule is checked at the call)
+    one_line_error(cli("scan", table, "--filter", "id > 3; drop"), 2, "--filter", "one expression")
+
+
+def test_regression_create_without_a_key_suggests_a_next_step_that_works(tmp_path: Path) -> None:
+    # Before: it suggested init-wal, which refuses a table without a primary key
+    uri = str(tmp_path / "nk.lance")
+    made = cli("create", uri, "--schema", "id:int64,name:string", "--no-key")
+    assert made.returncode == 0, made.stderr
+    assert "init-wal" not in made.stdout and "--allow-non-key" in made.stdout, made.stdout
+    keyed = cli(
+        "create", str(tmp_path / "k.lance"), "--schema", "id:int64,name:string", "--key", "id"
+    )
+    assert keyed.returncode == 0, keyed.stderr
+    assert f"init-wal {tmp_path / 'k.lance'}" in keyed.stdout, keyed.stdout

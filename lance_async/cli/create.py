@@ -287,11 +287,10 @@ def create(
 
     rows, pk = run_command(run, writes)
     what = f"primary key {', '.join(pk)}" if pk else "no primary key"
-    out.print(
-        f"created {table_uri}: {count(rows, 'row')}, {what}; "
-        f"next: lance-async merge FILE {table_uri}, or lance-async init-wal {table_uri}",
-        markup=False,
-    )
+    # a MemWAL needs a primary key: without one, only merges (--allow-non-key) apply
+    nexts = f"lance-async merge FILE {table_uri}"
+    nexts += f", or lance-async init-wal {table_uri}" if pk else " --on COLUMN --allow-non-key"
+    out.print(f"created {table_uri}: {count(rows, 'row')}, {what}; next: {nexts}", markup=False)
 
 
 class _NoRows(ValueError):

@@ -66,10 +66,15 @@ def scan(
         ds = await open_table(table_uri, storage_option)
         if cols:
             check_columns(ds, cols, "--columns")
-        if lsm:
-            stream = ds.lsm_scan(columns=cols, filter=filter, limit=limit)
-        else:
-            stream = ds.scan(columns=cols, filter=filter, limit=limit)
+        try:  # a filter is checked at the call (one expression) and at open (columns)
+            if lsm:
+                stream = ds.lsm_scan(columns=cols, filter=filter, limit=limit)
+            else:
+                stream = ds.scan(columns=cols, filter=filter, limit=limit)
+        except errors.InvalidInputError as exc:
+            if filter is None:
+                raise
+            raise typer.BadParameter(str(exc), param_hint="'--filter'") from None
         async with stream:
             try:
                 await stream.open()

@@ -386,8 +386,8 @@ def check(
         out.print_json(json.dumps(dataclasses.asdict(report) | {"ok": report.ok}, default=str))
     else:
         out.print(
-            f"{report.shards} shard(s), {report.generations} flushed generation(s), "
-            f"{report.rows:,} rows read ({report.sharding} sharding): "
+            f"{report.shards} shard(s), {report.generations} flushed generation(s) not yet "
+            f"compacted, {report.rows:,} rows read in them ({report.sharding} sharding): "
             f"{report.split_keys:,} key(s) in more than one shard, "
             f"{report.misplaced_keys:,} in the wrong shard",
             markup=False,
