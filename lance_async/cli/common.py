@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXTRAS",
+    "ROWS_FORMAT",
     "STORAGE_OPTION",
     "Progress",
     "Writes",
@@ -679,6 +680,15 @@ def check_format(fmt: str | None) -> str | None:
 
 
 #: The ``--storage-option`` option of every command that opens a table.
+ROWS_FORMAT: Any = typer.Option(
+    None,
+    "--format",
+    "-f",
+    metavar="FORMAT",
+    help="ndjson, json, csv or ipc (default: from the extension; stdin: ndjson).",
+)
+"""``--format`` of the commands that read rows (a file, stdin or a feed)."""
+
 STORAGE_OPTION: Any = typer.Option(
     None,
     "--storage-option",

@@ -20,6 +20,7 @@ import anyio
 import typer
 
 from .common import (
+    ROWS_FORMAT,
     STORAGE_OPTION,
     Progress,
     Writes,
@@ -205,13 +206,7 @@ def create(
     no_key: bool = typer.Option(
         False, "--no-key", help="Create the table without a primary key (not recommended)."
     ),
-    format: str | None = typer.Option(
-        None,
-        "--format",
-        "-f",
-        metavar="FORMAT",
-        help="ndjson, json, csv or ipc (default: from the extension; stdin: ndjson).",
-    ),
+    format: str | None = ROWS_FORMAT,
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Create TABLE_URI from a file (--from) or a schema (--schema), with its primary key.

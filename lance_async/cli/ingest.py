@@ -14,6 +14,7 @@ import typer
 from .common import (
     COMMIT,
     MIN_PUT_INTERVAL,
+    ROWS_FORMAT,
     STORAGE_OPTION,
     Progress,
     Writes,
@@ -86,13 +87,7 @@ def ingest_cmd(
     table_uri: str = typer.Argument(
         ..., help="The Lance table; its MemWAL must be initialized (lance-async init-wal)."
     ),
-    format: str | None = typer.Option(
-        None,
-        "--format",
-        "-f",
-        metavar="FORMAT",
-        help="ndjson, json, csv or ipc (default: from the extension; stdin: ndjson).",
-    ),
+    format: str | None = ROWS_FORMAT,
     shard: str | None = typer.Option(
         None,
         "--shard",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from .common import (
+    ROWS_FORMAT,
     STORAGE_OPTION,
     Progress,
     Writes,
@@ -63,13 +64,7 @@ def merge(
         help="Join on --on columns that are not the primary key (matched rows are overwritten, "
         "key included).",
     ),
-    format: str | None = typer.Option(
-        None,
-        "--format",
-        "-f",
-        metavar="FORMAT",
-        help="ndjson, json, csv or ipc (default: from the extension; stdin: ndjson).",
-    ),
+    format: str | None = ROWS_FORMAT,
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Upsert SOURCE into TABLE_URI: matched rows are updated, the others inserted.
