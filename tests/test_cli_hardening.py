@@ -454,3 +454,17 @@ def test_regression_create_without_a_key_suggests_a_next_step_that_works(tmp_pat
     )
     assert keyed.returncode == 0, keyed.stderr
     assert f"init-wal {tmp_path / 'k.lance'}" in keyed.stdout, keyed.stdout
+
+
+def test_regression_a_vector_column_is_created_from_ndjson(tmp_path: Path) -> None:
+    # Before: "JSON conversion to fixed_size_list ... is not supported" (exit 1)
+    src = rows_file(tmp_path / "v.ndjson", [{"id": 1, "emb": [0.5, 1]}, {"id": 2, "emb": [2, 3]}])
+    uri = str(tmp_path / "v.lance")
+    made = cli(
+        "create", uri, "--from", str(src), "--schema", "id:int64,emb:float32[2]", "--key", "id"
+    )
+    assert made.returncode == 0, made.stderr
+    assert lance.dataset(uri).to_table().to_pylist() == [
+        {"id": 1, "emb": [0.5, 1.0]},
+        {"id": 2, "emb": [2.0, 3.0]},
+    ]

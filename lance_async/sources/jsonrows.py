@@ -331,6 +331,39 @@ def _refuse_null_rows(table: pa.Table, data: bytes, first_line: int) -> None:
         raise _LineError(where)
 
 
+def _parse_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with fixed-size lists (vectors) read as lists: pyarrow's JSON
+    reader cannot read a fixed-size list (ArrowNotImplementedError)."""
+    fields = [
+        f.with_type(pa.list_(f.type.value_field)) if pa.types.is_fixed_size_list(f.type) else f
+        for f in schema
+    ]
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def _fixed_size_lists(table: pa.Table, schema: pa.Schema, data: bytes, first_line: int) -> pa.Table:
+    """The vector columns of ``table`` cast to their fixed size (a list of
+    another length is a :class:`DecodeError` naming its line and field)."""
+    for i, name in enumerate(table.column_names):
+        want = schema.field(name).type if name in schema.names else None
+        if want is None or not pa.types.is_fixed_size_list(want):
+            continue
+        col = table.column(i)
+        lengths = pc.list_value_length(col)
+        bad = pc.and_(pc.is_valid(lengths), pc.not_equal(lengths, want.list_size))
+        if pc.any(bad).as_py():
+            row = pc.index(bad, True).as_py()
+            got = lengths[row].as_py()
+            lines = [n for n, text in enumerate(data.split(b"\n")) if text.strip()]
+            raise _LineError(
+                f"line {first_line + lines[row]}: field {name!r} holds {got} values; "
+                f"the column takes exactly {want.list_size}",
+                field=name,
+            )
+        table = table.set_column(i, schema.field(name), col.cast(want))
+    return table
+
+
 def _decode_json(data: bytes, schema: pa.Schema, extra_fields: str, first_line: int) -> pa.Table:
     if not data.strip():
         return schema.empty_table()
@@ -345,9 +378,10 @@ def _decode_json(data: bytes, schema: pa.Schema, extra_fields: str, first_line: 
             buf,
             read_options=read_options,
             parse_options=pjson.ParseOptions(
-                explicit_schema=schema, unexpected_field_behavior=behavior
+                explicit_schema=_parse_schema(schema), unexpected_field_behavior=behavior
             ),
         )
+        table = _fixed_size_lists(table, schema, data, first_line)
     except pa.ArrowInvalid as first:
         if "unexpected" in str(first).lower():
             raise DecodeError(f"unknown field in JSON: {first}") from first

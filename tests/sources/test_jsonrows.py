@@ -173,3 +173,16 @@ def test_regression_python_rows_with_integers_past_int64() -> None:
     table = rows_table([{"id": 1, "u": 2**64 - 1}, {"id": 2, "u": 3}], WIDE)
     assert table.column("u").to_pylist() == [2**64 - 1, 3]
     assert rows_table({"id": [1], "f": [2**70]}, WIDE).column("f").to_pylist() == [float(2**70)]
+
+
+def test_regression_vectors_decode_into_fixed_size_list_columns() -> None:
+    # Before: ArrowNotImplementedError (pyarrow's JSON reader has no fixed-size lists)
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("emb", pa.list_(pa.float32(), 2))])
+    table = decode_json_rows(b'{"id": 1, "emb": [1, 2.5]}\n{"id": 2, "emb": null}\n', schema)
+    assert table.schema == schema
+    assert table.to_pylist() == [{"id": 1, "emb": [1.0, 2.5]}, {"id": 2, "emb": None}]
+    with pytest.raises(DecodeError, match="line 4: field 'emb' holds 3 values") as caught:
+        decode_json_rows(
+            b'{"id": 1, "emb": [1, 2]}\n\n{"id": 2, "emb": [1, 2, 3]}\n', schema, first_line=2
+        )
+    assert caught.value.field == "emb"
