@@ -623,6 +623,7 @@ async def with_csv_line(
         return exc
     line, message = found
     text = re.sub(r"Row #\d+: ", "", _one_line(message))
+    text = re.sub(r"^CSV lines? [\d-]+: ", "", text)  # the decoder's own count: said below
     column = re.search(r"In CSV column #(\d+): ", text)
     if column is not None:
         header = await anyio.to_thread.run_sync(partial(_csv_header, path))
