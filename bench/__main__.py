@@ -14,8 +14,9 @@ comparing lance_async with pylance sync calls, pylance wrapped in
                       NDJSON, first engine call, LSM vector search (issue 18)
 8. event-loop lag of a 1 ms ticker during each workload (issue 8)
 
-``--quick`` runs small sizes in about a minute (a smoke run, not a
-measurement). Without it the suite takes under 10 minutes on 2 cores.
+``--quick`` runs small sizes in one to three minutes (a smoke run, not a
+measurement). Without it the suite takes 11 to 30 minutes on 2 cores (the
+committed report's run: 1,809 s on a machine with slow thread hand-offs).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes: a one-minute smoke run")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of 1-3 minutes")
     parser.add_argument(
         "--out",
         type=Path,
