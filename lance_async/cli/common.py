@@ -39,18 +39,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXTRAS",
-    "ROWS_FORMAT",
     "STORAGE_OPTION",
     "Progress",
     "Writes",
     "app",
     "check_columns",
-    "check_source",
     "count",
     "err",
     "escape",
     "fail",
-    "format_of",
     "missing_extra",
     "number",
     "open_table",
@@ -549,146 +546,6 @@ def check_columns(ds: AsyncDataset, names: Sequence[str], option: str) -> None:
             param_hint=f"'{option}'",
         )
 
-
-def _csv_error_line(path: str, schema: Any, seconds: float) -> tuple[int, str] | None:
-    """The first line of ``path`` where CSV decoding fails, and the error
-    there (blocking; None when not found within ``seconds``).
-
-    The decoder is fed 64 KiB of whole lines at a time, a copy of it kept
-    before each feed; the piece that fails is fed again, to the copy, one
-    line at a time.
-    """
-    import copy
-    import csv
-
-    from ..sources.decoders import make_decoder
-
-    failures = (errors.DecodeError, csv.Error)
-    decoder = make_decoder("csv", schema)
-    deadline = time.monotonic() + seconds
-    lines = 0
-    with open(path, "rb") as f:
-        while piece := f.read(1 << 16) + f.readline():
-            if time.monotonic() > deadline:
-                return None
-            before = copy.deepcopy(decoder)
-            try:
-                decoder.feed(piece)
-            except failures as exc:
-                for raw in piece.splitlines(keepends=True):
-                    lines += 1
-                    try:
-                        before.feed(raw)
-                    except failures as first:
-                        return lines, str(first)
-                return lines, str(exc)
-            lines += piece.count(b"\n")
-    open_quote = bool(getattr(decoder, "_in_quotes", False))  # before finish() resets it
-    try:
-        decoder.finish()
-    except failures as exc:
-        hint = " (a quoted value is never closed)" if open_quote else ""
-        return max(lines, 1), f"{exc}{hint}"
-    return None
-
-
-def _csv_header(path: str) -> list[str]:
-    """The column names on a CSV file's first line (blocking)."""
-    import csv
-
-    with open(path, "rb") as f:
-        text = f.readline().rstrip(b"\r\n").decode("utf-8", errors="replace").removeprefix("\ufeff")
-    return next(csv.reader([text]), [])
-
-
-async def with_csv_line(
-    exc: Exception, path: str, label: str, fmt: str | None, schema: Any
-) -> Exception:
-    """``exc`` (a CSV decoding error of the file at ``path``) as a
-    :class:`~lance_async.DecodeError` that names the file's line, when the
-    line can be found within a few seconds; else ``exc`` itself.
-
-    pyarrow's ``Row #N`` counts rows from the start of the chunk being
-    parsed, not of the file, so it is replaced by the line.
-    """
-    import csv
-    import re
-
-    if fmt != "csv" or not isinstance(exc, (errors.DecodeError, csv.Error)):
-        return exc
-    from functools import partial
-
-    found = await anyio.to_thread.run_sync(partial(_csv_error_line, path, schema, 10.0))
-    if found is None:
-        return exc
-    line, message = found
-    text = re.sub(r"Row #\d+: ", "", _one_line(message))
-    text = re.sub(r"^CSV lines? [\d-]+: ", "", text)  # the decoder's own count: said below
-    column = re.search(r"In CSV column #(\d+): ", text)
-    if column is not None:
-        header = await anyio.to_thread.run_sync(partial(_csv_header, path))
-        index = int(column[1])
-        if index < len(header):
-            text = text.replace(column[0], f"column {header[index]!r}: ")
-    if isinstance(exc, csv.Error):
-        text = f"not CSV: {text}"
-    where = "standard input" if label == "stdin" else label
-    return errors.DecodeError(f"line {line} of {where}: {text}")
-
-
-def check_source(source: str) -> None:
-    """Exit 2 for a ``SOURCE`` that cannot be read: a missing file, a
-    directory, or ``-`` when standard input is closed or a directory."""
-    import stat
-
-    if source == "-":
-        if sys.stdin is None:
-            fail("standard input is closed: pipe rows into '-', or give a file", 2)
-        try:
-            mode = os.fstat(sys.stdin.fileno()).st_mode
-        except (OSError, ValueError):
-            return  # not a file descriptor (a test runner's stream): readable
-        if stat.S_ISDIR(mode):
-            fail("standard input is a directory: pipe rows into '-', or give a file", 2)
-        return
-    if not os.path.exists(source):
-        fail(f"no such file: {source}", 2)
-    if os.path.isdir(source):
-        fail(f"{source} is a directory: give a file", 2)
-
-
-def format_of(path: str) -> str:
-    """A file's format from its extension (exit 2 for an unknown one)."""
-    from ..sources.files import guess_format
-
-    try:
-        return guess_format(path)
-    except ValueError as exc:
-        raise typer.BadParameter(f"{exc} (--format)") from None
-
-
-#: The formats a command reads rows in.
-ROW_FORMATS = ("ndjson", "json", "csv", "ipc")
-
-
-def check_format(fmt: str | None) -> str | None:
-    """``--format``'s value, or exit 2 for an unknown one."""
-    if fmt is not None and fmt not in ROW_FORMATS:
-        raise typer.BadParameter(
-            f"must be one of {', '.join(ROW_FORMATS)}, got {fmt!r}", param_hint="'--format'"
-        )
-    return fmt
-
-
-#: The ``--storage-option`` option of every command that opens a table.
-ROWS_FORMAT: Any = typer.Option(
-    None,
-    "--format",
-    "-f",
-    metavar="FORMAT",
-    help="ndjson, json, csv or ipc (default: from the extension; stdin: ndjson).",
-)
-"""``--format`` of the commands that read rows (a file, stdin or a feed)."""
 
 STORAGE_OPTION: Any = typer.Option(
     None,

@@ -20,21 +20,17 @@ import anyio
 import typer
 
 from .common import (
-    ROWS_FORMAT,
     STORAGE_OPTION,
     Progress,
     Writes,
     app,
-    check_format,
-    check_source,
     count,
     file_size,
-    format_of,
     out,
     parse_storage_options,
     run_command,
-    with_csv_line,
 )
+from .inputs import ROWS_FORMAT, check_format, check_source, format_of, with_csv_line
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -14,25 +14,21 @@ import typer
 from .common import (
     COMMIT,
     MIN_PUT_INTERVAL,
-    ROWS_FORMAT,
     STORAGE_OPTION,
     Progress,
     Writes,
     app,
-    check_format,
-    check_source,
     count,
     err,
     file_size,
-    format_of,
     number,
     open_table,
     out,
     require_mem_wal,
     run_command,
-    with_csv_line,
     writer_options,
 )
+from .inputs import ROWS_FORMAT, check_format, check_source, format_of, with_csv_line
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -10,26 +10,22 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from .common import (
-    ROWS_FORMAT,
     STORAGE_OPTION,
     Progress,
     Writes,
     app,
     check_columns,
-    check_format,
-    check_source,
     count,
     err,
     escape,
     file_size,
-    format_of,
     open_table,
     out,
     require_mem_wal,
     run_command,
-    with_csv_line,
 )
 from .create import spooled_stdin
+from .inputs import ROWS_FORMAT, check_format, check_source, format_of, with_csv_line
 
 if TYPE_CHECKING:
     from ..dataset import AsyncDataset

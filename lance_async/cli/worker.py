@@ -20,7 +20,6 @@ from .common import (
     MIN_PUT_INTERVAL,
     STORAGE_OPTION,
     app,
-    check_source,
     err,
     number,
     open_table,
@@ -29,6 +28,7 @@ from .common import (
     run_command,
     writer_options,
 )
+from .inputs import check_source
 
 if TYPE_CHECKING:
     from ..cluster import Worker, WorkerStats
