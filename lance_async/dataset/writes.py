@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["CommitBatchResult", "WritesMixin", "write_source"]
 
 D = TypeVar("D", bound="WritesMixin")
+T = TypeVar("T")
 
 WRITE_MODES = ("create", "append", "overwrite")
 _RETRIES_RE = re.compile(r"Attempted (\d+) retries")
@@ -101,6 +102,18 @@ def commit_error(exc: BaseException, what: str) -> BaseException | None:
             retryable=True,
         )
     return mapped
+
+
+async def run_commit(work: Callable[[], T], what: str) -> T:
+    """Run a blocking engine commit on a worker thread; its failure raised as
+    :func:`commit_error` types it (else as it came)."""
+    try:
+        return await run_sync(work)
+    except (OSError, ValueError, RuntimeError) as exc:
+        mapped = commit_error(exc, what)
+        if mapped is not None:
+            raise mapped from exc
+        raise
 
 
 @dataclass(frozen=True)
@@ -268,13 +281,7 @@ class WritesMixin(DatasetCore):
                 **options,
             )
 
-        try:
-            committed = await run_sync(work)
-        except (OSError, ValueError, RuntimeError) as exc:
-            mapped = commit_error(exc, f"the commit to {self.uri}")
-            if mapped is not None:
-                raise mapped from exc
-            raise
+        committed = await run_commit(work, f"the commit to {self.uri}")
         if detached:
             return self._new(committed)
         self._replace(committed)
@@ -318,12 +325,6 @@ class WritesMixin(DatasetCore):
         def work() -> dict[str, Any]:
             return dict(LanceDataset.commit_batch(base, txns, max_retries=retries, **options))
 
-        try:
-            result = await run_sync(work)
-        except (OSError, ValueError, RuntimeError) as exc:
-            mapped = commit_error(exc, f"the batch commit to {self.uri}")
-            if mapped is not None:
-                raise mapped from exc
-            raise
+        result = await run_commit(work, f"the batch commit to {self.uri}")
         self._replace(result["dataset"])
         return CommitBatchResult(self, result["merged"])
