@@ -334,6 +334,8 @@ def _refuse_null_rows(table: pa.Table, data: bytes, first_line: int) -> None:
 def _parse_schema(schema: pa.Schema) -> pa.Schema:
     """``schema`` with fixed-size lists (vectors) read as lists: pyarrow's JSON
     reader cannot read a fixed-size list (ArrowNotImplementedError)."""
+    if not any(pa.types.is_fixed_size_list(f.type) for f in schema):
+        return schema  # the common case: the table's schema as it is
     fields = [
         f.with_type(pa.list_(f.type.value_field)) if pa.types.is_fixed_size_list(f.type) else f
         for f in schema
@@ -373,15 +375,17 @@ def _decode_json(data: bytes, schema: pa.Schema, extra_fields: str, first_line: 
     behavior = "error" if extra_fields == "error" else "ignore"
     buf = pa.py_buffer(data if data.endswith(b"\n") else data + b"\n")
     read_options = pjson.ReadOptions(use_threads=False, block_size=max(len(data) + 1, 1 << 16))
+    parse_schema = _parse_schema(schema)
     try:
         table = pjson.read_json(
             buf,
             read_options=read_options,
             parse_options=pjson.ParseOptions(
-                explicit_schema=_parse_schema(schema), unexpected_field_behavior=behavior
+                explicit_schema=parse_schema, unexpected_field_behavior=behavior
             ),
         )
-        table = _fixed_size_lists(table, schema, data, first_line)
+        if parse_schema is not schema:
+            table = _fixed_size_lists(table, schema, data, first_line)
     except pa.ArrowInvalid as first:
         if "unexpected" in str(first).lower():
             raise DecodeError(f"unknown field in JSON: {first}") from first
