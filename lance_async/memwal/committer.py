@@ -285,12 +285,15 @@ class Committer:
                 fit.relabel(batches) if kind is Kind.PUT else fit.relabel(batches).combine_chunks()
             )
             if mirror is not None:  # the mirror makes the engine call and records it
-                (mirror.put if kind is Kind.PUT else mirror.delete)(engine, data)
-            elif kind is Kind.PUT:
-                engine.put(data)
+                memtable = (mirror.put if kind is Kind.PUT else mirror.delete)(engine, data)
             else:
-                engine.delete(data)
-            return engine.stats(), engine.memtable_stats()
+                if kind is Kind.PUT:
+                    engine.put(data)
+                else:
+                    engine.delete(data)
+                memtable = engine.memtable_stats()
+            # stats() keeps the GIL; memtable_stats() gives it up (see mirror._before)
+            return engine.stats(), memtable
 
         async with self.gate:
             self.engine_stats, self.memtable_stats = await run_sync(work)

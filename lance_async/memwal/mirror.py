@@ -118,6 +118,7 @@ class MemtableMirror:
         self._lock = threading.Lock()
         self._parts: dict[int, list[pa.Table]] = {}
         self._version = 0
+        self._stats: dict[str, Any] | None = None  # memtable_stats() after the last call
         self.broken: BaseException | None = None
 
     # -- the committer's side --------------------------------------------------
@@ -127,7 +128,7 @@ class MemtableMirror:
         Returns the engine's ``memtable_stats()`` after the put. The engine's
         errors are raised unchanged (nothing is mirrored then).
         """
-        before = engine.memtable_stats()
+        before = self._before(engine)
         engine.put(table)
         rows = table.append_column(
             pa.field(TOMBSTONE, pa.bool_(), nullable=False),
@@ -137,7 +138,7 @@ class MemtableMirror:
 
     def delete(self, engine: Any, keys: pa.Table) -> dict[str, Any]:
         """``engine.delete(keys)`` and mirror the deletes as tombstones (blocking)."""
-        before = engine.memtable_stats()
+        before = self._before(engine)
         engine.delete(keys)
         n = keys.num_rows
         columns = [
@@ -150,9 +151,27 @@ class MemtableMirror:
         )
         return self._after(engine, before, rows)
 
+    def _before(self, engine: Any) -> dict[str, Any]:
+        """The memtable's stats before a call: those read after the previous one.
+
+        Only the committer puts into its engine writer, so nothing moves the
+        memtable between two of its calls; and were a memtable sealed
+        meanwhile, :meth:`_generation` still places the rows right (its
+        rules hold for any earlier reading). Each ``memtable_stats()`` call
+        gives up the GIL and waits to take it back, up to the interpreter's
+        switch interval (5 ms) while the event loop is busy: one call per
+        put instead of two.
+        """
+        stats = self._stats
+        self._stats = None  # unknown until this call has returned
+        if stats is None:
+            stats = engine.memtable_stats()
+        return stats
+
     def _after(self, engine: Any, before: dict[str, Any], rows: pa.Table) -> dict[str, Any]:
         try:
             after: dict[str, Any] = engine.memtable_stats()
+            self._stats = after
             target = self._generation(before, after, rows.num_rows)
             relabelled = pa.Table.from_arrays(rows.columns, schema=self.schema)
             with self._lock:
