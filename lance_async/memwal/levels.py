@@ -27,15 +27,14 @@ import operator
 import posixpath
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
-from .._schema import primary_key
 from .._threads import run_sync
 from ..errors import InvalidInputError
 from .keyindex import KeyIndex, key_codes
@@ -54,7 +53,10 @@ __all__ = [
     "ShardLevels",
     "load_generation",
     "open_view",
+    "read_view",
 ]
+
+T = TypeVar("T")
 
 ROWADDR = "_rowaddr"
 _GENERATIONS = 1024  # generations whose keys are kept (about 17 bytes per row)
@@ -401,7 +403,7 @@ async def open_view(
     Runs on worker threads, one generation at a time (cancellable between
     them); a generation's keys are read once per process.
     """
-    keys = primary_key(dataset.schema)
+    keys = dataset.primary_key
     if not keys:
         raise InvalidInputError(NO_KEY)
     taken = _snapshot_parts(mirrors)
@@ -495,3 +497,34 @@ def _discover_and_view(
     base = newer if newer is not None else ds
     schema = base.schema
     return newer, snaps, _finish(base, schema, keys, key_types, snaps, shards, taken)
+
+
+async def read_view(
+    dataset: AsyncDataset,
+    work: Callable[[LsmView], T],
+    mirrors: Sequence[MemtableMirror] = (),
+) -> T:
+    """``work(view)`` on a worker thread over a view opened now (:func:`open_view`).
+
+    When every shard's generations are cached (the common case) discovery,
+    the view and ``work`` share one thread hop: a point lookup then costs
+    one hand-off, not two. ``work`` must be quick (it is not cancellable).
+    """
+    keys = dataset.primary_key
+    if not keys:
+        raise InvalidInputError(NO_KEY)
+    taken = _snapshot_parts(mirrors)
+    key_types = [dataset.schema.field(k).type for k in keys]
+    lance_ds, uri, options = dataset.lance, dataset.uri, dataset.storage_options
+
+    def discover_and_work() -> tuple[Any, tuple[T] | None]:
+        newer, _, view = _discover_and_view(lance_ds, uri, keys, key_types, taken, options)
+        return newer, (work(view),) if view is not None else None
+
+    newer, done = await run_sync(discover_and_work)
+    if newer is not None:
+        dataset._replace(newer)
+    if done is not None:
+        return done[0]
+    view = await open_view(dataset, None, mirrors)  # generations to read first
+    return await run_sync(partial(work, view))

@@ -8,8 +8,9 @@ many keys with one probe of each level of an :class:`~lance_async.memwal.levels.
 1. the memtables' newest rows (in memory),
 2. each shard's winner index (which generation row holds the newest version
    of the key), then one ``take`` per generation that has hits,
-3. one base-table query ``key IN (...)`` for the keys no newer level holds
-   (a BTREE index on the key makes it an index lookup).
+3. for the keys no newer level holds, one ``take`` by row offset when the
+   base version's keys are in memory (``basekeys.py``), else one base-table
+   query ``key IN (...)`` (a BTREE index on the key makes it an index lookup).
 
 A key whose newest version is a delete is answered "absent" at its level and
 never reaches an older one.
@@ -33,6 +34,7 @@ import pyarrow as pa
 
 from .._loop import LoopHandle
 from ..errors import InvalidInputError, SchemaMismatchError, raise_mapped
+from .basekeys import base_keys
 from .keyindex import KeyIndex
 from .keys import _sql_literal, key_array, key_filter
 from .levels import LsmView
@@ -183,6 +185,15 @@ def lookup_view(
                     taken = gen.dataset.take(rows[live][order], columns=cols)
                     found(taken, who[live][order])
         idx = np.flatnonzero(todo)
+        indexed = base_keys.get(view.base, keys) if len(idx) else None
+        if indexed is not None:  # the version's keys are in memory: take by offset
+            pos = indexed.index.find(at(idx))
+            hit = pos >= 0
+            if hit.any():
+                order = np.argsort(pos[hit], kind="stable")
+                taken = indexed.dataset.take(pos[hit][order], columns=cols)
+                found(taken, idx[hit][order])
+            idx = idx[:0]
         need = [k for k in keys if k not in cols]
         for start in range(0, len(idx), BASE_QUERY_KEYS):
             part = idx[start : start + BASE_QUERY_KEYS]
