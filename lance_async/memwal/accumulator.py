@@ -167,6 +167,9 @@ class Accumulator:
     min_put_interval : float
         Seconds between the starts of two runs of puts (0: none); the first
         run after an idle spell starts at once. See ``policy.py``.
+    pace : callable, optional
+        ``pace(seconds)``: the interval after a put that took ``seconds``
+        (the policy's adaptive pacing); None keeps ``min_put_interval``.
     check : callable
         Raises when the writer can take no more rows (closed, failed).
     describe : callable
@@ -189,6 +192,7 @@ class Accumulator:
         max_put_bytes: int,
         linger: float,
         min_put_interval: float = 0.0,
+        pace: Callable[[float], float] | None = None,
         check: Callable[[], None],
         describe: Callable[[], str],
         shard_check: ShardCheck | None = None,
@@ -202,6 +206,9 @@ class Accumulator:
         self.max_put_bytes = max_put_bytes
         self.linger = linger
         self.min_put_interval = min_put_interval
+        self.put_interval = min_put_interval
+        """The pacing now (seconds): ``pace(last put's duration)``, see ``policy.py``."""
+        self._pace = pace
         self._check = check
         self._describe = describe
         self._shard_check = shard_check
@@ -246,6 +253,7 @@ class Accumulator:
             max_put_bytes=config.max_put_bytes,
             linger=config.linger,
             min_put_interval=config.policy.min_put_interval,
+            pace=config.policy.pace,
             check=check,
             describe=describe,
             shard_check=shard_check,
@@ -296,6 +304,11 @@ class Accumulator:
                         "queued (batches of the same send before it were)"
                     )
         self._take_room(rows, nbytes)
+
+    def put_took(self, seconds: float) -> None:
+        """An engine put took ``seconds``: set the pacing of the next ones."""
+        if self._pace is not None:
+            self.put_interval = self._pace(seconds)
 
     def release(self, rows: int, nbytes: int) -> None:
         """Give back the room of rows written or failed."""
@@ -574,8 +587,8 @@ class Accumulator:
             deadline = -math.inf
             if self.linger > 0:
                 deadline = pending[0].queued_at + self.linger
-            if self.min_put_interval > 0:
-                deadline = max(deadline, self._last_run + self.min_put_interval)
+            if self.put_interval > 0:
+                deadline = max(deadline, self._last_run + self.put_interval)
             if deadline > time.monotonic() and self.pending_rows < self.max_put_rows:
                 await self._linger(deadline)
             self._last_run = time.monotonic()

@@ -329,6 +329,7 @@ class Committer:
                 batches.extend(batch)
             elif batch is not None:
                 batches.append(batch)
+        started = time.monotonic()
         try:
             await self._engine_call(kind, batches)
         except anyio.get_cancelled_exc_class():
@@ -349,6 +350,7 @@ class Committer:
             return None
         self._put_seq += 1
         if kind is Kind.PUT:
+            self._acc.put_took(time.monotonic() - started)
             self.engine_puts += 1
             self.rows += sum(item.rows for item in run)
         else:

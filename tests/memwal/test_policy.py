@@ -12,7 +12,9 @@ import lance_async as la
 from lance_async.memwal.policy import (
     COMMIT_POLICIES,
     ENGINE_WAL_BUFFER_SIZE,
+    PACE_FACTOR,
     WriterConfig,
+    commit_policy,
     engine_options,
 )
 
@@ -150,3 +152,33 @@ async def test_each_policy_writes_every_row(table_uri: str) -> None:
             assert {w.commit for w in router.writers.values()} == {commit}
     table = await ds.lsm_scan(columns=["id"], filter="id >= 1000").to_table()
     assert sorted(table.column("id").to_pylist()) == list(range(1_000, 4_000))
+
+
+def test_adaptive_pacing_follows_the_last_put_within_its_bounds() -> None:
+    adaptive = COMMIT_POLICIES["adaptive"]
+    assert adaptive.pace(0.0005) == adaptive.min_put_interval == 0.005  # light load: the floor
+    assert adaptive.pace(0.003) == pytest.approx(PACE_FACTOR * 0.003)  # slow puts: spaced out
+    assert adaptive.pace(2.0) == adaptive.max_put_interval == 0.02  # never past the ceiling
+    # an explicit interval is the floor; a larger one than the ceiling is fixed pacing
+    assert commit_policy("adaptive", 0.01).pace(0.0001) == 0.01
+    assert commit_policy("adaptive", 0.1).pace(1.0) == 0.1
+    assert commit_policy("latency").pace(1.0) == 0.0  # no pacing at all
+    assert commit_policy("throughput", 0.05).pace(1.0) == 0.05
+
+
+async def test_a_writer_paces_its_puts_by_the_last_put(table_uri: str) -> None:
+    ds = await mem_wal_table(table_uri)
+    async with ds.mem_wal_writer(sid()) as w:
+        acc = w._acc  # type: ignore[attr-defined]
+        assert acc.put_interval == 0.005
+        await w.put(pa.Table.from_batches([ten_rows(i) for i in range(500)]))
+        stats = w.stats()
+        assert stats.engine_puts >= 1
+        # whatever the put took on this machine, the next interval follows it
+        assert 0.005 <= acc.put_interval <= 0.02
+        acc.put_took(0.004)
+        assert acc.put_interval == pytest.approx(0.016)
+        acc.put_took(0.0001)
+        assert acc.put_interval == 0.005
+        await w.put(ten_rows(900))  # the writer keeps writing under the new pacing
+        assert (await w.lsm_point_lookup(10_000)).num_rows == 1
