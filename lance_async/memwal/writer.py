@@ -56,9 +56,9 @@ pylance 14 flushes a durable put's WAL when the buffered WAL bytes reach
 ``max_wal_flush_interval_ms`` tick (default 100 ms). ``commit=`` chooses how
 the writer works with that (``policy.py``): ``"adaptive"`` (the default)
 opens the engine writer so that every put flushes at once and paces puts
-(one every ``min_put_interval`` at most, up to ``max_put_rows`` each), so an
-idle writer acks a message after one WAL write and a busy one coalesces
-thousands of rows per put; ``"latency"`` makes small puts back to back;
+(one every 5 to 20 ms at most, four times the last put's duration, up to
+``max_put_rows`` each), so an idle writer acks a message after one WAL
+write and a busy one coalesces thousands of rows per put; ``"latency"`` makes small puts back to back;
 ``"throughput"`` keeps the engine's tick and the largest puts. Figures per
 policy: ``python -m bench`` (bench/results/REPORT.md).
 
@@ -130,8 +130,9 @@ class AsyncShardWriter(WriterReads):
     commit : {"adaptive", "latency", "throughput"}
         The commit policy (default ``"adaptive"``; see ``policy.py``).
     min_put_interval : float, optional
-        Seconds between the starts of two engine puts (adaptive: 0.005;
-        others: 0); an idle writer puts at once.
+        Seconds between the starts of two engine puts at least (adaptive:
+        0.005, stretched up to 0.02 while puts are slow; others: 0); an
+        idle writer puts at once.
     max_queue_rows : int, optional
         Rows queued or in flight before senders wait (default ``2 * max_put_rows``).
     max_queue_bytes : int
