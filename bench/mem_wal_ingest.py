@@ -782,7 +782,7 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         "writer's behaviour before the policies (engine defaults, puts of up to 50,000 "
         "rows) on today's cheaper per-message path, so the ratio to it is stricter than to "
         f"the old code. {LATENCY} (commit='latency'): 1,000-row puts back to back, a "
-        "2,000-row queue.",
+        "1,000-row queue.",
         "The senders never wait for acks, so under this saturating feed ack latency is "
         "mostly time spent in the queue: about max_queue_rows ÷ rows/s plus one put. The "
         "p99 target of the low-latency setting therefore measures its queue bound as much "

@@ -32,7 +32,7 @@ Three policies, chosen with ``commit=`` on
     stays at its floor.
 ``"latency"``
     The same flush-every-put engine setting with small puts (1,000 rows), no
-    pacing and a queue of two puts: the shortest acks under load, at the
+    pacing and a queue of one put (1,000 rows): the shortest acks under load, at the
     price of more, smaller WAL writes and more CPU per row.
 ``"throughput"``
     The engine's own WAL settings and puts of up to half a memtable: the
@@ -94,6 +94,8 @@ class CommitPolicy:
         ``PACE_FACTOR`` times the last put's duration, kept within
         ``[min_put_interval, max_put_interval]``. Equal to
         ``min_put_interval``: fixed pacing.
+    queue_puts : int
+        The queue holds this many puts' rows by default (``max_queue_rows``).
     """
 
     name: str
@@ -101,6 +103,7 @@ class CommitPolicy:
     max_put_rows: int | None
     min_put_interval: float
     max_put_interval: float = 0.0
+    queue_puts: int = 2
 
     def pace(self, put_seconds: float) -> float:
         """The interval to keep before the next put, after one that took
@@ -117,7 +120,7 @@ PACE_FACTOR = 4.0
 
 COMMIT_POLICIES: dict[str, CommitPolicy] = {
     "adaptive": CommitPolicy("adaptive", 1, 10_000, 0.005, 0.02),
-    "latency": CommitPolicy("latency", 1, 1_000, 0.0),
+    "latency": CommitPolicy("latency", 1, 1_000, 0.0, queue_puts=1),
     "throughput": CommitPolicy("throughput", None, None, 0.0),
 }
 """The policies by name."""
@@ -158,6 +161,7 @@ def commit_policy(commit: str, min_put_interval: float | None = None) -> CommitP
         policy.max_put_rows,
         interval,
         max(interval, policy.max_put_interval) if policy.max_put_interval else interval,
+        policy.queue_puts,
     )
 
 
@@ -280,8 +284,9 @@ class WriterConfig:
 
         Put rows: as given, else the policy's, else half the memtable; never
         above the memtable (one put never spans memtables). Queue rows: as
-        given, else twice the put rows.
+        given, else the policy's number of puts (two; the latency policy's
+        one: a row then waits for at most the put in flight and its own).
         """
         put = self.max_put_rows or self.policy.max_put_rows or max(1, memtable_rows // 2)
         put = min(put, memtable_rows)
-        return put, self.max_queue_rows or 2 * put
+        return put, self.max_queue_rows or self.policy.queue_puts * put

@@ -58,9 +58,9 @@ the writer works with that (``policy.py``): ``"adaptive"`` (the default)
 opens the engine writer so that every put flushes at once and paces puts
 (one every 5 to 20 ms at most, four times the last put's duration, up to
 ``max_put_rows`` each), so an idle writer acks a message after one WAL
-write and a busy one coalesces thousands of rows per put; ``"latency"`` makes small puts back to back;
-``"throughput"`` keeps the engine's tick and the largest puts. Figures per
-policy: ``python -m bench`` (bench/results/REPORT.md).
+write and a busy one coalesces thousands of rows per put; ``"latency"``
+makes small puts back to back; ``"throughput"`` keeps the engine's tick
+and the largest puts. Figures per policy: ``python -m bench`` (bench/results/REPORT.md).
 
 The cheap path: a send of one record batch is one queue entry whose
 :class:`~lance_async.Ack` is the entry itself; :meth:`AsyncShardWriter.send_many`
@@ -134,7 +134,8 @@ class AsyncShardWriter(WriterReads):
         0.005, stretched up to 0.02 while puts are slow; others: 0); an
         idle writer puts at once.
     max_queue_rows : int, optional
-        Rows queued or in flight before senders wait (default ``2 * max_put_rows``).
+        Rows queued or in flight before senders wait (default ``2 * max_put_rows``;
+        latency policy: ``max_put_rows``).
     max_queue_bytes : int
         Bytes queued or in flight before senders wait (default 256 MiB).
     max_put_rows : int, optional

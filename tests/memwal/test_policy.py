@@ -74,13 +74,16 @@ async def test_throughput_policy_keeps_large_puts_and_adaptive_caps_them(table_u
 async def test_latency_policy_makes_small_puts(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid(), commit="latency") as writer:
-        assert (writer.max_put_rows, writer.max_queue_rows) == (1_000, 2_000)
+        assert (writer.max_put_rows, writer.max_queue_rows) == (1_000, 1_000)
         assert writer.config.policy.min_put_interval == 0
         assert writer._committer is not None
-        async with writer._committer.gate:
-            acks = [await writer.send(ten_rows(i)) for i in range(150)]
+        async with writer._committer.gate:  # hold the engine: one put's rows queue up
+            acks = [await writer.send(ten_rows(i)) for i in range(100)]
+            with pytest.raises(la.BackpressureTimeoutError):  # a queue of one put
+                await writer.send(ten_rows(100), timeout=0.05)
+        acks += [await writer.send(ten_rows(i)) for i in range(100, 200)]
         summary = await la.Ack.combine(acks)
-    assert summary.rows == 1_500 and summary.engine_puts >= 2
+    assert summary.rows == 2_000 and summary.engine_puts >= 2  # puts of 1,000 rows at most
 
 
 async def test_explicit_options_and_table_defaults_win_over_the_policy(table_uri: str) -> None:
