@@ -44,7 +44,7 @@ MAX_ROWS = 4_000_000
 """Base tables with more rows than this are never indexed (about 30 bytes a row)."""
 MIN_LOOKUPS = 8
 """Lookups of one version before its keys are read."""
-KEEP = 4
+KEEP = 2
 """Tables whose base keys are kept at once."""
 
 
