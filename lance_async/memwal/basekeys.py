@@ -157,6 +157,12 @@ class BaseKeyCache:
                 return
             table = pinned.to_table(columns=list(name[1]))
             entry = BaseKeys(version, pinned, KeyIndex([table.column(k) for k in name[1]]))
+            offset = 0  # one row of each fragment: its files' metadata is read now, not
+            for fragment in pinned.get_fragments():  # by the first lookups (about 1 ms each)
+                rows = fragment.count_rows()
+                if rows:
+                    pinned.take([offset])
+                offset += rows
             with self._lock:
                 if slot.entry is None or slot.entry.version < version:
                     slot.entry = entry
