@@ -382,7 +382,7 @@ async def test_a_paused_worker_is_fenced_and_acknowledges_nothing_after(
         # (the group's fair share gives a rejoining member its part again)
         await publish_version(feed, partitioner, 2)
         lost = f"lost {feed.partitions}"
-        await eventually(lambda: lost in workers.output("a"), 30, "a to see it lost all")
+        await eventually(lambda: lost in workers.output("a"), 60, "a to see it lost all")
         await eventually(feed.drained, 60, "version 2 to be consumed")
         codes = await workers.stop_all()
         assert codes == {"a": 0, "b": 0}
