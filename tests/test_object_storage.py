@@ -230,3 +230,25 @@ def test_serve_settings_precedence(tmp_path: Any, monkeypatch: pytest.MonkeyPatc
         ServeSettings.load(bad)
     with pytest.raises(ValueError):
         ServeSettings.load(None, port=70000)
+
+
+async def test_lookups_by_base_offsets_read_the_bucket_with_its_options(
+    s3_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lance_async.memwal import lookup
+    from lance_async.memwal.basekeys import BaseKeyCache
+
+    cache = BaseKeyCache(min_lookups=1)
+    monkeypatch.setattr(lookup, "base_keys", cache)
+    uri, options = s3_bucket.uri("keys.lance"), s3_bucket.storage_options
+    ds = await la.write_dataset(rows(range(80), 1), uri, storage_options=options)
+    await ds.delete("id = 7")
+    await ds.initialize_mem_wal(max_memtable_rows=20)
+    async with ds.mem_wal_writer() as writer:
+        await writer.put(rows(range(0, 40, 2), 9))
+    await ds.lsm_point_lookup(1)
+    cache.wait_built()
+    assert cache.builds == 1  # the version's keys were read from the bucket
+    found = await ds.lsm_point_lookups([1, 2, 7, 79, 80])
+    assert found.column("id").to_pylist() == [1, 2, 79]
+    assert found.column("value").to_pylist() == [1, 9, 1]
