@@ -205,7 +205,6 @@ class Accumulator:
         self.max_put_rows = max_put_rows
         self.max_put_bytes = max_put_bytes
         self.linger = linger
-        self.min_put_interval = min_put_interval
         self.put_interval = min_put_interval
         """The pacing now (seconds): ``pace(last put's duration)``, see ``policy.py``."""
         self._pace = pace

@@ -403,6 +403,17 @@ async def open_view(
     Runs on worker threads, one generation at a time (cancellable between
     them); a generation's keys are read once per process.
     """
+    return (await _open(dataset, snapshots, mirrors, None))[0]
+
+
+async def _open(
+    dataset: AsyncDataset,
+    snapshots: Sequence[ShardSnapshot] | None,
+    mirrors: Sequence[MemtableMirror],
+    work: Callable[[LsmView], T] | None,
+) -> tuple[LsmView, tuple[T] | None]:
+    """:func:`open_view`; with ``work``, also ``(work(view),)`` when discovery
+    resolved the whole view in its own thread hop (else None)."""
     keys = dataset.primary_key
     if not keys:
         raise InvalidInputError(NO_KEY)
@@ -413,13 +424,18 @@ async def open_view(
     if snapshots is None:
         # one hop: the latest version, the shard manifests, and (when every
         # shard is resolved already, the common case) the whole view
-        newer, snaps, view = await run_sync(
-            partial(_discover_and_view, dataset.lance, uri, keys, key_types, taken, options)
-        )
+        lance_ds = dataset.lance
+
+        def discover() -> tuple[Any, list[ShardSnapshot], LsmView | None, tuple[T] | None]:
+            newer, snaps, view = _discover_and_view(lance_ds, uri, keys, key_types, taken, options)
+            done = (work(view),) if work is not None and view is not None else None
+            return newer, snaps, view, done
+
+        newer, snaps, found, done = await run_sync(discover)
         if newer is not None:
             dataset._replace(newer)
-        if view is not None:
-            return view
+        if found is not None:
+            return found, done
     else:
         snaps = list(snapshots)
     base = dataset.lance
@@ -449,8 +465,8 @@ async def open_view(
     )
     same = hit is not None and len(hit[0]) == len(shards)
     if not taken and hit is not None and same and all(map(operator.is_, hit[0], shards)):
-        return LsmView(base, dataset.schema, keys, shards, [], hit[1])  # no thread hop
-    return await run_sync(finish)
+        return LsmView(base, dataset.schema, keys, shards, [], hit[1]), None  # no thread hop
+    return await run_sync(finish), None
 
 
 def _finish(
@@ -510,21 +526,7 @@ async def read_view(
     the view and ``work`` share one thread hop: a point lookup then costs
     one hand-off, not two. ``work`` must be quick (it is not cancellable).
     """
-    keys = dataset.primary_key
-    if not keys:
-        raise InvalidInputError(NO_KEY)
-    taken = _snapshot_parts(mirrors)
-    key_types = [dataset.schema.field(k).type for k in keys]
-    lance_ds, uri, options = dataset.lance, dataset.uri, dataset.storage_options
-
-    def discover_and_work() -> tuple[Any, tuple[T] | None]:
-        newer, _, view = _discover_and_view(lance_ds, uri, keys, key_types, taken, options)
-        return newer, (work(view),) if view is not None else None
-
-    newer, done = await run_sync(discover_and_work)
-    if newer is not None:
-        dataset._replace(newer)
+    view, done = await _open(dataset, None, mirrors, work)
     if done is not None:
         return done[0]
-    view = await open_view(dataset, None, mirrors)  # generations to read first
-    return await run_sync(partial(work, view))
+    return await run_sync(partial(work, view))  # generations had to be read first

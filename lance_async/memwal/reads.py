@@ -28,7 +28,7 @@ from .._filters import check_filter
 from .._threads import run_sync
 from ..errors import InvalidInputError, LanceAsyncError, SchemaMismatchError
 from ..sources.streams import AsyncBatchStream
-from .levels import LsmView, open_view, read_view
+from .levels import open_view, read_view
 from .lookup import LookupCoalescer, coalescer_for, key_columns, lookup_view, split_rows
 from .mirror import MemtableMirror
 from .retired import NO_KEY
@@ -149,17 +149,11 @@ async def lookup_batch(
     snapshots: ShardSnapshots | None = None,
 ) -> tuple[pa.Table, np.ndarray]:
     """Open a view and answer a batch of keys (see :func:`lookup_view`)."""
-    answer = partial(_lookup_in, probe, columns)
+    answer = partial(lookup_view, probe=probe, columns=columns)
     if snapshots is None:
         return await read_view(dataset, answer, mirrors())
     view = await open_view(dataset, snapshots, mirrors())
     return await run_sync(partial(answer, view))
-
-
-def _lookup_in(
-    probe: list[pa.Array], columns: Sequence[str] | None, view: LsmView
-) -> tuple[pa.Table, np.ndarray]:
-    return lookup_view(view, probe, columns)
 
 
 def _coalescer(owner: Any, dataset: AsyncDataset, mirrors: Mirrors) -> LookupCoalescer:
