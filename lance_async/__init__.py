@@ -46,17 +46,16 @@ if TYPE_CHECKING:
         WrongEventLoopError,
     )
     from .feeds import Feed, FileFeed, IngestStats, IterableFeed, Message, ingest
+    from .lsm import CoalescerStats, LsmReader, ShardSnapshot
     from .memwal import (
         Ack,
         AsyncShardWriter,
-        CoalescerStats,
         CompactionPolicy,
         CompactionResult,
         Compactor,
         CompactorStats,
         PutSummary,
         ShardRouter,
-        ShardSnapshot,
         WriterState,
         WriterStats,
     )
@@ -87,7 +86,7 @@ _LOCATIONS: dict[str, str] = {
     "BackpressureTimeoutError": ".errors",
     "bridge_reader": ".sources",
     "ClosedError": ".errors",
-    "CoalescerStats": ".memwal",
+    "CoalescerStats": ".lsm",
     "coerce_source": ".sources",
     "CompactionPolicy": ".memwal",
     "CompactionResult": ".memwal",
@@ -122,7 +121,8 @@ _LOCATIONS: dict[str, str] = {
     "resolve_source": ".sources",
     "SchemaMismatchError": ".errors",
     "ShardRouter": ".memwal",
-    "ShardSnapshot": ".memwal",
+    "ShardSnapshot": ".lsm",
+    "LsmReader": ".lsm",
     "SourceChangedError": ".errors",
     "SourceConsumedError": ".errors",
     "SourceError": ".errors",
@@ -165,6 +165,7 @@ __all__ = [
     "InvalidInputError",
     "IterableFeed",
     "LanceAsyncError",
+    "LsmReader",
     "MemoryLimits",
     "MergeResult",
     "MergeShapeError",

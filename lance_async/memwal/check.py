@@ -23,20 +23,17 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._schema import primary_key
+from .._schema import NO_KEY, primary_key
+from .._table import Table
 from .._threads import run_sync
 from ..errors import InvalidInputError
-from .retired import NO_KEY
+from ..lsm.snapshots import shard_snapshots
 from .sharding import Sharding, read_sharding
-from .snapshots import shard_snapshots
-
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
 
 __all__ = ["ShardCheck", "check_shards"]
 
@@ -131,7 +128,7 @@ def _analyse(
     return split.num_rows, misplaced, examples
 
 
-async def check_shards(dataset: AsyncDataset) -> ShardCheck:
+async def check_shards(dataset: Table) -> ShardCheck:
     """Find keys in more than one shard, and keys in the wrong shard.
 
     Parameters

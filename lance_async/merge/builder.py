@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import pyarrow as pa
@@ -23,6 +23,7 @@ from lance.dataset import LanceDataset
 from .._args import check_choice, check_int, check_timedelta
 from .._keys import DUPLICATE_POLICIES
 from .._metrics import record_merge
+from .._table import Table
 from .._threads import run_sync
 from ..errors import (
     ConflictError,
@@ -45,9 +46,6 @@ from .mem_wal import (
 )
 from .passes import PassGuard, check_keys, insert_lock, materialize, read_whole
 from .result import MergeResult, backoff_delay, engine_stats
-
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
 
 __all__ = ["AsyncMergeInsertBuilder", "MergeResult", "backoff_delay"]
 
@@ -72,7 +70,7 @@ class AsyncMergeInsertBuilder:
         awaiting task was cancelled after the commit landed.
     """
 
-    def __init__(self, dataset: AsyncDataset, on: str | Iterable[str] | None) -> None:
+    def __init__(self, dataset: Table, on: str | Iterable[str] | None) -> None:
         self._dataset = dataset
         if on is None:
             keys = dataset.primary_key
@@ -397,7 +395,7 @@ class AsyncMergeInsertBuilder:
         result = MergeResult(ins, upd, dele, attempts, mode, int(target.version))
         record_merge(self._dataset.uri, attempts)
         self.last_result = result
-        self._dataset._replace(target)
+        self._dataset.advance(target)
         return result
 
     def _on_cancel(

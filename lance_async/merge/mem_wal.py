@@ -26,17 +26,15 @@ source (``builder.py``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
+from .._table import Table
 from ..errors import InvalidInputError, MergeShapeError, SchemaMismatchError
 from ..memwal.acks import PutSummary
 from ..memwal.router import ShardRouter
 from ..memwal.writer import AsyncShardWriter
-
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
 
 __all__ = [
     "REFUSED",
@@ -207,7 +205,7 @@ def check_whole_rows(table: pa.Schema, source: pa.Schema) -> None:
 
 
 async def put_via_mem_wal(
-    dataset: AsyncDataset, writer: MemWalWriter | None, kind: str, rows: pa.Table
+    dataset: Table, writer: MemWalWriter | None, kind: str, rows: pa.Table
 ) -> PutSummary:
     """Put (``kind="upsert"``) or delete by key (``"delete"``) ``rows`` through
     ``writer``, or through a routing writer opened for this call; resolves
@@ -226,7 +224,7 @@ async def put_via_mem_wal(
     if writer is not None:
         return await _put(writer, kind, rows, dataset.primary_key)
     try:
-        router = await dataset.mem_wal_writer().__aenter__()
+        router = await ShardRouter(dataset).__aenter__()
     except InvalidInputError as exc:
         raise InvalidInputError(
             f"merge_insert(...).via_mem_wal() cannot route these rows: {exc} "

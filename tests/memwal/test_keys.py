@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 import lance_async as la
-from lance_async.memwal.keys import key_value
+from lance_async.lsm.keys import key_value
 
 from .support import mem_wal_table, sid
 
