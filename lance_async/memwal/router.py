@@ -203,6 +203,37 @@ class ShardRouter(LsmMethods):
                 self._writers[shard_id] = writer
         return writer
 
+    async def recover(self) -> list[str]:
+        """Replay and flush every shard of the table whose WAL tail holds rows.
+
+        A writer that died leaves its durable rows in its shard's WAL. Every
+        LSM read shows them already, but only a writer of the shard flushes
+        them into a generation that compaction can merge. This opens the
+        writer of each such shard now (opening replays the WAL and flushes
+        it) instead of when rows next arrive for it, which may be never.
+        Call it when this router owns the whole table (``lance-async ingest``
+        and :func:`~lance_async.ingest` do): opening a shard's writer fences a
+        writer of it elsewhere.
+
+        Returns
+        -------
+        list of str
+            The shards recovered.
+
+        Raises
+        ------
+        ClosedError
+            The router is not open.
+        """
+        self._check_open()
+        sharding = self.sharding
+        tails = await self.lsm.unflushed_rows()
+        mine = set(sharding.shard_ids()) if sharding.kind in ("bucket", "unsharded") else set(tails)
+        ids = sorted(sid for sid, rows in tails.items() if rows and sid in mine)
+        for shard_id in ids:
+            await self.writer(shard_id)
+        return ids
+
     # -- routing -------------------------------------------------------------------
     def _split_all(self, batches: Sequence[pa.RecordBatch]) -> list[tuple[str, pa.RecordBatch]]:
         sharding = self.sharding
