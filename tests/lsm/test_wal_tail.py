@@ -311,3 +311,17 @@ async def test_a_quiet_writer_flushes_an_old_memtable(tmp_path: Path) -> None:
         done = await elsewhere.compact_mem_wal()
         assert done.generations[shard] == [1]
     assert by_id(await ds.lsm_scan(columns=["id", "value"]).to_table()) == seen
+
+
+async def test_check_reads_the_wal_tails_too(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t.lance")
+    ds = await la.write_dataset(kv_table(range(3)), uri)
+    await ds.initialize_mem_wal(manual_shards=True)
+    async with (
+        ds.mem_wal_writer("5a1e7d2c-0b3f-4e9a-8c6d-1f2e3a4b5c6d") as a,
+        ds.mem_wal_writer("6b2f8e3d-1c4a-4f0b-9d7e-2a3b4c5d6e7f") as b,
+    ):
+        await a.put(kv_table([3, 4]))
+        await b.put(kv_table([3, 5]))  # key 3 in two shards, neither flushed
+        report = await (await la.open_dataset(uri)).check_shards()
+        assert (report.generations, report.rows, report.split_keys) == (0, 4, 1)
