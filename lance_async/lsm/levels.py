@@ -331,13 +331,21 @@ class LsmView:
 
     @cached_property
     def memtable_index(self) -> KeyIndex:
-        """Every key a memtable holds: older levels' rows with one are hidden."""
-        if len(self.memtables) == 1:
-            return self.memtables[0].index
-        cols = [m.index.columns for m in self.memtables if m.table.num_rows]
-        if not cols:
-            return KeyIndex([pa.array([], self.schema.field(self.keys[0]).type)])
-        return KeyIndex([pa.concat_arrays([c[j] for c in cols]) for j in range(len(self.keys))])
+        """Every key an unflushed level holds: older levels' rows with one are
+        hidden (cached while the same levels are read: WAL tails are)."""
+        live = [m for m in self.memtables if m.table.num_rows]
+        if len(live) == 1:
+            return live[0].index
+        cache_key = ("mem", *(id(m) for m in live))
+        hit: tuple[list[MemLevel], KeyIndex] | None = _shadow_cache.get_item(cache_key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], live, strict=True)):
+            return hit[1]
+        if not live:
+            return KeyIndex([pa.array([], self.schema.field(k).type) for k in self.keys])
+        cols = [m.index.columns for m in live]
+        index = KeyIndex([pa.concat_arrays([c[j] for c in cols]) for j in range(len(self.keys))])
+        _shadow_cache.put(cache_key, (live, index))
+        return index
 
     def hidden(self, columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
         """Mask of base rows (given their key columns) that a newer level hides."""
