@@ -359,6 +359,7 @@ NOTHING_TO_CHECK: dict[str, str] = {
     "MergeResult": "a result",
     "PutSummary": "a result",
     "ShardSnapshot": "a result",
+    "ShardCheck": "a result",
     "ThreadLimits": "a result",
     "WriterStats": "a result",
 }

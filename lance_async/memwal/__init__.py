@@ -35,6 +35,7 @@ argument typed by :class:`~lance_async._table.Table`; the reads are the
 from __future__ import annotations
 
 from .acks import Ack, PutSummary
+from .check import ShardCheck
 from .compaction import CompactionResult, compact_mem_wal
 from .compactor import CompactionPolicy, Compactor, CompactorStats
 from .router import ShardRouter
@@ -49,6 +50,7 @@ __all__ = [
     "Compactor",
     "CompactorStats",
     "PutSummary",
+    "ShardCheck",
     "ShardRouter",
     "WriterState",
     "WriterStats",
