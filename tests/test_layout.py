@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, int]] = [
     ("lance_async._loop", 0),
     ("lance_async._schema", 0),
     ("lance_async._storage", 0),
-    ("lance_async._keys", 0),
+    ("lance_async._duplicates", 0),
     ("lance_async._filters", 0),
     ("lance_async._memory", 0),
     ("lance_async._metrics", 0),

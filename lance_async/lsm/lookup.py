@@ -35,7 +35,7 @@ from .._loop import LoopHandle
 from ..errors import raise_mapped
 from .basekeys import base_keys
 from .keyindex import KeyIndex
-from .keys import sql_literal
+from .keyvalues import sql_literal
 from .levels import LsmView
 from .scan import output_schema
 

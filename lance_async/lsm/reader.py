@@ -41,7 +41,7 @@ from .._table import Table
 from .._threads import run_sync
 from ..errors import InvalidInputError, SchemaMismatchError, raise_mapped
 from ..sources.streams import AsyncBatchStream
-from .keys import key_columns
+from .keyvalues import key_columns
 from .levels import open_view, read_view
 from .lookup import CoalescerStats, LookupCoalescer, coalescer_for, lookup_view, split_rows
 from .memtable import MemtableMirror

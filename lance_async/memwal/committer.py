@@ -22,6 +22,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, NamedTuple
 
 import anyio
@@ -358,12 +359,10 @@ class Committer:
 
     # -- engine calls ---------------------------------------------------------------
     async def _engine_call(self, kind: Kind, batches: list[pa.RecordBatch]) -> None:
-        engine = self.engine
         fit = self._fit if kind is Kind.PUT else self._key_fit
-
         mirror = self.mirror
 
-        def work() -> tuple[dict[str, Any], dict[str, Any]]:
+        def work(engine: Any) -> tuple[dict[str, Any], dict[str, Any]]:
             data = (
                 fit.relabel(batches) if kind is Kind.PUT else fit.relabel(batches).combine_chunks()
             )
@@ -378,8 +377,8 @@ class Committer:
             # stats() keeps the GIL; memtable_stats() gives it up (see mirror._before)
             return engine.stats(), memtable
 
-        async with self.gate:
-            self.engine_stats, self.memtable_stats = await run_sync(work)
+        async with self.gate:  # the engine writer is read inside: an age flush may replace it
+            self.engine_stats, self.memtable_stats = await run_sync(partial(work, self.engine))
             self._note_memtable()
 
     def _note_memtable(self) -> None:

@@ -40,7 +40,7 @@ from .._schema import primary_key
 from .._table import Table
 from .._threads import run_sync
 from ..errors import InvalidInputError, StaleCompactionError
-from ..lsm.keys import sql_literal
+from ..lsm.keyvalues import sql_literal
 from ..lsm.levels import load_generation, resolve_shard
 from ..lsm.snapshots import ShardSnapshot, shard_snapshots
 from ..sources import replayable

@@ -41,7 +41,7 @@ from .._args import check_int
 from .._table import Table
 from .._threads import run_sync
 from ..errors import InvalidInputError, WrongShardError
-from ..lsm.keys import key_values
+from ..lsm.keyvalues import key_values
 from .retired import derived_shard_id, mem_wal_epoch
 
 __all__ = [

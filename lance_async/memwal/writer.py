@@ -516,10 +516,12 @@ class AsyncShardWriter(LsmMethods):
 
     async def engine_stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The engine's ``stats()`` and ``memtable_stats()``, read on a worker thread."""
-        if self._committer is None:
+        committer = self._committer
+        if committer is None:
             raise ClosedError(f"{self!r} is not open")
-        engine = self._committer.engine
-        return await run_sync(lambda: (engine.stats(), engine.memtable_stats()))
+        async with committer.gate:  # an age flush may be replacing the engine writer
+            engine = committer.engine
+            return await run_sync(lambda: (engine.stats(), engine.memtable_stats()))
 
     # -- reads -------------------------------------------------------------
     def _memtables(self) -> list[MemtableMirror]:
@@ -551,10 +553,12 @@ class AsyncShardWriter(LsmMethods):
         """
         timeout = check_seconds("timeout", timeout)
         self._memtables()
-        engine = self._parts()[1].engine
+        committer = self._parts()[1]
         with anyio.move_on_after(timeout):
             while True:  # the engine offers no event: poll its stats
-                if not (await run_sync(engine.memtable_stats)).get("frozen_count"):
+                async with committer.gate:
+                    stats = await run_sync(committer.engine.memtable_stats)
+                if not stats.get("frozen_count"):
                     return
                 await anyio.sleep(0.005)
         raise LanceAsyncError(f"{self!r}: a sealed memtable was not flushed in {timeout} s")

@@ -21,7 +21,7 @@ import pyarrow as pa
 from lance.dataset import LanceDataset
 
 from .._args import check_choice, check_int, check_timedelta
-from .._keys import DUPLICATE_POLICIES
+from .._duplicates import DUPLICATE_POLICIES
 from .._metrics import record_merge
 from .._table import Table
 from .._threads import run_sync
@@ -35,7 +35,9 @@ from ..errors import (
 )
 from ..memwal.acks import PutSummary
 from ..sources import SourceMode, WriteSource, resolve_source
-from .mem_wal import (
+from .passes import PassGuard, check_keys, insert_lock, materialize, read_whole
+from .result import MergeResult, backoff_delay, engine_stats
+from .via_mem_wal import (
     MemWalWriter,
     check_join,
     check_step,
@@ -44,8 +46,6 @@ from .mem_wal import (
     mem_wal_kind,
     put_via_mem_wal,
 )
-from .passes import PassGuard, check_keys, insert_lock, materialize, read_whole
-from .result import MergeResult, backoff_delay, engine_stats
 
 __all__ = ["AsyncMergeInsertBuilder", "MergeResult", "backoff_delay"]
 
