@@ -82,7 +82,6 @@ from fastapi import FastAPI, HTTPException, Query, Request, Response
 
 from .._args import INT64_MAX
 from .._filters import DECIMAL_FLOAT, DECIMAL_INT
-from .._metrics import record_lookup, record_scan
 from .._storage import filesystem, join
 from .._threads import ThreadLimits, run_sync, stream_limiter
 from ..dataset import open_dataset
@@ -93,7 +92,6 @@ from ..errors import (
     ServerBusyError,
 )
 from ..memwal.compactor import CompactionPolicy
-from ..memwal.router import ShardRouter
 from . import (
     BatchStreamResponse,
     BodyBatches,
@@ -536,11 +534,7 @@ def create_app(
         sql = compile_filter(filters, dataset.schema, allow_raw_sql=allow_raw_sql)
         cols = _columns(columns, dataset.schema)
         if table.writer is not None:
-            if offset is not None:
-                raise InvalidInputError("offset is not supported on MemWAL tables")
-            if not isinstance(table.writer, ShardRouter):  # a router counts its own
-                record_scan(dataset.uri, "writer")
-            stream = table.writer.lsm_scan(columns=cols, filter=sql, limit=limit)
+            stream = table.writer.lsm_scan(columns=cols, filter=sql, limit=limit, offset=offset)
         else:
             await dataset.refresh()
             stream = dataset.scan(
@@ -566,8 +560,6 @@ def create_app(
             )
         value = _parse_key(key, dataset.schema.field(keys[0]))
         if table.writer is not None:
-            if not isinstance(table.writer, ShardRouter):  # a router counts its own
-                record_lookup(dataset.uri, "writer")
             found = await table.writer.lsm_point_lookup(value)
         else:
             await dataset.refresh()
