@@ -1,10 +1,10 @@
-"""Reading MemWAL state that pylance 14 does not expose (read-only).
+"""Reading MemWAL state that the engine does not expose (read-only).
 
-pylance 14.0.2 has no public API that lists a shard's flushed generations
-(SSTables) or the generations already compacted into the base table, so
-lance_async reads them from storage, defensively. What is relied on,
-observed on pylance 14.0.2 (Lance file format 2.x, MemWAL shard manifest
-format of the same release):
+The engine has no public API that lists a shard's flushed generations
+(SSTables), where its WAL replay starts, or the generations already
+compacted into the base table, so lance_async reads them from storage,
+defensively. What is relied on (the MemWAL layout of the pylance release
+``pyproject.toml`` pins; README, "Notes on pylance"):
 
 Shard manifests
     ``<table>/_mem_wal/<shard uuid>/manifest/<64 binary digits>.binpb``. The

@@ -145,8 +145,8 @@ class MemtableMirror:
         meanwhile, :meth:`_generation` still places the rows right (its
         rules hold for any earlier reading). Each ``memtable_stats()`` call
         gives up the GIL and waits to take it back, up to the interpreter's
-        switch interval (5 ms) while the event loop is busy: one call per
-        put instead of two.
+        switch interval while the event loop is busy: one call per put
+        instead of two.
         """
         stats = self._stats
         self._stats = None  # unknown until this call has returned

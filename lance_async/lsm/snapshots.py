@@ -207,7 +207,7 @@ async def shard_snapshots(
     Raises
     ------
     ManifestFormatError
-        The on-disk layout is not the one pylance 14 writes.
+        The on-disk layout is not the one the pinned pylance writes.
     """
     ids = list(shard_ids) if shard_ids is not None else None
     options = table.storage_options
