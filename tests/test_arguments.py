@@ -161,6 +161,10 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
     ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(batch_size=0)),
     ("AsyncDataset.lsm_scan", lambda c: c.ds.lsm_scan(columns="id")),
     ("AsyncDataset.lsm_vector_search", lambda c: c.ds.lsm_vector_search([1.0], column="v", k=0)),
+    (  # hidden base rows are excluded before ranking: no over-fetch is offered
+        "AsyncDataset.lsm_vector_search",
+        lambda c: c.ds.lsm_vector_search([1.0], column="v", overfetch_factor=4.0),
+    ),
     (
         "AsyncDataset.lsm_vector_search",
         lambda c: c.ds.lsm_vector_search([1.0], column="v", nprobes=0),
