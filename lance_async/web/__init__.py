@@ -93,20 +93,21 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "lance_async.web (and lance_async.fastapi) need FastAPI: pip install 'lance-async[fastapi]'"
     ) from exc
 
-from ..errors import (
+from ..errors import FilterError, PayloadTooLargeError
+from .bodies import BodyBatches
+from .errors import (
+    AuthenticationError,
     BodyConsumedError,
     BodyTimeoutError,
     ClientDisconnectedError,
     EmptyBodyError,
-    FilterError,
     NoShardWriterError,
     NotAcceptableError,
-    PayloadTooLargeError,
+    PermissionDeniedError,
     ServerBusyError,
     UnknownTableError,
     UnsupportedMediaTypeError,
 )
-from .bodies import BodyBatches
 from .filters import compile_filter
 from .handlers import error_payload, http_status, install_error_handlers, lance_error_handler
 from .limits import CSV, IPC_FILE, IPC_STREAM, NDJSON, BodyLimits, BodyStats, body_format
@@ -142,6 +143,7 @@ __all__ = [
     "IPC_FILE",
     "IPC_STREAM",
     "NDJSON",
+    "AuthenticationError",
     "BatchEncoder",
     "BatchStreamResponse",
     "BodyBatches",
@@ -158,6 +160,7 @@ __all__ = [
     "NotAcceptableError",
     "OpenTable",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
     "RegistryState",
     "ServerBusyError",
     "TableDep",

@@ -86,12 +86,7 @@ from .._metrics import record_lookup, record_scan
 from .._storage import filesystem, join
 from .._threads import ThreadLimits, run_sync, stream_limiter
 from ..dataset import open_dataset
-from ..errors import (
-    DatasetNotFoundError,
-    InvalidInputError,
-    SchemaMismatchError,
-    ServerBusyError,
-)
+from ..errors import DatasetNotFoundError, InvalidInputError, SchemaMismatchError
 from ..memwal.compactor import CompactionPolicy
 from ..memwal.router import ShardRouter
 from . import (
@@ -114,6 +109,7 @@ from . import (
     request_batches,
     scan_response,
 )
+from .errors import ServerBusyError
 from .settings import ServeSettings
 
 __all__ = ["create_app", "discover_tables", "main"]
@@ -319,7 +315,7 @@ def create_app(
     max_uploads : int or None
         Request bodies (merges and ingests) read at once (default 16; None:
         no cap). One more is answered 503 with ``Retry-After``
-        (:class:`~lance_async.errors.ServerBusyError`) before its body is
+        (:class:`~lance_async.web.errors.ServerBusyError`) before its body is
         read. Bodies are read whole (spooled) before any engine call, so
         slow or stalled uploads never hold engine threads; this cap bounds
         the connections, spools and decoder work they can hold instead.
