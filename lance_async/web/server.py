@@ -13,7 +13,9 @@ lance_async's default shard of a table with manual shards; shard ids are
 stable, so a restart replays their WALs. It takes writes through ``/ingest``
 and serves reads from its LSM view. The other tables take writes through
 ``/merge``. Run one server per directory (a second one would fence the
-first's writers).
+first's writers). A local ``<name>.lance`` that is a link (or under one)
+whose real path leaves the root is not served (a warning says so); the
+others are opened by their real paths.
 
 Endpoints
 ---------
@@ -42,14 +44,34 @@ Endpoints
 ``GET /tables/{name}/lookup/{key}``
     The newest row for a primary key, as JSON (404 when absent).
 ``GET /tables``, ``GET /health``
-    The tables; liveness plus a few gauges.
+    The tables; liveness plus a few gauges (open to all; without the table
+    names when keys are required).
+``GET /metrics``, ``GET /docs``, ``GET /openapi.json``
+    Prometheus metrics (``--metrics``); the API's documentation.
+
+The table routes are :func:`lance_async.web.routes.table_router`.
 
 Errors are JSON ``{"detail": ..., "error": ...}`` with the statuses of
 :func:`lance_async.fastapi.http_status`: 413 past a body limit, 415 for an
 unknown ``Content-Type``, 422 when the body does not fit the table (naming
 the column), 404 for unknown tables, 400 for filters outside the allowed form
 and for bodies already consumed, 409 when a table does not take that kind of
-write.
+write; 401 without a known key and 403 when its scope is too narrow.
+
+Exposure
+--------
+With API keys (``--api-keys-file``, ``LANCE_ASYNC_SERVE_API_KEYS``; see
+:mod:`lance_async.web.auth`) every table route needs a key: ``read`` for
+the list, rows and lookups, ``write`` for merge and ingest; ``/metrics``
+and the docs need ``read`` unless ``metrics_access`` / ``docs_access`` say
+otherwise; ``/health`` is open. Every request leaves an audit line (key id,
+table, operation, rows, status: :mod:`lance_async.web.audit`). TLS comes
+from ``--ssl-certfile`` and ``--ssl-keyfile``. Without keys, ``serve``
+listens on loopback only: another address is refused (exit 2) unless
+``--dangerously-serve-without-auth``, and the start says how the server is
+exposed. Request heads are bounded below the app
+(:mod:`lance_async.web.headlimits`): past 32 KiB or 100 header lines a 431,
+not complete within 10 s a 408, and the connection closed.
 
 Slow clients
 ------------
