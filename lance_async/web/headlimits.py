@@ -154,6 +154,10 @@ class HeadLimitedProtocol(HttpToolsProtocol):
             if not self._in_head:
                 # a body (and, pipelined behind it, the start of the next head)
                 chunk, data = data, b""
+                if self.cycle is not None and self.cycle.response_complete:
+                    # the rest of a body nobody reads, after its response:
+                    # the next head's time runs from now
+                    self._arm_head_timer()
             else:
                 self._arm_head_timer()
                 room = limits.max_head_bytes - self._head_bytes
@@ -167,6 +171,12 @@ class HeadLimitedProtocol(HttpToolsProtocol):
             super().data_received(chunk)
             if self._refusal is not None:  # refused by a callback
                 self._refuse(*self._refusal)
+                return
+            protocol = self.transport.get_protocol()
+            if protocol is not self:  # upgraded (WebSocket): the rest is the new protocol's
+                self._cancel_head_timer()
+                if data:
+                    protocol.data_received(data)  # type: ignore[attr-defined]
                 return
 
     # -- the parser's callbacks --------------------------------------------------
@@ -200,9 +210,7 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         if self._refusal is not None:
             return
         self._in_head = False
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._cancel_head_timer()
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -226,9 +234,15 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         if self._head_timer is None and timeout > 0:
             self._head_timer = self.loop.call_later(timeout, self._head_timed_out)
 
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if self._in_head and not self._stopped():
+        answered = self.cycle is not None and self.cycle.response_complete
+        if (self._in_head or answered) and not self._stopped():
             self._refuse(
                 408,
                 f"the request head was not complete within {self.head_limits.head_timeout:g} s",
@@ -238,9 +252,7 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         """Answer ``status`` with a JSON ``detail``, then close (lingering)."""
         if self._stopped():
             return
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._cancel_head_timer()
         client = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
         log.info("lance_async.serve: %s from %s: %s", status, client, detail)
         self._lingering = True

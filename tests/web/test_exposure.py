@@ -9,12 +9,14 @@ link that leads out of it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import socket
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,10 +124,31 @@ def test_heads_that_stall_are_a_408_and_closed(exposed: Serve) -> None:
         b"GET /tables/kv/lookup/1 HTTP/1.1\r\nHost: x\r\n\r\nGET /tab",
     ]
     socks = []
-    for partial in partials:  # all at once: one wait for the three of them
+    for partial in partials:  # all at once: one wait for all of them
         sock = socket.create_connection(("127.0.0.1", exposed.port), timeout=30)
         sock.sendall(partial)
         socks.append((sock, time.monotonic()))
+    # a body the app never reads, trickled after its 200 one byte at a time:
+    # uvicorn's keep-alive timer restarts on every byte, the head timeout does not
+    trickled = socket.create_connection(("127.0.0.1", exposed.port), timeout=30)
+    trickled.sendall(b"GET /tables/kv/lookup/1 HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n")
+    stop = threading.Event()
+
+    def trickle() -> None:
+        with contextlib.suppress(OSError):
+            while not stop.wait(0.25):
+                trickled.sendall(b"x")
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        with trickled:
+            data = read_until_closed(trickled)
+    finally:
+        stop.set()
+        thread.join()
+    assert data.startswith(b"HTTP/1.1 200"), data[:200]
+    assert status_of(data[data.index(b"HTTP/1.1 408") :]) == 408
     for partial, (sock, sent) in zip(partials, socks, strict=True):
         with sock:
             data = read_until_closed(sock)
