@@ -361,6 +361,8 @@ class ApiKeyAuth:
         bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
         api_key: Annotated[str | None, Depends(_API_KEY)],
     ) -> Principal:
+        """The dependency: the token from ``Authorization: Bearer`` (or
+        ``X-API-Key``), checked against the scopes the route asks for."""
         token = bearer.credentials if bearer is not None else api_key
         principal = self.authenticate(token)
         request.scope[PRINCIPAL_SCOPE_KEY] = principal  # for the audit log, even if refused
