@@ -36,18 +36,12 @@ The tree::
     │   └── FencedError             another writer claimed the shard (a newer epoch)
     ├── ResourceExhaustedError      the engine's memory pool ran out (size it: configure_memory)
     ├── BackpressureTimeoutError    no room in a writer's queue before the timeout
-    │
-    │   raised by the HTTP helpers (lance_async.fastapi), each with its status:
-    ├── PayloadTooLargeError        a body passed a size limit (413)
-    ├── UnsupportedMediaTypeError   no decoder for the Content-Type (415)
-    ├── NotAcceptableError          no encoder for the Accept header (406)
-    ├── UnknownTableError           no table registered under the name (404)
-    ├── NoShardWriterError          the table has no MemWAL writer in the app (409)
-    ├── SourceConsumedError ─ BodyConsumedError       body already read (400)
-    ├── SourceError ─ ClientDisconnectedError         client left mid-upload (499)
-    ├── SourceError ─ BodyTimeoutError                client too slow mid-upload (408)
-    ├── ServerBusyError             too many uploads in flight (503, .retryable)
-    └── InvalidInputError ─ EmptyBodyError, FilterError   (400)
+    ├── PayloadTooLargeError        a message or body passed a size limit (HTTP 413)
+    └── InvalidInputError ─ FilterError   a filter outside the allowed form (HTTP 400)
+
+The errors that only the HTTP helpers raise (unknown table, media types,
+bodies, authentication) live with them, in :mod:`lance_async.web.errors`,
+and derive from the same base.
 
 Engine errors are mapped in one place, :func:`map_engine_error`: by exception
 type first (``lance.commit.CommitConflictError``), by message text only where
@@ -59,34 +53,25 @@ from __future__ import annotations
 
 __all__ = [
     "BackpressureTimeoutError",
-    "BodyConsumedError",
-    "BodyTimeoutError",
-    "ClientDisconnectedError",
     "ClosedError",
     "ConflictError",
     "ContentionError",
     "DatasetNotFoundError",
     "DecodeError",
     "DuplicateKeyError",
-    "EmptyBodyError",
     "FencedError",
     "FilterError",
     "InvalidInputError",
     "LanceAsyncError",
     "ManifestFormatError",
     "MergeShapeError",
-    "NoShardWriterError",
-    "NotAcceptableError",
     "PayloadTooLargeError",
     "ResourceExhaustedError",
     "SchemaMismatchError",
-    "ServerBusyError",
     "SourceChangedError",
     "SourceConsumedError",
     "SourceError",
     "StaleCompactionError",
-    "UnknownTableError",
-    "UnsupportedMediaTypeError",
     "UnsupportedSourceError",
     "WriterFailedError",
     "WrongEventLoopError",
@@ -468,7 +453,7 @@ def raise_mapped(exc: BaseException) -> None:
         raise mapped from exc
 
 
-# -- errors of the HTTP helpers (lance_async.fastapi) ----------------------------
+# -- limits and filters: raised by the lower layers and by the HTTP helpers ------
 
 
 class PayloadTooLargeError(LanceAsyncError):
@@ -492,82 +477,6 @@ class PayloadTooLargeError(LanceAsyncError):
         self.actual = actual
 
 
-class UnsupportedMediaTypeError(LanceAsyncError):
-    """The body's ``Content-Type`` has no decoder. Send Arrow IPC
-    (``application/vnd.apache.arrow.stream``), NDJSON (``application/x-ndjson``)
-    or CSV (``text/csv``, UTF-8)."""
-
-    def __init__(self, message: str, *, content_type: str | None) -> None:
-        super().__init__(message)
-        self.content_type = content_type
-
-
-class NotAcceptableError(LanceAsyncError):
-    """The ``Accept`` header names no format this response can be sent in.
-    Ask for ``application/vnd.apache.arrow.stream`` or ``application/x-ndjson``."""
-
-
-class BodyConsumedError(SourceConsumedError):
-    """The request body was already read (by a middleware or an earlier reader)
-    before lance_async got it, so nothing was written. Read the body only once:
-    middleware must not consume bodies that handlers stream."""
-
-
-class ClientDisconnectedError(SourceError):
-    """The client disconnected before the body ended; nothing was written."""
-
-
-class BodyTimeoutError(SourceError):
-    """The client sent the body too slowly (HTTP 408): no bytes for longer than
-    ``BodyLimits.body_idle_timeout``, an average below
-    ``BodyLimits.min_body_rate`` once ``body_rate_grace`` has passed, or
-    longer in all than ``BodyLimits.max_body_time``. Nothing was written;
-    send the body again, without pausing."""
-
-
-class ServerBusyError(LanceAsyncError):
-    """The server holds as many uploads as it takes at once (HTTP 503, with
-    ``Retry-After``). Nothing was read or written; retry later.
-
-    Attributes
-    ----------
-    retry_after : float
-        Seconds to wait before retrying.
-    """
-
-    retryable = True
-
-    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class EmptyBodyError(InvalidInputError):
-    """The body held no bytes, or no rows; nothing was written (an empty write
-    is never reported as a success)."""
-
-
-class UnknownTableError(LanceAsyncError):
-    """No table is registered under this name (HTTP 404). Table names are
-    looked up in the app's :class:`TableRegistry`, never on disk.
-
-    Attributes
-    ----------
-    name : str
-        The name asked for (at most 128 characters of it).
-    """
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no table named {name[:128]!r}")
-        self.name = name[:128]
-
-
-class NoShardWriterError(LanceAsyncError):
-    """The table has no MemWAL shard writer in this app (HTTP 409). Register it
-    with ``TableSpec(uri, shard_id=...)`` on a table where
-    ``initialize_mem_wal`` ran."""
-
-
 class FilterError(InvalidInputError):
     """A row filter is not in the allowed form (HTTP 400).
 
@@ -584,3 +493,28 @@ class FilterError(InvalidInputError):
     def __init__(self, message: str, *, filter: str | None = None) -> None:
         super().__init__(message)
         self.filter = filter[:200] if filter is not None else None
+
+
+#: Errors of the HTTP helpers, moved to :mod:`lance_async.web.errors`.
+_MOVED_TO_WEB = frozenset(
+    {
+        "BodyConsumedError",
+        "BodyTimeoutError",
+        "ClientDisconnectedError",
+        "EmptyBodyError",
+        "NoShardWriterError",
+        "NotAcceptableError",
+        "ServerBusyError",
+        "UnknownTableError",
+        "UnsupportedMediaTypeError",
+    }
+)
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED_TO_WEB:
+        raise AttributeError(
+            f"lance_async.errors.{name} moved to lance_async.web.errors (also exported by "
+            f"lance_async.web and lance_async.fastapi): from lance_async.fastapi import {name}"
+        )
+    raise AttributeError(f"module 'lance_async.errors' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The ``serve`` command: the example FastAPI app."""
+"""The ``serve`` command (the example FastAPI app) and ``keygen`` (an API key for it)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typer
 from .common import STORAGE_OPTION, fail, missing_extra, number, parse_storage_options
 from .common import app as cli
 
-__all__ = ["serve"]
+__all__ = ["keygen", "serve"]
 
 
 @cli.command()
@@ -58,12 +58,45 @@ def serve(
         metavar="FILE",
         help="A JSON or TOML file of settings (see lance_async.web.settings).",
     ),
+    api_keys_file: str | None = typer.Option(
+        None,
+        "--api-keys-file",
+        metavar="FILE",
+        help="API keys, one 'ID SCOPE sha256:HEX' per line (make them with keygen).",
+    ),
+    dangerously_serve_without_auth: bool | None = typer.Option(
+        None,
+        "--dangerously-serve-without-auth",
+        help="Listen beyond loopback with no authentication: anyone can read and write.",
+    ),
+    ssl_certfile: str | None = typer.Option(
+        None, "--ssl-certfile", metavar="FILE", help="TLS certificate (PEM) to serve https."
+    ),
+    ssl_keyfile: str | None = typer.Option(
+        None, "--ssl-keyfile", metavar="FILE", help="TLS private key (PEM)."
+    ),
+    head_timeout: float | None = typer.Option(
+        None,
+        "--head-timeout",
+        metavar="SECONDS",
+        help="Time to receive a request head, else 408 (default 10; 0: none).",
+        callback=number("--head-timeout"),
+    ),
+    max_head_bytes: int | None = typer.Option(
+        None,
+        "--max-head-bytes",
+        metavar="BYTES",
+        help="Largest request head, else 431 (default 32 KiB).",
+        callback=number("--max-head-bytes", minimum=1),
+    ),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Serve a directory (or an object-store prefix) of Lance tables over HTTP.
 
     Settings come from these options, then LANCE_ASYNC_SERVE_* environment
     variables, then --config, then the defaults. Needs the 'fastapi' extra.
+    Beyond 127.0.0.1 it needs API keys (--api-keys-file) or, to run without,
+    --dangerously-serve-without-auth.
     """
     try:
         from ..web.server import main as serve_main
@@ -80,6 +113,12 @@ def serve(
         "metrics": metrics,
         "lance_metrics": lance_metrics,
         "storage_options": parse_storage_options(storage_option),
+        "api_keys_file": api_keys_file,
+        "dangerously_serve_without_auth": dangerously_serve_without_auth,
+        "ssl_certfile": ssl_certfile,
+        "ssl_keyfile": ssl_keyfile,
+        "head_timeout": head_timeout,
+        "max_head_bytes": max_head_bytes,
     }
     try:
         settings = ServeSettings.load(config, **overrides)
@@ -89,6 +128,31 @@ def serve(
         fail(_import_error(exc), 2)
     except ValueError as exc:
         fail(_settings_error(exc), 2)
+
+
+@cli.command()
+def keygen(
+    key_id: str = typer.Argument(..., metavar="ID", help="The key's id (logs name it)."),
+    scope: str = typer.Option(
+        "read", "--scope", metavar="SCOPE", help="read, write or admin (default read)."
+    ),
+) -> None:
+    """Make an API key for serve: the token on standard error (shown once),
+    its line for --api-keys-file on standard output.
+
+    lance-async keygen ci --scope write >> keys.txt
+    """
+    try:
+        from ..web.auth import ApiKey, new_token
+    except ImportError as exc:
+        fail(_import_error(exc), 2)
+    token = new_token()
+    try:
+        key = ApiKey.from_token(key_id, scope, token)
+    except ValueError as exc:
+        fail(" ".join(str(exc).split()), 2)
+    typer.echo(f"token for {key.id} ({key.scope.value}): {token}", err=True)
+    typer.echo(key.line())
 
 
 def _import_error(exc: ImportError) -> str:

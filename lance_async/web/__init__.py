@@ -31,8 +31,11 @@ The package, one module per job (``lance_async.fastapi`` re-exports it all):
 (bodies as record batches), ``receive`` (request bodies from ASGI, the body
 guard), ``responses`` (encoders, streamed scans, JSON), ``writes`` (merge and
 ingest of bodies), ``registry`` (tables by name, lifespan, dependencies),
-``filters`` (query-string filters), ``handlers`` (errors as HTTP), ``server``
-(the example app).
+``filters`` (query-string filters), ``handlers`` (errors as HTTP),
+``errors`` (the HTTP errors), ``auth`` (API keys with scopes), ``audit`` (a
+log line per request), ``routes`` (the table routes as a router),
+``headlimits`` (request-head limits for uvicorn; not re-exported here, it
+imports uvicorn), ``settings`` and ``server`` (the example app).
 
 What is here
 ------------
@@ -57,6 +60,15 @@ What is here
 :func:`compile_filter`
     Row filters in an allowed form only (column, comparison, literal) unless
     the app enables raw Lance SQL.
+:func:`table_router`
+    The example app's table routes (list, merge, ingest, rows, lookup) as
+    a router to include, each behind an authentication dependency.
+:class:`ApiKeyAuth`, :class:`ApiKey`, :class:`Scope`, :class:`Principal`
+    API keys with scopes (read, write, admin) as a FastAPI dependency
+    (``Security(auth, scopes=["write"])``); 401 without a known key, 403
+    out of scope. Any other dependency can take its place.
+:class:`AuditMiddleware`, :func:`install_audit_log`, :func:`audit_rows`
+    One log line per request: key id, table, operation, rows, status.
 :class:`BodyDrainMiddleware`, :func:`install_body_guard`, :func:`install_error_handlers`
     Typed errors become JSON responses with the right status, and those
     responses reach clients that are still uploading; a body that a
@@ -93,20 +105,23 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "lance_async.web (and lance_async.fastapi) need FastAPI: pip install 'lance-async[fastapi]'"
     ) from exc
 
-from ..errors import (
+from ..errors import FilterError, PayloadTooLargeError
+from .audit import AuditMiddleware, audit_rows, install_audit_log
+from .auth import ApiKey, ApiKeyAuth, Principal, Scope
+from .bodies import BodyBatches
+from .errors import (
+    AuthenticationError,
     BodyConsumedError,
     BodyTimeoutError,
     ClientDisconnectedError,
     EmptyBodyError,
-    FilterError,
     NoShardWriterError,
     NotAcceptableError,
-    PayloadTooLargeError,
+    PermissionDeniedError,
     ServerBusyError,
     UnknownTableError,
     UnsupportedMediaTypeError,
 )
-from .bodies import BodyBatches
 from .filters import compile_filter
 from .handlers import error_payload, http_status, install_error_handlers, lance_error_handler
 from .limits import CSV, IPC_FILE, IPC_STREAM, NDJSON, BodyLimits, BodyStats, body_format
@@ -135,6 +150,7 @@ from .responses import (
     negotiate_format,
     scan_response,
 )
+from .routes import RouteGauges, table_router
 from .writes import ingest_body, merge_body
 
 __all__ = [
@@ -142,6 +158,10 @@ __all__ = [
     "IPC_FILE",
     "IPC_STREAM",
     "NDJSON",
+    "ApiKey",
+    "ApiKeyAuth",
+    "AuditMiddleware",
+    "AuthenticationError",
     "BatchEncoder",
     "BatchStreamResponse",
     "BodyBatches",
@@ -158,7 +178,11 @@ __all__ = [
     "NotAcceptableError",
     "OpenTable",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "Principal",
     "RegistryState",
+    "RouteGauges",
+    "Scope",
     "ServerBusyError",
     "TableDep",
     "TableRegistry",
@@ -166,6 +190,7 @@ __all__ = [
     "UnknownTableError",
     "UnsupportedMediaTypeError",
     "WriterDep",
+    "audit_rows",
     "body_format",
     "compile_filter",
     "dumps_json",
@@ -176,6 +201,7 @@ __all__ = [
     "get_writer",
     "http_status",
     "ingest_body",
+    "install_audit_log",
     "install_body_guard",
     "install_error_handlers",
     "json_response",
@@ -187,4 +213,5 @@ __all__ = [
     "negotiate_format",
     "request_batches",
     "scan_response",
+    "table_router",
 ]

@@ -32,9 +32,7 @@ import pyarrow as pa
 from .._schema import conform_batch
 from .._threads import run_sync, stream_limiter
 from ..errors import (
-    BodyConsumedError,
     DecodeError,
-    EmptyBodyError,
     PayloadTooLargeError,
     SchemaMismatchError,
     SourceConsumedError,
@@ -45,6 +43,7 @@ from ..sources.decoders import CsvDecoder, Decoder, NdjsonDecoder
 from ..sources.ipc import IpcFramer
 from ..sources.jsonarray import JsonTextSplitter, element_error
 from ..sources.jsonrows import check_json_depth
+from .errors import BodyConsumedError, EmptyBodyError
 from .limits import (
     FEED_BYTES,
     SLICE_ROWS,

@@ -14,9 +14,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from .._filters import DECIMAL_FLOAT, DECIMAL_INT, sql_int
-from ..errors import (
-    FilterError,
-)
+from ..errors import FilterError
 
 __all__ = ["MAX_FILTERS", "MAX_FILTER_CHARS", "compile_filter"]
 

@@ -11,24 +11,28 @@ from starlette.responses import Response
 
 from ..errors import (
     BackpressureTimeoutError,
-    BodyConsumedError,
-    BodyTimeoutError,
-    ClientDisconnectedError,
     ClosedError,
     ConflictError,
     DatasetNotFoundError,
-    EmptyBodyError,
     FilterError,
     InvalidInputError,
     LanceAsyncError,
+    PayloadTooLargeError,
+    SourceError,
+    WriterFailedError,
+)
+from .errors import (
+    AuthenticationError,
+    BodyConsumedError,
+    BodyTimeoutError,
+    ClientDisconnectedError,
+    EmptyBodyError,
     NoShardWriterError,
     NotAcceptableError,
-    PayloadTooLargeError,
+    PermissionDeniedError,
     ServerBusyError,
-    SourceError,
     UnknownTableError,
     UnsupportedMediaTypeError,
-    WriterFailedError,
 )
 from .responses import dumps_json
 
@@ -41,11 +45,14 @@ __all__ = [
     "install_error_handlers",
     "lance_error_handler",
     "public_error_name",
+    "www_authenticate",
 ]
 
 log = logging.getLogger("lance_async.web")
 
 _STATUS: tuple[tuple[type[BaseException], int], ...] = (
+    (AuthenticationError, 401),
+    (PermissionDeniedError, 403),
     (PayloadTooLargeError, 413),
     (UnsupportedMediaTypeError, 415),
     (NotAcceptableError, 406),
@@ -73,6 +80,8 @@ def http_status(exc: BaseException) -> int:
     ======================================================  ======
     error                                                   status
     ======================================================  ======
+    AuthenticationError (with WWW-Authenticate)             401
+    PermissionDeniedError (with WWW-Authenticate)           403
     PayloadTooLargeError                                    413
     UnsupportedMediaTypeError                               415
     NotAcceptableError                                      406
@@ -95,15 +104,16 @@ def http_status(exc: BaseException) -> int:
 
 def public_error_name(exc: BaseException) -> str:
     """The name of the public error type ``exc`` is: its own class's when
-    :mod:`lance_async.errors` exports it (or it is a built-in), else its
-    nearest such base class's (``DecodeError`` for an internal subclass of
-    it), so a client never sees an internal class name."""
+    :mod:`lance_async.errors` or :mod:`lance_async.web.errors` exports it (or
+    it is a built-in), else its nearest such base class's (``DecodeError``
+    for an internal subclass of it), so a client never sees an internal
+    class name."""
     from .. import errors
+    from . import errors as web_errors
 
+    public = {module.__name__: set(module.__all__) for module in (errors, web_errors)}
     for kind in type(exc).__mro__:
-        if kind.__module__ == "builtins" or (
-            kind.__module__ == errors.__name__ and kind.__name__ in errors.__all__
-        ):
+        if kind.__module__ == "builtins" or kind.__name__ in public.get(kind.__module__, ()):
             return kind.__name__
     return "Exception"
 
@@ -137,6 +147,8 @@ async def lance_error_handler(request: Request, exc: Exception) -> Response:
             "lance_async: %s %s failed: %r", request.method, request.url.path, exc, extra=fields
         )
     headers = {}
+    if isinstance(exc, (AuthenticationError, PermissionDeniedError)):
+        headers["WWW-Authenticate"] = www_authenticate(exc)
     if status == 503 or getattr(exc, "retryable", False):
         headers["Retry-After"] = str(max(1, math.ceil(getattr(exc, "retry_after", 1))))
     return Response(
@@ -145,6 +157,19 @@ async def lance_error_handler(request: Request, exc: Exception) -> Response:
         media_type="application/json",
         headers=headers,
     )
+
+
+def www_authenticate(exc: AuthenticationError | PermissionDeniedError) -> str:
+    """The ``WWW-Authenticate`` challenge of a 401 or 403 (RFC 6750, section 3):
+    ``Bearer realm="lance_async"``, with ``error="invalid_token"`` when
+    credentials were sent but matched no key, or ``error="insufficient_scope"``
+    and the ``scope`` needed when the key's scope is too narrow."""
+    challenge = 'Bearer realm="lance_async"'
+    if isinstance(exc, PermissionDeniedError):
+        return f'{challenge}, error="insufficient_scope", scope="{exc.required}"'
+    if exc.reason == "invalid":
+        return f'{challenge}, error="invalid_token"'
+    return challenge
 
 
 def install_error_handlers(app: Starlette) -> None:

@@ -26,7 +26,7 @@ to the first bytes (``body_start_timeout``), the pauses between chunks
 (``body_idle_timeout``), the average rate after a grace period
 (``min_body_rate``, ``body_rate_grace``) and the whole body's time
 (``max_body_time``) are bounded; passing one is a 408
-(:class:`~lance_async.errors.BodyTimeoutError`).
+(:class:`~lance_async.web.errors.BodyTimeoutError`).
 """
 
 from __future__ import annotations
@@ -36,10 +36,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from ..errors import (
-    SchemaMismatchError,
-    UnsupportedMediaTypeError,
-)
+from ..errors import SchemaMismatchError
+from .errors import UnsupportedMediaTypeError
 
 __all__ = [
     "CSV",
@@ -120,7 +118,7 @@ class BodyLimits:
     body_idle_timeout : float
         Seconds the client may go without sending body bytes once the body
         has started (default 30; 0 waits forever). Past it the request fails
-        with :class:`~lance_async.errors.BodyTimeoutError` (HTTP 408) and
+        with :class:`~lance_async.web.errors.BodyTimeoutError` (HTTP 408) and
         nothing is written: a stalled upload holds a connection, never an
         engine thread, and not for longer than this. Only
         :func:`lance_async.fastapi.request_batches` applies it.
@@ -129,7 +127,7 @@ class BodyLimits:
         once ``body_rate_grace`` has passed (default 1,024, 1 KiB/s; 0 turns
         it off). A client that trickles a byte every few seconds never trips
         the idle timeout; below this rate it gets a
-        :class:`~lance_async.errors.BodyTimeoutError` (HTTP 408) and
+        :class:`~lance_async.web.errors.BodyTimeoutError` (HTTP 408) and
         nothing is written, so it cannot hold an upload slot for long.
     body_rate_grace : float
         Seconds from the first body bytes before ``min_body_rate`` applies
@@ -137,7 +135,7 @@ class BodyLimits:
     max_body_time : float
         Seconds a body may take from its first bytes to its end, however
         steadily it arrives (default 3,600, one hour; 0 turns it off). Past
-        it: :class:`~lance_async.errors.BodyTimeoutError` (HTTP 408).
+        it: :class:`~lance_async.web.errors.BodyTimeoutError` (HTTP 408).
 
     Raises
     ------

@@ -6,7 +6,7 @@ read from the ASGI ``receive`` with the limits of
 :class:`~lance_async.web.limits.BodyLimits`. :class:`BodyDrainMiddleware`
 (installed outermost by :func:`install_body_guard`) notes what the server
 delivered, so a body that a middleware read first is a 400
-:class:`~lance_async.errors.BodyConsumedError`, never a hang or an empty
+:class:`~lance_async.web.errors.BodyConsumedError`, never a hang or an empty
 write, and lets error responses reach clients that are still uploading.
 """
 
@@ -22,12 +22,8 @@ import pyarrow as pa
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import (
-    BodyConsumedError,
-    BodyTimeoutError,
-    ClientDisconnectedError,
-)
 from .bodies import BodyBatches
+from .errors import BodyConsumedError, BodyTimeoutError, ClientDisconnectedError
 from .limits import SLICE_ROWS, BodyLimits, body_format
 
 if TYPE_CHECKING:

@@ -23,13 +23,10 @@ from starlette.requests import Request
 
 from .._threads import ThreadLimits, configure_threads
 from ..dataset import AsyncDataset, open_dataset
-from ..errors import (
-    ClosedError,
-    NoShardWriterError,
-    UnknownTableError,
-)
+from ..errors import ClosedError
 from ..memwal.router import ShardRouter
 from ..memwal.writer import AsyncShardWriter
+from .errors import NoShardWriterError, UnknownTableError
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette

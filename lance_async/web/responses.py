@@ -33,9 +33,7 @@ from werkzeug.datastructures import MIMEAccept
 from werkzeug.http import parse_accept_header
 
 from .._threads import run_sync, stream_limiter
-from ..errors import (
-    NotAcceptableError,
-)
+from .errors import NotAcceptableError
 from .limits import IPC_STREAM, NDJSON
 
 if TYPE_CHECKING:

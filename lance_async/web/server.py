@@ -13,7 +13,9 @@ lance_async's default shard of a table with manual shards; shard ids are
 stable, so a restart replays their WALs. It takes writes through ``/ingest``
 and serves reads from its LSM view. The other tables take writes through
 ``/merge``. Run one server per directory (a second one would fence the
-first's writers).
+first's writers). A local ``<name>.lance`` that is a link (or under one)
+whose real path leaves the root is not served (a warning says so); the
+others are opened by their real paths.
 
 Endpoints
 ---------
@@ -42,14 +44,34 @@ Endpoints
 ``GET /tables/{name}/lookup/{key}``
     The newest row for a primary key, as JSON (404 when absent).
 ``GET /tables``, ``GET /health``
-    The tables; liveness plus a few gauges.
+    The tables; liveness plus a few gauges (open to all; without the table
+    names when keys are required).
+``GET /metrics``, ``GET /docs``, ``GET /openapi.json``
+    Prometheus metrics (``--metrics``); the API's documentation.
+
+The table routes are :func:`lance_async.web.routes.table_router`.
 
 Errors are JSON ``{"detail": ..., "error": ...}`` with the statuses of
 :func:`lance_async.fastapi.http_status`: 413 past a body limit, 415 for an
 unknown ``Content-Type``, 422 when the body does not fit the table (naming
 the column), 404 for unknown tables, 400 for filters outside the allowed form
 and for bodies already consumed, 409 when a table does not take that kind of
-write.
+write; 401 without a known key and 403 when its scope is too narrow.
+
+Exposure
+--------
+With API keys (``--api-keys-file``, ``LANCE_ASYNC_SERVE_API_KEYS``; see
+:mod:`lance_async.web.auth`) every table route needs a key: ``read`` for
+the list, rows and lookups, ``write`` for merge and ingest; ``/metrics``
+and the docs need ``read`` unless ``metrics_access`` / ``docs_access`` say
+otherwise; ``/health`` is open. Every request leaves an audit line (key id,
+table, operation, rows, status: :mod:`lance_async.web.audit`). TLS comes
+from ``--ssl-certfile`` and ``--ssl-keyfile``. Without keys, ``serve``
+listens on loopback only: another address is refused (exit 2) unless
+``--dangerously-serve-without-auth``, and the start says how the server is
+exposed. Request heads are bounded below the app
+(:mod:`lance_async.web.headlimits`): past 32 KiB or 100 header lines a 431,
+not complete within 10 s a 408, and the connection closed.
 
 Slow clients
 ------------
@@ -65,61 +87,38 @@ them with ``LANCE_ASYNC_SERVE_BODY_IDLE_TIMEOUT``, ``..._MIN_BODY_RATE``,
 
 from __future__ import annotations
 
-import datetime
+import copy
 import logging
 import os
 import re
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Annotated, Any
+from typing import Any
 
-import pyarrow as pa
 import pyarrow.fs as pafs
-from fastapi import FastAPI, HTTPException, Query, Request, Response
+from fastapi import FastAPI, Response
 
-from .._args import INT64_MAX
-from .._filters import DECIMAL_FLOAT, DECIMAL_INT
 from .._storage import filesystem, join
 from .._threads import ThreadLimits, run_sync, stream_limiter
 from ..dataset import open_dataset
-from ..errors import (
-    DatasetNotFoundError,
-    InvalidInputError,
-    SchemaMismatchError,
-    ServerBusyError,
-)
+from ..errors import DatasetNotFoundError
 from ..memwal.compactor import CompactionPolicy
-from . import (
-    BatchStreamResponse,
-    BodyBatches,
-    BodyLimits,
-    FilterError,
-    TableDep,
-    TableRegistry,
-    TableSpec,
-    WriterDep,
-    compile_filter,
-    ingest_body,
-    install_body_guard,
-    install_error_handlers,
-    json_response,
-    jsonable_rows,
-    lance_lifespan,
-    merge_body,
-    request_batches,
-    scan_response,
-)
+from .audit import install_audit_log
+from .handlers import install_error_handlers
+from .headlimits import head_limited_protocol
+from .limits import BodyLimits
+from .receive import install_body_guard
+from .registry import TableRegistry, TableSpec, lance_lifespan
+from .responses import json_response
+from .routes import RouteGauges, scope_dependencies, table_router
 from .settings import ServeSettings
 
 __all__ = ["create_app", "discover_tables", "main"]
 
 log = logging.getLogger("lance_async.web")
 
-#: Rows per batch of a ``/rows`` scan unless ``batch_size`` says otherwise.
-DEFAULT_SCAN_BATCH = 8192
 _TABLE_DIR = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})\.lance")
 
 
@@ -129,11 +128,28 @@ def _list_table_dirs(
     """(name, uri) of every ``<name>.lance`` directory under a local or object-store root."""
     fs, base = filesystem(root, storage_options)
     selector = pafs.FileSelector(base, allow_not_found=False, recursive=False)
+    local = "://" not in root
+    real_root = os.path.realpath(root) if local else ""
     found = []
     for info in fs.get_file_info(selector):
         match = _TABLE_DIR.fullmatch(info.base_name)
         if match and ".." not in match.group(1) and info.type == pafs.FileType.Directory:
-            found.append((match.group(1), join(root, info.base_name)))
+            uri = join(root, info.base_name)
+            if local:
+                # links followed: a table must stay inside the root, and is
+                # opened by its real path, so a link changed later cannot
+                # move it out
+                real = os.path.realpath(uri)
+                if real == real_root or os.path.commonpath([real, real_root]) != real_root:
+                    log.warning(
+                        "lance_async.serve: %s leads out of the root (to %s); not served",
+                        uri,
+                        real,
+                        extra={"table": match.group(1)},
+                    )
+                    continue
+                uri = real
+            found.append((match.group(1), uri))
     return sorted(found)
 
 
@@ -203,67 +219,6 @@ async def discover_tables(
     return specs
 
 
-@dataclass
-class _Gauges:
-    uploads_in_flight: int = 0
-    uploads_ok: int = 0
-    uploads_failed: int = 0
-    uploads_refused: int = 0
-    scans_open: int = 0
-    scans_done: int = 0
-    rows_streamed: int = 0
-    bodies: set[BodyBatches] = field(default_factory=set)
-
-    def upload_bytes(self) -> int:
-        """Body bytes received so far by the uploads in flight."""
-        return sum(body.statistics().bytes_received for body in self.bodies)
-
-    def scan_closed(self, response: BatchStreamResponse) -> None:
-        self.scans_open -= 1
-        self.scans_done += 1
-        self.rows_streamed += response.rows_sent
-
-
-def _parse_key(text: str, field: pa.Field) -> Any:
-    dtype = field.type
-    try:
-        if pa.types.is_integer(dtype):
-            if not DECIMAL_INT.fullmatch(text):
-                raise ValueError(text)
-            return int(text)
-        if pa.types.is_floating(dtype):
-            if not DECIMAL_FLOAT.fullmatch(text):
-                raise ValueError(text)
-            return float(text)
-        if pa.types.is_boolean(dtype):
-            if text.lower() not in ("true", "false"):
-                raise ValueError(text)
-            return text.lower() == "true"
-        if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
-            return text
-        if pa.types.is_date(dtype):
-            return datetime.date.fromisoformat(text)
-        if pa.types.is_timestamp(dtype):
-            return datetime.datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidInputError(
-            f"key {text[:64]!r} is not a valid {dtype} for {field.name!r}"
-        ) from None
-    raise InvalidInputError(f"lookups by a {dtype} key are not supported")
-
-
-def _columns(text: str | None, schema: pa.Schema) -> list[str] | None:
-    if text is None:
-        return None
-    names = [c.strip() for c in text.split(",") if c.strip()]
-    for name in names:
-        if name not in schema.names:
-            raise SchemaMismatchError(
-                f"unknown column {name[:64]!r} (columns: {schema.names})", field=name
-            )
-    return names or None
-
-
 def create_app(
     root: str | os.PathLike[str] | None = None,
     *,
@@ -280,6 +235,10 @@ def create_app(
     max_uploads: int | None = 16,
     metrics: bool = False,
     lance_metrics: bool = False,
+    auth: Callable[..., Any] | None = None,
+    metrics_access: str = "read",
+    docs_access: str = "read",
+    audit: bool = True,
 ) -> FastAPI:
     """Build the example app.
 
@@ -287,7 +246,9 @@ def create_app(
     ----------
     root : str or PathLike, optional
         Serve every ``<name>.lance`` dataset in this directory, or under this
-        object-store prefix (``s3://bucket/tables``), found at startup.
+        object-store prefix (``s3://bucket/tables``), found at startup. A
+        local table whose real path (links followed) leaves the root is not
+        served.
     tables : mapping, optional
         Tables to serve as well (name -> :class:`TableSpec` or URI).
     limits : BodyLimits, optional
@@ -314,16 +275,15 @@ def create_app(
         memory until their memtable is flushed, up to
         ``max_unflushed_memtable_bytes`` (pylance's default: 1 GB); set it
         (with ``max_memtable_size`` below it) to bound a server's memory.
+    storage_options : mapping, optional
+        Object-store options of ``root`` and its tables.
     max_uploads : int or None
         Request bodies (merges and ingests) read at once (default 16; None:
         no cap). One more is answered 503 with ``Retry-After``
-        (:class:`~lance_async.errors.ServerBusyError`) before its body is
+        (:class:`~lance_async.web.errors.ServerBusyError`) before its body is
         read. Bodies are read whole (spooled) before any engine call, so
         slow or stalled uploads never hold engine threads; this cap bounds
         the connections, spools and decoder work they can hold instead.
-
-    storage_options : mapping, optional
-        Object-store options of ``root`` and its tables.
     metrics : bool
         Turn lance_async's OpenTelemetry instruments on with a Prometheus
         reader and serve them at ``GET /metrics`` (the ``metrics`` extra;
@@ -331,6 +291,22 @@ def create_app(
     lance_metrics : bool
         With ``metrics``, pylance's own instruments too (object-store
         requests, bytes, latency: ``lance.otel.instrument_lance_metrics``).
+    auth : callable, optional
+        The authentication dependency of every table route (see
+        :func:`~lance_async.web.routes.table_router`):
+        :class:`~lance_async.web.auth.ApiKeyAuth` or the app's own. None:
+        no authentication (listen on loopback only).
+    metrics_access, docs_access : str
+        With ``auth``: the scope ``GET /metrics`` and ``/docs``,
+        ``/openapi.json`` need (``"read"``, the default, ``"write"`` or
+        ``"admin"``), ``"open"`` for none, or ``"off"`` not to serve them.
+        (A browser sends no key when it opens ``/docs``: make the docs
+        ``"open"`` to browse them.) Without ``auth`` they are open unless
+        ``"off"``. ``GET /health`` is always open; with ``auth`` it leaves
+        out the table names.
+    audit : bool
+        Log one line per request to ``lance_async.web.audit`` (key id,
+        table, operation, rows, status; see :mod:`lance_async.web.audit`).
 
     Returns
     -------
@@ -339,17 +315,29 @@ def create_app(
     Raises
     ------
     ValueError
-        ``root`` is not a directory, a table name is invalid, or
-        ``max_uploads`` < 1.
+        ``root`` is not a directory, a table name is invalid, an access is
+        not one of the values above, or ``max_uploads`` < 1.
     """
-    if max_uploads is not None and max_uploads < 1:
-        raise ValueError(f"max_uploads must be >= 1 or None, got {max_uploads}")
     root_dir = os.fspath(root) if root is not None else None
     if root_dir is not None and "://" not in root_dir and not os.path.isdir(root_dir):
         raise ValueError(f"root {root_dir!r} is not a directory")
+    for name, access in (("metrics_access", metrics_access), ("docs_access", docs_access)):
+        if access not in ACCESS:
+            raise ValueError(f"{name} must be one of {', '.join(ACCESS)}, got {access!r}")
     body_limits = limits or BodyLimits()
     registry = TableRegistry(tables)
-    gauges = _Gauges()
+    gauges = RouteGauges()
+    routes = table_router(
+        auth=auth,
+        limits=body_limits,
+        allow_raw_sql=allow_raw_sql,
+        conflict_retries=conflict_retries,
+        retry_timeout=retry_timeout,
+        max_ingest_rows=max_ingest_rows,
+        spool_dir=spool_dir,
+        max_uploads=max_uploads,
+        gauges=gauges,
+    )
     open_registry = lance_lifespan(registry, threads=threads)
 
     @asynccontextmanager
@@ -365,30 +353,44 @@ def create_app(
             log.info("lance_async.serve: serving tables %s", registry.names)
             yield
 
-    app = FastAPI(title="lance_async example", lifespan=lifespan)
+    docs_open = docs_access == "open" or (auth is None and docs_access != "off")
+    app = FastAPI(
+        title="lance_async example",
+        lifespan=lifespan,
+        docs_url="/docs" if docs_open else None,
+        redoc_url="/redoc" if docs_open else None,
+        openapi_url="/openapi.json" if docs_open else None,
+    )
     install_body_guard(
         app, drain_bytes=body_limits.drain_bytes, drain_timeout=body_limits.drain_timeout
     )
     install_error_handlers(app)
+    if audit:
+        install_audit_log(app, skip_paths=("/health", "/metrics"))
     app.state.gauges = gauges
-    if metrics:
+    app.include_router(routes)
+    if auth is not None and docs_access in ("read", "write", "admin"):
+        _protected_docs(app, scope_dependencies(auth, docs_access))
+    if metrics and metrics_access != "off":
         from .._metrics import prometheus_export
 
         export = prometheus_export(lance=lance_metrics)
+        guard = scope_dependencies(auth, metrics_access) if metrics_access != "open" else []
 
-        @app.get("/metrics")
+        @app.get("/metrics", dependencies=guard)
         async def prometheus_metrics() -> Response:
             """Every instrument of the process in Prometheus' text format."""
             return Response(export(), media_type=export.content_type)
 
     @app.get("/health")
     async def health() -> Response:
-        """Liveness, plus gauges of uploads and scans in flight."""
+        """Liveness, plus gauges of uploads and scans in flight (open to all)."""
         threads_alive = sum(1 for t in threading.enumerate() if t.name == "lance_async-stream")
-        return json_response(
+        report: dict[str, Any] = {"status": "ok"}
+        if auth is None:
+            report["tables"] = registry.names
+        report.update(
             {
-                "status": "ok",
-                "tables": registry.names,
                 "uploads_in_flight": gauges.uploads_in_flight,
                 "upload_bytes_received": gauges.upload_bytes(),
                 "uploads_ok": gauges.uploads_ok,
@@ -400,194 +402,57 @@ def create_app(
                 "stream_threads": threads_alive,
             }
         )
-
-    @app.get("/tables")
-    async def list_tables() -> Response:
-        """Every table: columns, primary key and which writes it takes."""
-        return json_response(
-            {
-                t.name: {
-                    "columns": {f.name: str(f.type) for f in t.dataset.schema},
-                    "primary_key": t.dataset.primary_key,
-                    "writes": "ingest" if t.writer is not None else "merge",
-                    "version": t.dataset.version,
-                }
-                for t in registry.tables()
-            }
-        )
-
-    @asynccontextmanager
-    async def upload(
-        request: Request, schema: pa.Schema, **options: Any
-    ) -> AsyncIterator[BodyBatches]:
-        """The request body, spooled, counted in the gauges while in flight."""
-        if max_uploads is not None and gauges.uploads_in_flight >= max_uploads:
-            gauges.uploads_refused += 1
-            raise ServerBusyError(
-                f"the server is reading {gauges.uploads_in_flight} uploads, as many as it takes "
-                "at once (max_uploads); nothing was read, retry later"
-            )
-        gauges.uploads_in_flight += 1
-        try:
-            async with request_batches(
-                request, schema, limits=body_limits, spool=True, spool_dir=spool_dir, **options
-            ) as body:
-                gauges.bodies.add(body)
-                try:
-                    yield body
-                finally:
-                    gauges.bodies.discard(body)
-        except BaseException:
-            gauges.uploads_failed += 1
-            raise
-        else:
-            gauges.uploads_ok += 1
-        finally:
-            gauges.uploads_in_flight -= 1
-
-    @app.post("/tables/{name}/merge")
-    async def merge(
-        request: Request,
-        table: TableDep,
-        on: Annotated[list[str] | None, Query()] = None,
-    ) -> Response:
-        """Upsert the body (one commit); answers the MergeResult."""
-        if table.writer is not None:
-            raise HTTPException(
-                409, f"table {table.name!r} takes writes through its MemWAL: POST .../ingest"
-            )
-        dataset = table.dataset
-        keys = list(on or dataset.primary_key)
-        if not keys:
-            raise InvalidInputError("the table has no primary key: pass ?on=COLUMN")
-        for key in keys:
-            if key not in dataset.schema.names:
-                raise SchemaMismatchError(
-                    f"join column {key[:64]!r} is not in the table", field=key
-                )
-        primary = dataset.primary_key
-        if primary and sorted(keys) != sorted(primary):
-            # a row whose join value is new would be inserted even when its
-            # primary key is in the table already: two rows for one key
-            raise InvalidInputError(
-                f"merge?on= must be the table's primary key {primary}, got {keys}: joining on "
-                "other columns would insert a second row for a key the table holds; leave "
-                "out on= to join on the primary key"
-            )
-        required = list(dict.fromkeys([*keys, *(f.name for f in dataset.schema if not f.nullable)]))
-        async with upload(request, dataset.schema, required_columns=required) as body:
-            result = await merge_body(
-                dataset,
-                body,
-                keys,
-                conflict_retries=conflict_retries,
-                retry_timeout=retry_timeout,
-                spool_dir=spool_dir,
-            )
-            stats = body.statistics()
-        return json_response(
-            {
-                "num_inserted_rows": result.num_inserted_rows,
-                "num_updated_rows": result.num_updated_rows,
-                "num_deleted_rows": result.num_deleted_rows,
-                "num_attempts": result.num_attempts,
-                "source_mode": result.source_mode.value,
-                "version": result.version,
-                "body": {"format": stats.format, "bytes": stats.bytes_received, "rows": stats.rows},
-            }
-        )
-
-    @app.post("/tables/{name}/ingest")
-    async def ingest(request: Request, writer: WriterDep) -> Response:
-        """Check and spool the body, write it to the MemWAL; answers after the durable ack."""
-        async with upload(request, writer.schema, all_columns=True) as body:
-            summary = await ingest_body(writer, body, max_rows=max_ingest_rows)
-            stats = body.statistics()
-        return json_response(
-            {
-                "rows": summary.rows,
-                "engine_puts": summary.engine_puts,
-                "durable": writer.durable_write,
-                "body": {"format": stats.format, "bytes": stats.bytes_received, "rows": stats.rows},
-            }
-        )
-
-    max_scan_batch = body_limits.max_batch_rows
-
-    @app.get("/tables/{name}/rows")
-    async def rows(
-        request: Request,
-        table: TableDep,
-        filters: Annotated[list[str] | None, Query(alias="filter")] = None,
-        columns: str | None = None,
-        limit: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
-        offset: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
-        batch_size: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
-        format: str | None = None,
-    ) -> BatchStreamResponse:
-        """Stream rows (NDJSON, or Arrow IPC when asked for)."""
-        dataset = table.dataset
-        if batch_size is None:
-            batch_size = min(DEFAULT_SCAN_BATCH, max_scan_batch)
-        elif batch_size > max_scan_batch:
-            raise InvalidInputError(f"batch_size may be at most {max_scan_batch} (max_batch_rows)")
-        sql = compile_filter(filters, dataset.schema, allow_raw_sql=allow_raw_sql)
-        cols = _columns(columns, dataset.schema)
-        if table.writer is not None:
-            stream = table.writer.lsm_scan(columns=cols, filter=sql, limit=limit, offset=offset)
-        else:
-            await dataset.refresh()
-            stream = dataset.scan(
-                columns=cols, filter=sql, limit=limit, offset=offset, batch_size=batch_size
-            )
-        gauges.scans_open += 1
-        try:
-            return await scan_response(request, stream, format=format, on_close=gauges.scan_closed)
-        except BaseException as exc:
-            gauges.scans_open -= 1
-            if allow_raw_sql and sql and isinstance(exc, (ValueError, OSError, InvalidInputError)):
-                raise FilterError(f"the filter was rejected: {exc}", filter=sql) from exc
-            raise
-
-    @app.get("/tables/{name}/lookup/{key}")
-    async def lookup(table: TableDep, key: str) -> Response:
-        """The newest row for a (single-column) primary key."""
-        dataset = table.dataset
-        keys = dataset.primary_key
-        if len(keys) != 1:
-            raise InvalidInputError(
-                f"lookups need a one-column primary key; this table's is {keys or 'missing'}"
-            )
-        value = _parse_key(key, dataset.schema.field(keys[0]))
-        if table.writer is not None:
-            found = await table.writer.lsm_point_lookup(value)
-        else:
-            await dataset.refresh()
-            found = await dataset.lsm_point_lookup(value)
-        if found.num_rows == 0:
-            return json_response({"detail": f"no row with {keys[0]} = {key[:64]!r}"}, 404)
-        row = {k: v for k, v in jsonable_rows(found)[0].items() if not k.startswith("_")}
-        return json_response({"key": keys[0], "row": row})
+        return json_response(report)
 
     return app
+
+
+#: Who may read ``/metrics`` and the docs: a scope, everyone, or no one.
+ACCESS = ("read", "write", "admin", "open", "off")
+
+
+def _protected_docs(app: FastAPI, guard: list[Any]) -> None:
+    """``/openapi.json`` and ``/docs`` behind ``guard`` (FastAPI's own are off)."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=guard)
+    async def openapi() -> Response:
+        return json_response(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=guard)
+    async def docs() -> Response:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=app.title)
 
 
 def main(settings: ServeSettings) -> None:
     """Serve the example app with uvicorn until interrupted (blocks).
 
+    Checks the settings first (:meth:`ServeSettings.check_exposure`: no
+    listening beyond loopback without authentication unless the settings
+    say so explicitly), reads the API keys, then says on standard error how
+    the server is exposed (address, TLS, authentication) and serves with
+    :func:`~lance_async.web.headlimits.head_limited_protocol` and the TLS
+    certificate of the settings.
+
     Parameters
     ----------
     settings : ServeSettings
-        Where the tables are, where to listen, limits (see
+        Where the tables are, where to listen, keys, TLS, limits (see
         :mod:`lance_async.web.settings`).
 
     Raises
     ------
     ValueError
-        ``root`` is a local path that is not a directory.
+        ``root`` is a local path that is not a directory; a key file that
+        does not parse; a non-loopback address without authentication and
+        without ``dangerously_serve_without_auth``; a TLS file that is
+        missing or only half of the pair.
     """
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
+    settings.check_exposure()
+    auth = settings.auth()
     app = create_app(
         settings.root,
         limits=settings.body_limits(),
@@ -597,5 +462,31 @@ def main(settings: ServeSettings) -> None:
         storage_options=settings.storage_options or None,
         metrics=settings.metrics,
         lance_metrics=settings.lance_metrics,
+        auth=auth,
+        metrics_access=settings.metrics_access,
+        docs_access=settings.docs_access,
     )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    log_config = copy.deepcopy(LOGGING_CONFIG)
+    log_config["loggers"]["lance_async"] = {
+        "handlers": ["default"],
+        "level": settings.log_level.upper(),
+        "propagate": False,
+    }
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=log_config,
+        http=head_limited_protocol(settings.head_limits()),
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
+        ssl_keyfile_password=(
+            settings.ssl_keyfile_password.get_secret_value()
+            if settings.ssl_keyfile_password is not None
+            else None
+        ),
+    )
+    for level, line in settings.exposure_report(auth):
+        logging.getLogger("lance_async.serve").log(level, "%s", line)
+    uvicorn.Server(config).run()

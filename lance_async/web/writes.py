@@ -25,14 +25,11 @@ import pyarrow as pa
 from .._duplicates import DUPLICATE_POLICIES, KeyTracker
 from .._schema import TableFit, primary_key
 from .._threads import run_sync, stream_limiter
-from ..errors import (
-    ConflictError,
-    EmptyBodyError,
-    PayloadTooLargeError,
-)
+from ..errors import ConflictError, PayloadTooLargeError
 from ..merge import backoff_delay
 from ..sources import WriteSource, replayable
 from .bodies import BodyBatches
+from .errors import EmptyBodyError
 from .limits import FEED_BYTES, SLICE_ROWS
 from .spool import Spool
 

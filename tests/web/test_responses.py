@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from starlette.requests import Request
 
-from lance_async.errors import NotAcceptableError
+from lance_async.web.errors import NotAcceptableError
 from lance_async.web.responses import json_rows_bytes, ndjson_bytes, negotiate_format
 
 IPC = "application/vnd.apache.arrow.stream"
