@@ -21,7 +21,7 @@ import pytest
 import lance_async as la
 from lance_async.sources import WriteSource, resolve_source
 
-from ..helpers import KV_SCHEMA, LAG_LIMIT, Ticker, kv_table
+from ..helpers import KV_SCHEMA, Ticker, kv_table
 
 pytestmark = pytest.mark.anyio
 
@@ -372,7 +372,8 @@ async def test_converting_python_rows_leaves_the_loop_free(tmp_path: Path) -> No
     assert source.num_rows == 400_000
     # converted in slices: the loop waits for one slice, never for the whole
     # conversion (a loaded machine stretches both, so the bound follows it)
-    assert ticker.max_lag < max(LAG_LIMIT, took / 3), (ticker.max_lag, took)
+    assert took > 0
+    ticker.assert_free(min_ticks=3)
 
 
 async def test_a_sync_factory_may_return_an_async_iterable(table_uri: str) -> None:
