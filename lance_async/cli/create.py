@@ -177,7 +177,9 @@ async def spooled_stdin(source: str) -> AsyncIterator[str]:
 
 @app.command()
 def create(
-    table_uri: str = typer.Argument(..., help="Where the new Lance table goes."),
+    table_uri: str = typer.Argument(
+        ..., metavar="TABLE_URI", help="Where the new Lance table goes."
+    ),
     source: str | None = typer.Option(
         None,
         "--from",

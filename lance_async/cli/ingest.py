@@ -75,13 +75,16 @@ async def _validate_file(source: str, fmt: str | None, schema: pa.Schema) -> int
 def ingest_cmd(
     source: str = typer.Argument(
         ...,
+        metavar="SOURCE",
         help="A file (.ndjson/.jsonl, .json, .csv, .arrow/.arrows/.ipc), '-' for stdin, "
         "nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME&ack_wait=S] or "
         "redis://HOST:PORT/STREAM[?group=G&consumer=NAME&min_idle=S]. "
         "Exit status 3: stopped idle with messages out of reach.",
     ),
     table_uri: str = typer.Argument(
-        ..., help="The Lance table; its MemWAL must be initialized (lance-async init-wal)."
+        ...,
+        metavar="TABLE_URI",
+        help="The Lance table; its MemWAL must be initialized (lance-async init-wal).",
     ),
     format: str | None = ROWS_FORMAT,
     shard: str | None = typer.Option(

@@ -38,7 +38,7 @@ def _json_default(value: Any) -> Any:
 
 @app.command()
 def scan(
-    table_uri: str = typer.Argument(..., help="The Lance table."),
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
     filter: str | None = typer.Option(None, "--filter", metavar="EXPR", help="Lance SQL filter."),
     columns: str | None = typer.Option(
         None, "--columns", metavar="A,B,...", help="Comma-separated columns."

@@ -48,9 +48,11 @@ def non_key_reason(on: list[str], key: list[str]) -> str:
 @app.command()
 def merge(
     source: str = typer.Argument(
-        ..., help="A file (.ndjson/.jsonl, .json, .csv, .arrow/.arrows/.ipc), or '-' for stdin."
+        ...,
+        metavar="SOURCE",
+        help="A file (.ndjson/.jsonl, .json, .csv, .arrow/.arrows/.ipc), or '-' for stdin.",
     ),
-    table_uri: str = typer.Argument(..., help="The Lance table."),
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
     on: list[str] = typer.Option(
         None, "--on", metavar="COLUMN", help="Join column(s); default the primary key."
     ),
@@ -121,7 +123,7 @@ def merge(
 
 @app.command(name="init-wal")
 def init_wal(
-    table_uri: str = typer.Argument(..., help="The Lance table."),
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
     bucket_column: str | None = typer.Option(
         None,
         "--bucket-column",
@@ -216,7 +218,7 @@ def describe_sharding(sharding: Sharding) -> str:
 
 @app.command()
 def compact(
-    table_uri: str = typer.Argument(..., help="The Lance table."),
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Merge the MemWAL's flushed generations into TABLE_URI's base table."""
@@ -308,7 +310,7 @@ async def table_info(ds: AsyncDataset) -> dict[str, Any]:
 
 @app.command()
 def info(
-    table_uri: str = typer.Argument(..., help="The Lance table."),
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
@@ -355,7 +357,7 @@ def info(
 
 @app.command()
 def check(
-    table_uri: str = typer.Argument(..., help="The Lance table."),
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:

@@ -84,11 +84,14 @@ async def _health(port: int, worker: Worker, export: Any = None) -> None:
 def worker(
     feed: str = typer.Argument(
         ...,
+        metavar="FEED",
         help="The partitioned feed: redis://HOST:PORT/KEY (streams KEY:0..N-1), "
         "nats://HOST:PORT/STREAM/SUBJECT (subjects SUBJECT.0..N-1) or "
         "kafka://HOST:PORT/TOPIC[?session_timeout_ms=...] (N partitions); N = the table's buckets.",
     ),
-    table_uri: str = typer.Argument(..., help="The Lance table (MemWAL bucket-sharded)."),
+    table_uri: str = typer.Argument(
+        ..., metavar="TABLE_URI", help="The Lance table (MemWAL bucket-sharded)."
+    ),
     group: str = typer.Option(
         "lance-async", "--group", metavar="NAME", help="The worker group's name."
     ),
@@ -101,18 +104,21 @@ def worker(
     lease_ttl: float = typer.Option(
         10.0,
         "--lease-ttl",
+        metavar="SECONDS",
         help="Seconds without a renewal before a dead worker's partitions are taken over.",
         callback=number("--lease-ttl", above=True, maximum=86_400),
     ),
     ack_wait: float = typer.Option(
         30.0,
         "--ack-wait",
+        metavar="SECONDS",
         help="NATS: seconds before an unacknowledged message comes again.",
         callback=number("--ack-wait", above=True, maximum=86_400),
     ),
     stats_interval: float = typer.Option(
         5.0,
         "--stats-interval",
+        metavar="SECONDS",
         help="Seconds between stats lines on stderr (0: none).",
         callback=number("--stats-interval", maximum=86_400),
     ),
@@ -233,21 +239,26 @@ def worker(
 def repartition(
     source: str = typer.Argument(
         ...,
+        metavar="SOURCE",
         help="The feed to read: a file, '-', nats://HOST:PORT/STREAM/SUBJECT or "
         "redis://HOST:PORT/STREAM[?group=G].",
     ),
     target: str = typer.Argument(
         ...,
+        metavar="TARGET",
         help="The partitioned feed to publish to: redis://HOST:PORT/KEY or "
         "nats://HOST:PORT/STREAM/SUBJECT.",
     ),
-    table_uri: str = typer.Argument(..., help="The table whose buckets are the partitions."),
+    table_uri: str = typer.Argument(
+        ..., metavar="TABLE_URI", help="The table whose buckets are the partitions."
+    ),
     format: str | None = typer.Option(
         None, "--format", "-f", metavar="FORMAT", help="ndjson, json, csv or ipc."
     ),
     idle_timeout: float | None = typer.Option(
         None,
         "--idle-timeout",
+        metavar="SECONDS",
         help="Stop after this many seconds without a message.",
         callback=number("--idle-timeout", maximum=1e9),
     ),
