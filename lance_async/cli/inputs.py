@@ -25,6 +25,7 @@ __all__ = [
     "check_format",
     "check_source",
     "format_of",
+    "source_schema",
     "with_csv_line",
 ]
 
@@ -78,6 +79,75 @@ def _csv_header(path: str) -> list[str]:
     with open(path, "rb") as f:
         text = f.readline().rstrip(b"\r\n").decode("utf-8", errors="replace").removeprefix("\ufeff")
     return next(csv.reader([text]), [])
+
+
+_SCAN = 8 << 20  # bytes of a JSON file searched at a time for a field name
+
+
+def _names_a_field(path: str, name: str) -> bool:
+    """Whether any object of a JSON / NDJSON file names ``name`` as a key (blocking).
+
+    The file is searched for the quoted name followed by a colon (spaces
+    allowed): inside a JSON string a quote is escaped (``\\"``), so only a
+    key matches. A key spelled with escapes (``"d\\u0069st"``) is not found:
+    the decoder then refuses it as a field the merge's columns lack, it is
+    never dropped silently.
+    """
+    import json
+
+    needle = ('"' + json.dumps(name)[1:-1] + '"').encode()
+    keep = len(needle) + 64  # a needle (and the spaces after it) cut by a read
+    tail = b""
+    with open(path, "rb") as f:
+        while piece := f.read(_SCAN):
+            data = tail + piece
+            start = data.find(needle)
+            while start >= 0:
+                rest = data[start + len(needle) : start + len(needle) + 64].lstrip()
+                if rest.startswith(b":"):
+                    return True
+                if not rest and len(data) - start < keep:
+                    break  # cut at the end of this read: look again with the next
+                start = data.find(needle, start + 1)
+            tail = data[-keep:]
+    return False
+
+
+def source_schema(path: str, fmt: str, table: Any) -> Any:
+    """The table's columns that the file at ``path`` gives, in table order (blocking).
+
+    The one rule for partial rows: a merge updates the columns its source
+    gives; a column it lacks keeps the stored value of an updated row and is
+    null in an inserted one (pylance's merge of a subset of the columns). A
+    CSV file gives its header's columns; a JSON / NDJSON file the fields its
+    objects name (any of them: an object that lacks a field others name is
+    null there, as JSON writers leave nulls out); an Arrow IPC file its own
+    schema (not read here: None).
+
+    Raises
+    ------
+    SchemaMismatchError
+        A CSV header names a column the table lacks.
+    """
+    import pyarrow as pa
+
+    if fmt == "ipc":
+        return None
+    if fmt == "csv":
+        header = _csv_header(path)
+        unknown = [n for n in header if n not in table.names]
+        if unknown:
+            raise errors.SchemaMismatchError(
+                f"the CSV header names column {unknown[0]!r}, which the table lacks "
+                f"(its columns: {', '.join(table.names)})",
+                field=unknown[0],
+            )
+        given = set(header)
+    else:
+        given = {f.name for f in table if _names_a_field(path, f.name)}
+    if not given:  # an empty file, or no known field: the decoder says what is wrong
+        return table
+    return pa.schema([f for f in table if f.name in given], metadata=table.metadata)
 
 
 async def with_csv_line(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
+from collections.abc import Awaitable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
 import typer
 
 from .common import (
@@ -25,13 +28,22 @@ from .common import (
     run_command,
 )
 from .create import spooled_stdin
-from .inputs import ROWS_FORMAT, check_format, check_source, format_of, with_csv_line
+from .inputs import (
+    ROWS_FORMAT,
+    check_format,
+    check_source,
+    format_of,
+    source_schema,
+    with_csv_line,
+)
 
 if TYPE_CHECKING:
     from ..dataset import AsyncDataset
     from ..memwal.check import ShardCheck
     from ..memwal.sharding import Sharding
+    from ..merge import MergeResult
 
+T = TypeVar("T")
 _DEFAULT_NUM_BUCKETS = 4  # memwal.sharding.DEFAULT_NUM_BUCKETS (a test keeps them equal)
 
 
@@ -62,6 +74,12 @@ def merge(
         help="Join on --on columns that are not the primary key (matched rows are overwritten, "
         "key included).",
     ),
+    base_table: bool = typer.Option(
+        False,
+        "--base-table",
+        help="On a table with a MemWAL, merge into the base table instead of the MemWAL "
+        "(refused while the MemWAL holds any of the file's keys: compact first).",
+    ),
     format: str | None = ROWS_FORMAT,
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
@@ -69,13 +87,20 @@ def merge(
 
     The merge commits all or nothing; a conflict with another writer is
     retried by reading the file again (standard input is first copied to a
-    temporary file, so it can be read again).
+    temporary file, so it can be read again). Columns the file lacks keep
+    their stored values in updated rows and are null in inserted ones. A
+    table with a MemWAL takes the merge through it (compact folds it into
+    the base table), unless --base-table. Ctrl-C or SIGTERM before the
+    commit stops the merge and commits nothing (exit 130); once committed,
+    the version is printed.
     """
     check_format(format)
     check_source(source)
     fmt = format or ("ndjson" if source == "-" else format_of(source))
+    interrupted: list[int] = []
 
-    async def run() -> Any:
+    async def run() -> MergeResult | None:
+        from .._threads import run_sync
         from ..sources.files import file_source
 
         ds = await open_table(table_uri, storage_option)
@@ -90,28 +115,40 @@ def merge(
         async with spooled_stdin(source) as path:
             size = await file_size(path)
             label = "stdin" if source == "-" else Path(source).name
+            schema = await run_sync(partial(source_schema, path, fmt, ds.schema))
+            builder = ds.merge_insert(keys).when_matched_update_all().when_not_matched_insert_all()
+            if base_table:
+                builder = builder.via_base_table()
             with Progress(f"merge {label}", size, unit="bytes") as progress:
                 options: dict[str, Any] = {"on_read": progress.update}
-                if fmt != "ipc":
-                    options["schema"] = ds.schema
+                if schema is not None:
+                    options["schema"] = schema
                 src = file_source(path, format=fmt, **options)
                 try:
-                    return await (
-                        ds.merge_insert(keys)
-                        .when_matched_update_all()
-                        .when_not_matched_insert_all()
-                        .execute(src)
-                    )
+                    done = await until_interrupted(builder.execute(src), interrupted)
                 except Exception as exc:
                     located = await with_csv_line(exc, path, label, fmt, ds.schema)
                     if located is exc:
                         raise
                     raise located from exc
+        # interrupted after the commit (or the MemWAL's put) began: it ended, and is kept
+        return done if done is not None else builder.last_result
 
     result = run_command(run, Writes())  # a merge commits all or nothing
+    if result is None:
+        err.print("interrupted before the commit: nothing was committed", markup=False)
+        raise typer.Exit(130)
     if not result.committed:
         what = "standard input" if source == "-" else source
         out.print(f"nothing to merge: {what} holds no rows; nothing was committed", markup=False)
+        return
+    if result.mem_wal is not None:
+        out.print(
+            f"upserted {count(result.mem_wal.rows, 'row')} through the MemWAL (durable; LSM reads "
+            f"see them now, the base table after lance-async compact {table_uri}); "
+            f"no new version (version {result.version})",
+            markup=False,
+        )
         return
     out.print(
         f"inserted {result.num_inserted_rows:,}, updated {result.num_updated_rows:,}, "
@@ -119,6 +156,27 @@ def merge(
         f"version {result.version}",
         markup=False,
     )
+
+
+async def until_interrupted(work: Awaitable[T], interrupted: list[int]) -> T | None:
+    """``await work``, unless SIGINT or SIGTERM comes first: then ``work`` is
+    cancelled (a merge stops reading and commits nothing; a commit in flight
+    ends first, and is kept by the builder), the signal is appended to
+    ``interrupted`` and None returned."""
+    result: T | None = None
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    interrupted.append(signum)
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(watch)
+        result = await work
+        tg.cancel_scope.cancel()
+    return result
 
 
 @app.command(name="init-wal")

@@ -11,20 +11,24 @@ is initialized (``initialize_mem_wal``) gets a MemWAL writer: the routing
 writer when the MemWAL has a sharding spec (every row to its own shard), or
 lance_async's default shard of a table with manual shards; shard ids are
 stable, so a restart replays their WALs. It takes writes through ``/ingest``
-and serves reads from its LSM view. The other tables take writes through
-``/merge``. Run one server per directory (a second one would fence the
-first's writers).
+and ``/merge`` (both into the MemWAL) and serves reads from its LSM view.
+The other tables take writes through ``/merge``. Run one server per
+directory (a second one would fence the first's writers).
 
 Endpoints
 ---------
-``POST /tables/{name}/merge?on=KEY``
+``POST /tables/{name}/merge?on=KEY[&base_table=true]``
     Reads the body (Arrow IPC stream, NDJSON or CSV) to its end into a spool
     (memory up to 4 MiB, then a temporary file), then merges the spool with
     one merge_insert (update matched rows, insert the rest; ``on`` defaults
     to the primary key, repeat it for composite keys; on a table with a
     primary key, any other ``on`` is a 422: it would insert a second row for
     a key the table holds) and answers the MergeResult as JSON. Conflicts replay the spool (see
-    :func:`lance_async.fastapi.merge_body`).
+    :func:`lance_async.fastapi.merge_body`). A table with a MemWAL takes the
+    merge through it, as every merge path does (``mem_wal`` in the answer;
+    ``base_table=true``: the base table, a 422 while the MemWAL holds any of
+    the body's keys). Columns the body lacks keep their stored values in
+    updated rows and are null in inserted ones.
 ``POST /tables/{name}/ingest``
     Reads the body to its end, checking every row and spooling it (memory
     up to 4 MiB, then a temporary file), then streams it into the table's
@@ -65,6 +69,7 @@ them with ``LANCE_ASYNC_SERVE_BODY_IDLE_TIMEOUT``, ``..._MIN_BODY_RATE``,
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
@@ -78,7 +83,7 @@ from typing import Annotated, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from fastapi import FastAPI, HTTPException, Query, Request, Response
+from fastapi import FastAPI, Query, Request, Response
 
 from .._args import INT64_MAX
 from .._filters import DECIMAL_FLOAT, DECIMAL_INT
@@ -452,12 +457,14 @@ def create_app(
         request: Request,
         table: TableDep,
         on: Annotated[list[str] | None, Query()] = None,
+        base_table: bool = False,
     ) -> Response:
-        """Upsert the body (one commit); answers the MergeResult."""
-        if table.writer is not None:
-            raise HTTPException(
-                409, f"table {table.name!r} takes writes through its MemWAL: POST .../ingest"
-            )
+        """Upsert the body; answers the MergeResult.
+
+        A table with a MemWAL takes it through the MemWAL (the server's own
+        writer), as every merge path does; ``base_table=true`` asks for the
+        base table (refused while the MemWAL holds any of the body's keys).
+        """
         dataset = table.dataset
         keys = list(on or dataset.primary_key)
         if not keys:
@@ -477,11 +484,20 @@ def create_app(
                 "out on= to join on the primary key"
             )
         required = list(dict.fromkeys([*keys, *(f.name for f in dataset.schema if not f.nullable)]))
+        writer = table.writer
+
+        def clauses(builder: Any) -> Any:
+            builder = builder.when_matched_update_all().when_not_matched_insert_all()
+            if base_table:
+                return builder.via_base_table()
+            return builder.via_mem_wal(writer) if writer is not None else builder
+
         async with upload(request, dataset.schema, required_columns=required) as body:
             result = await merge_body(
                 dataset,
                 body,
                 keys,
+                when=clauses,
                 conflict_retries=conflict_retries,
                 retry_timeout=retry_timeout,
                 spool_dir=spool_dir,
@@ -495,6 +511,7 @@ def create_app(
                 "num_attempts": result.num_attempts,
                 "source_mode": result.source_mode.value,
                 "version": result.version,
+                "mem_wal": None if result.mem_wal is None else dataclasses.asdict(result.mem_wal),
                 "body": {"format": stats.format, "bytes": stats.bytes_received, "rows": stats.rows},
             }
         )
