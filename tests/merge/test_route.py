@@ -84,7 +84,7 @@ async def test_shapes_without_a_mem_wal_form_say_how_to_reach_the_base_table(
     tmp_path: Path,
 ) -> None:
     ds = await mem_wal_table(tmp_path / "t.lance")
-    with pytest.raises(la.MergeShapeError, match="has a MemWAL.*via_base_table"):
+    with pytest.raises(la.MergeShapeError, match=r"has a MemWAL.*via_base_table"):
         await ds.merge_insert().when_matched_update_all().execute(kv_table([1], value=3))
     done = (
         await ds.merge_insert()
