@@ -115,7 +115,13 @@ def merge(
         async with spooled_stdin(source) as path:
             size = await file_size(path)
             label = "stdin" if source == "-" else Path(source).name
-            schema = await run_sync(partial(source_schema, path, fmt, ds.schema))
+            try:
+                schema = await run_sync(partial(source_schema, path, fmt, ds.schema))
+            except Exception as exc:  # a CSV header that cannot be read: said at its line
+                located = await with_csv_line(exc, path, label, fmt, ds.schema)
+                if located is exc:
+                    raise
+                raise located from exc
             builder = ds.merge_insert(keys).when_matched_update_all().when_not_matched_insert_all()
             if base_table:
                 builder = builder.via_base_table()
@@ -163,19 +169,22 @@ async def until_interrupted(work: Awaitable[T], interrupted: list[int]) -> T | N
     cancelled (a merge stops reading and commits nothing; a commit in flight
     ends first, and is kept by the builder), the signal is appended to
     ``interrupted`` and None returned."""
+    from .._loop import unwrap_groups
+
     result: T | None = None
-    async with anyio.create_task_group() as tg:
+    with unwrap_groups():  # the merge's own error, not a group of one
+        async with anyio.create_task_group() as tg:
 
-        async def watch() -> None:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for signum in signals:
-                    interrupted.append(signum)
-                    tg.cancel_scope.cancel()
-                    return
+            async def watch() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        interrupted.append(signum)
+                        tg.cancel_scope.cancel()
+                        return
 
-        tg.start_soon(watch)
-        result = await work
-        tg.cancel_scope.cancel()
+            tg.start_soon(watch)
+            result = await work
+            tg.cancel_scope.cancel()
     return result
 
 

@@ -1,0 +1,208 @@
+"""The command as a new user meets it (issue 26), on real processes: signals,
+pipes, brokers with a bad message, object storage through ``AWS_*``, lookups.
+
+Every test runs ``python -m lance_async`` (this checkout) against real tables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+import lance
+import pytest
+
+from .helpers import kv_table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lance_async", *args]
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        **extra,
+    }
+
+
+def run(
+    *args: str, stdin: str = "", timeout: float = 120, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command(*args),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env(**extra),
+    )
+
+
+def wait_for_line(stream: IO[str], pattern: str, timeout: float = 120) -> str:
+    """The first line of ``stream`` matching ``pattern`` (the overall timeout
+    only stops a hung test)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            raise AssertionError(f"the stream ended before a line matching {pattern!r}")
+        if re.search(pattern, line):
+            return line
+    raise AssertionError(f"no line matching {pattern!r} within {timeout} s")
+
+
+def big_ndjson(path: Path, rows: int) -> Path:
+    with path.open("w") as f:
+        step = 100_000
+        for lo in range(0, rows, step):
+            f.write(
+                "".join(
+                    f'{{"id": {i}, "value": {i}, "name": "big{i}"}}\n'
+                    for i in range(lo, min(lo + step, rows))
+                )
+            )
+    return path
+
+
+# -- 1. Ctrl-C during a merge --------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_before_the_commit_stops_the_merge_and_commits_nothing(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(kv_table(range(10)), uri)
+    src = big_ndjson(tmp_path / "big.ndjson", 1_000_000)
+    with subprocess.Popen(
+        command("merge", str(src), uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(LANCE_ASYNC_PROGRESS_INTERVAL="0"),
+    ) as proc:
+        try:
+            assert proc.stderr is not None
+            wait_for_line(proc.stderr, r"^merge big\.ndjson: ")  # the engine reads the file
+            proc.send_signal(signum)
+            out, rest = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    assert proc.returncode == 130, (out, rest)
+    assert "nothing was committed" in rest and "version" not in out
+    table = lance.dataset(uri)
+    assert table.version == 1 and table.count_rows() == 10
+
+
+def test_an_interrupt_near_the_commit_leaves_what_the_command_said(tmp_path: Path) -> None:
+    """Sent once the engine read the whole file (merging, or committing): either
+    the commit landed and its version is printed (exit 0), or nothing was
+    committed (exit 130) -- never a silent commit."""
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(kv_table(range(10)), uri)
+    src = big_ndjson(tmp_path / "big.ndjson", 300_000)
+    with subprocess.Popen(
+        command("merge", str(src), uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(LANCE_ASYNC_PROGRESS_INTERVAL="0"),
+    ) as proc:
+        try:
+            assert proc.stderr is not None
+            while True:  # the line whose amount is the whole file
+                line = wait_for_line(proc.stderr, r"^merge big\.ndjson: ")
+                done, _, total = line.split(": ", 1)[1].partition(" of ")
+                if total.startswith(done.strip()):
+                    break
+            proc.send_signal(signal.SIGINT)
+            out, rest = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    table = lance.dataset(uri)
+    if proc.returncode == 0:
+        assert f"version {table.version}" in out and table.count_rows() == 300_000
+    else:
+        assert proc.returncode == 130, (out, rest)
+        assert "nothing was committed" in rest and table.version == 1
+
+
+# -- 4. streaming standard input ------------------------------------------------
+
+
+def mem_wal_table(path: Path) -> str:
+    uri = str(path)
+    ds = lance.write_dataset(kv_table(range(5)), uri)
+    ds.initialize_mem_wal()
+    return uri
+
+
+def unflushed_rows(uri: str) -> int:
+    """The table's durable rows no generation holds yet, as another process sees them."""
+    info = run("info", uri, "--json")
+    assert info.returncode == 0, info.stderr
+    return int(json.loads(info.stdout)["unflushed_rows"])
+
+
+def test_rows_piped_into_ingest_are_durable_while_the_pipe_stays_open(tmp_path: Path) -> None:
+    uri = mem_wal_table(tmp_path / "t.lance")
+    with subprocess.Popen(
+        command("ingest", "-", uri),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    ) as proc:
+        try:
+            assert proc.stdin is not None
+            for i, expected in ((100, 1), (101, 2)):
+                proc.stdin.write(json.dumps({"id": i, "value": i, "name": f"p{i}"}) + "\n")
+                proc.stdin.flush()
+                deadline = time.monotonic() + 60  # only stops a hung test
+                while unflushed_rows(uri) < expected:  # durable in the WAL, read by another process
+                    assert proc.poll() is None, "the ingest ended with the pipe still open"
+                    assert time.monotonic() < deadline, "the piped row never became durable"
+                    time.sleep(0.1)
+            out, err = proc.communicate(timeout=120)  # closes the pipe: the end of the input
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "ingested 2 rows" in out
+    found = run("lookup", uri, "100", "101", "--format", "ndjson")
+    assert [json.loads(line)["name"] for line in found.stdout.splitlines()] == ["p100", "p101"]
+
+
+def test_idle_timeout_ends_an_ingest_from_a_pipe_that_stays_open(tmp_path: Path) -> None:
+    uri = mem_wal_table(tmp_path / "t.lance")
+    with subprocess.Popen(
+        command("ingest", "-", uri, "--idle-timeout", "1"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    ) as proc:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps({"id": 7, "value": 7, "name": "idle"}) + "\n")
+            proc.stdin.flush()  # and the pipe stays open (communicate() would close it)
+            proc.wait(timeout=120)
+            assert proc.stdout is not None and proc.stderr is not None
+            out, err = proc.stdout.read(), proc.stderr.read()
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "ingested 1 row" in out
