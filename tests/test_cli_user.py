@@ -206,3 +206,121 @@ def test_idle_timeout_ends_an_ingest_from_a_pipe_that_stays_open(tmp_path: Path)
             proc.kill()
     assert proc.returncode == 0, err
     assert "ingested 1 row" in out
+
+
+# -- 5. poison messages ----------------------------------------------------------
+
+BAD = b'{"id": 2, "nme": "typo"}'  # a field the table lacks
+
+
+def lsm_ids_of(uri: str) -> list[int]:
+    found = run("scan", uri, "--lsm", "--columns", "id", "--format", "ndjson")
+    assert found.returncode == 0, found.stderr
+    return sorted(json.loads(line)["id"] for line in found.stdout.splitlines())
+
+
+def row(i: int) -> bytes:
+    return json.dumps({"id": i, "value": i, "name": f"r{i}"}).encode()
+
+
+@pytest.mark.broker
+def test_a_bad_redis_message_is_set_aside_and_the_good_ones_around_it_written(
+    tmp_path: Path,
+) -> None:
+    import uuid
+
+    import redis
+
+    from .conftest import broker_or_skip
+
+    broker_or_skip("Redis", 6379)
+    client = redis.Redis(port=6379)
+    key = f"la-dl-{uuid.uuid4().hex}"
+    source = f"redis://127.0.0.1:6379/{key}"
+    try:
+        ids = [client.xadd(key, {"data": payload}) for payload in (row(101), BAD, row(103))]
+        uri = mem_wal_table(tmp_path / "stop.lance")
+        # by default the bad message stops the ingest; the one before it is written
+        stopped = run("ingest", source, uri, "--idle-timeout", "2")
+        assert stopped.returncode == 1, stopped.stderr
+        assert "unknown field 'nme'" in stopped.stderr and ids[1].decode() in stopped.stderr
+        assert lsm_ids_of(uri) == [0, 1, 2, 3, 4, 101]  # the one before it written, not after
+        # --dead-letter --max-bad: recorded, acknowledged, and the good ones written
+        letters = tmp_path / "dead.ndjson"
+        uri = mem_wal_table(tmp_path / "aside.lance")
+        done = run(
+            "ingest",
+            f"{source}?group=aside",
+            uri,
+            "--dead-letter",
+            str(letters),
+            "--max-bad",
+            "5",
+            "--idle-timeout",
+            "2",
+        )
+        assert done.returncode == 0, done.stderr
+        assert "1 dead letter" in done.stdout
+        assert lsm_ids_of(uri) == [0, 1, 2, 3, 4, 101, 103]
+        assert lance_async_row(uri, 103) == "r103"
+        (record,) = [json.loads(line) for line in letters.read_text().splitlines()]
+        assert record["offset"] == ids[1].decode() and record["message"] == BAD.decode()
+        assert "nme" in record["error"] and record["feed"] == f"redis://127.0.0.1:6379/{key}"
+        assert client.xpending(key, "aside")["pending"] == 0  # every message acknowledged
+    finally:
+        client.delete(key)
+        client.close()
+
+
+def lance_async_row(uri: str, key: int) -> str:
+    found = run("lookup", uri, str(key), "--columns", "name", "--format", "ndjson")
+    assert found.returncode == 0, found.stderr
+    return str(json.loads(found.stdout)["name"])
+
+
+@pytest.mark.broker
+def test_a_bad_nats_message_is_set_aside_within_the_limit_and_stops_past_it(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+    import uuid
+
+    import nats
+
+    from .conftest import broker_or_skip
+
+    broker_or_skip("NATS", 4222)
+    stream = f"LADL{uuid.uuid4().hex[:12]}"
+    subject = f"{stream}.rows"
+
+    async def publish() -> None:
+        nc = await nats.connect("nats://127.0.0.1:4222")
+        js = nc.jetstream()
+        await js.add_stream(name=stream, subjects=[subject])
+        for payload in (row(10), BAD, row(12), BAD, row(14)):
+            await js.publish(subject, payload)
+        await nc.close()
+
+    async def drop() -> None:
+        nc = await nats.connect("nats://127.0.0.1:4222")
+        await nc.jetstream().delete_stream(stream)
+        await nc.close()
+
+    asyncio.run(publish())
+    try:
+        letters = tmp_path / "dead.ndjson"
+        uri = mem_wal_table(tmp_path / "t.lance")
+        url = f"nats://127.0.0.1:4222/{stream}/{subject}"
+        args = ["--dead-letter", str(letters), "--idle-timeout", "2"]
+        over = run("ingest", url, uri, *args, "--max-bad", "1")
+        assert over.returncode == 1, over.stderr
+        assert "--max-bad" in over.stderr and "sequence" not in over.stderr
+        assert [json.loads(line)["offset"] for line in letters.read_text().splitlines()] == [2]
+        assert lsm_ids_of(uri) == [0, 1, 2, 3, 4, 10, 12]  # up to the second bad message
+        again = run("ingest", url, uri, *args, "--max-bad", "5")  # resumes after the first
+        assert again.returncode == 0, again.stderr
+        offsets = [json.loads(line)["offset"] for line in letters.read_text().splitlines()]
+        assert offsets == [2, 4]
+        assert lsm_ids_of(uri) == [0, 1, 2, 3, 4, 10, 12, 14]
+    finally:
+        asyncio.run(drop())

@@ -38,6 +38,7 @@ __all__ = [
     "app",
     "check_columns",
     "count",
+    "dead_letter_hook",
     "err",
     "escape",
     "fail",
@@ -472,6 +473,33 @@ MIN_PUT_INTERVAL: Any = typer.Option(
     "write: on object storage, one PUT request (see docs/scale-out.md for the cost).",
     callback=number("--min-put-interval", maximum=3_600),
 )
+
+
+DEAD_LETTER: Any = typer.Option(
+    None,
+    "--dead-letter",
+    metavar="FILE",
+    help="Append bad messages (offset, raw message, error) to FILE as NDJSON and acknowledge "
+    "them, up to --max-bad; broker feeds only.",
+)
+
+
+def dead_letter_hook(path: str | None, max_bad: int | None, source: str) -> Any:
+    """The :class:`~lance_async.feeds.DeadLetterFile` of ``--dead-letter``, or None.
+
+    ``source`` is the feed's URL; what is recorded of it drops credentials
+    and the query.
+    """
+    if path is None:
+        return None
+    from urllib.parse import urlparse
+
+    from ..feeds.deadletter import DeadLetterFile
+
+    url = urlparse(source)
+    host = url.hostname or ""
+    feed = f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}{url.path}"
+    return DeadLetterFile(path, max_bad=max_bad, feed=feed)
 
 
 def writer_options(commit: str | None, min_put_interval: float | None) -> dict[str, Any]:

@@ -17,9 +17,11 @@ import typer
 
 from .common import (
     COMMIT,
+    DEAD_LETTER,
     MIN_PUT_INTERVAL,
     STORAGE_OPTION,
     app,
+    dead_letter_hook,
     err,
     number,
     open_table,
@@ -134,6 +136,15 @@ def worker(
         "--metrics",
         help="Serve GET /metrics for Prometheus on --health-port (the 'metrics' extra).",
     ),
+    dead_letter: str | None = DEAD_LETTER,
+    max_bad: int | None = typer.Option(
+        None,
+        "--max-bad",
+        metavar="N",
+        help="With --dead-letter: bad messages set aside before the next one stops the worker "
+        "(default: no limit; without --dead-letter bad messages are logged and acknowledged).",
+        callback=number("--max-bad"),
+    ),
     storage_option: list[str] | None = STORAGE_OPTION,
     commit: str | None = COMMIT,
     min_put_interval: float | None = MIN_PUT_INTERVAL,
@@ -148,6 +159,11 @@ def worker(
     options = writer_options(commit, min_put_interval)
     if lease_ttl <= 0 or ack_wait <= 0:
         raise typer.BadParameter("--lease-ttl and --ack-wait must be > 0")
+    if max_bad is not None and dead_letter is None:
+        raise typer.BadParameter(
+            "give --dead-letter FILE too: where the bad messages go", param_hint="'--max-bad'"
+        )
+    hook = dead_letter_hook(dead_letter, max_bad, feed)
     if metrics and health_port is None:
         raise typer.BadParameter("--metrics needs --health-port", param_hint="'--metrics'")
     export = None
@@ -212,6 +228,7 @@ def worker(
                     coordinator=coordinator,
                     writer_options=options,
                     compaction=CompactionPolicy(),
+                    dead_letter=hook,
                 )
                 gc.freeze()  # start-up objects out of the collector's way (README, GC)
                 running.append(w)
