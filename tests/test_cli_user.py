@@ -20,6 +20,7 @@ import lance
 import pytest
 
 from .helpers import kv_table
+from .services import S3Bucket
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -324,3 +325,48 @@ def test_a_bad_nats_message_is_set_aside_within_the_limit_and_stops_past_it(
         assert lsm_ids_of(uri) == [0, 1, 2, 3, 4, 10, 12, 14]
     finally:
         asyncio.run(drop())
+
+
+# -- 6. object storage configured the way pylance is -------------------------------
+
+
+def test_every_command_reads_a_bucket_through_the_aws_environment_alone(
+    tmp_path: Path, s3_bucket: S3Bucket
+) -> None:
+    aws = {
+        "AWS_ACCESS_KEY_ID": s3_bucket.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3_bucket.secret_key,
+        "AWS_REGION": s3_bucket.region,
+        "AWS_ENDPOINT": s3_bucket.endpoint,  # object_store's name; pyarrow reads another
+        "AWS_ALLOW_HTTP": "true",
+    }
+    uri = s3_bucket.uri("t.lance")
+    rows = tmp_path / "rows.ndjson"
+    rows.write_text("".join(row(i).decode() + "\n" for i in range(10)))
+    steps = [
+        ("create", uri, "--from", str(rows), "--key", "id"),
+        ("init-wal", uri),
+        ("ingest", str(rows), uri),
+        ("merge", str(rows), uri),
+        ("check", uri),
+        ("scan", uri, "--lsm", "--format", "ndjson"),
+        ("lookup", uri, "3", "--format", "ndjson"),
+        ("compact", uri),
+        ("info", uri, "--json"),
+    ]
+    results = {}
+    for args in steps:
+        done = run(*args, **aws)
+        assert done.returncode == 0, (args, done.stderr)
+        results[args[0]] = done
+    assert len(results["scan"].stdout.splitlines()) == 10
+    assert json.loads(results["lookup"].stdout)["name"] == "r3"
+    assert json.loads(results["info"].stdout)["base_rows"] == 10
+    # an unknown -s key is refused by name; no credentials at all: one line
+    typo = run("info", uri, "-s", f"aws_endpont={s3_bucket.endpoint}", **aws)
+    assert typo.returncode == 2 and "did you mean 'aws_endpoint'" in typo.stderr
+    bare = {k: v for k, v in aws.items() if "KEY" not in k}
+    missing = run("info", uri, **bare)
+    assert missing.returncode == 2, missing.stderr
+    (line,) = missing.stderr.splitlines()
+    assert line.startswith(f"error: no credentials for {uri}: set AWS_ACCESS_KEY_ID"), line

@@ -282,6 +282,9 @@ def report(exc: BaseException, writes: Writes | None = None) -> NoReturn:
     hint = missing_extra(exc)
     if hint is not None:
         fail(hint, 2)
+    credentials = _credentials_hint(exc)
+    if credentials is not None:
+        fail(credentials, 2)
     if isinstance(exc, errors.DatasetNotFoundError):
         message = str(exc).replace("create it with write_dataset", "create it: lance-async create")
         fail(message, 2)
@@ -306,6 +309,30 @@ def report(exc: BaseException, writes: Writes | None = None) -> NoReturn:
     if isinstance(exc, (errors.LanceAsyncError, OSError, ValueError)):
         fail(_one_line(str(exc)))
     fail(f"{type(exc).__name__}: {_one_line(str(exc))}")  # a broker's refusal, and the like
+
+
+_CREDENTIALS = re.compile(r"credential|CredentialsNotLoaded|NoCredentialProviders", re.I)
+_STORE_URI = re.compile(r"\b(s3a?|gs|az|abfss?)://[^\s'\")]+")
+_HOW = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or -s "
+    "aws_access_key_id=... -s aws_secret_access_key=...",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS (a service account file), or -s "
+    "google_service_account=PATH",
+    "az": "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY, or -s "
+    "azure_storage_account_name=... -s azure_storage_account_key=...",
+}
+
+
+def _credentials_hint(exc: BaseException) -> str | None:
+    """One line for an object store that found no credentials (the engine
+    says it over several nested lines), or None for any other failure."""
+    text = str(exc)
+    if not isinstance(exc, (errors.LanceAsyncError, OSError)) or not _CREDENTIALS.search(text):
+        return None
+    found = _STORE_URI.search(text)
+    uri = found.group(0) if found else "the object store"
+    scheme = found.group(1)[:2] if found else "s3"
+    return f"no credentials for {uri}: set {_HOW.get(scheme, _HOW['s3'])}"
 
 
 def _is_csv_error(exc: BaseException) -> bool:
@@ -528,10 +555,13 @@ def parse_storage_options(values: Sequence[str] | None) -> dict[str, str] | None
     Raises
     ------
     typer.BadParameter
-        A value without ``=`` or with an empty key (exit 2).
+        A value without ``=``, an empty key, or a key no object store takes
+        (exit 2, naming it and the key it was likely meant to be).
     """
     if not values:
         return None
+    from .._storage import unknown_option
+
     parsed: dict[str, str] = {}
     for item in values:
         key, sep, value = item.partition("=")
@@ -539,6 +569,9 @@ def parse_storage_options(values: Sequence[str] | None) -> dict[str, str] | None
             raise typer.BadParameter(
                 f"expected KEY=VALUE, got {item!r}", param_hint="'--storage-option'"
             )
+        problem = unknown_option(key)
+        if problem is not None:
+            raise typer.BadParameter(problem, param_hint="'--storage-option'")
         parsed[key.strip()] = value
     return parsed
 
