@@ -370,3 +370,68 @@ def test_every_command_reads_a_bucket_through_the_aws_environment_alone(
     assert missing.returncode == 2, missing.stderr
     (line,) = missing.stderr.splitlines()
     assert line.startswith(f"error: no credentials for {uri}: set AWS_ACCESS_KEY_ID"), line
+
+
+# -- 8. reading back: serve finds tables made after it started; lookup -----------------
+
+
+def test_serve_sees_tables_created_after_it_started(tmp_path: Path) -> None:
+    import socket
+
+    import httpx
+
+    lance.write_dataset(kv_table(range(3)), str(tmp_path / "first.lance"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    with subprocess.Popen(
+        command("serve", "--root", str(tmp_path), "--port", str(port)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env(),
+    ) as proc:
+        try:
+            deadline = time.monotonic() + 60  # only stops a hung test
+            while True:
+                try:
+                    if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.2)
+            mem_wal_table(tmp_path / "later.lance")  # made after the start, with a MemWAL
+            body = "".join(row(i).decode() + "\n" for i in (40, 41))
+            ingested = httpx.post(
+                f"{base}/tables/later/ingest",
+                content=body,
+                headers={"content-type": "application/x-ndjson"},
+                timeout=60,
+            )
+            assert ingested.status_code == 200, ingested.text
+            assert httpx.get(f"{base}/tables/later/lookup/41", timeout=30).json()["row"] == {
+                "id": 41,
+                "value": 41,
+                "name": "r41",
+            }
+            assert sorted(httpx.get(f"{base}/tables", timeout=30).json()) == ["first", "later"]
+            assert httpx.get(f"{base}/tables/none/rows", timeout=30).status_code == 404
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def test_lookup_reads_the_newest_row_of_each_key(tmp_path: Path) -> None:
+    uri = mem_wal_table(tmp_path / "t.lance")
+    rows = tmp_path / "rows.ndjson"
+    rows.write_text(json.dumps({"id": 2, "value": 20, "name": "newer"}) + "\n")
+    assert run("ingest", str(rows), uri).returncode == 0
+    found = run("lookup", uri, "2", "4", "77", "--format", "ndjson")
+    assert found.returncode == 1  # a key without a row
+    assert [json.loads(line)["name"] for line in found.stdout.splitlines()] == ["newer", "n4"]
+    assert found.stderr.strip() == "no row for key 77"
+    base = run("lookup", uri, "2", "--base", "--format", "ndjson")
+    assert base.returncode == 0 and json.loads(base.stdout)["name"] == "n2"
+    bad = run("lookup", uri, "two")
+    assert bad.returncode == 2 and "is not a int64" in bad.stderr

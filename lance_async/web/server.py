@@ -5,7 +5,9 @@ Run it with ``lance-async serve --root DIR``. Needs the ``fastapi`` extra.
 Tables
 ------
 At startup every directory ``DIR/<name>.lance`` holding a Lance dataset is
-registered as table ``<name>``; tables created later need a restart. Names
+registered as table ``<name>``; a table created later is found when a
+request names it (or lists ``/tables``): the root is listed again, at most
+once a second. Names
 are resolved through that registry only, never as paths. A table whose MemWAL
 is initialized (``initialize_mem_wal``) gets a MemWAL writer: the routing
 writer when the MemWAL has a sharding spec (every row to its own shard), or
@@ -76,11 +78,12 @@ import os
 import re
 import threading
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any
 
+import anyio
 import pyarrow as pa
 import pyarrow.fs as pafs
 from fastapi import FastAPI, Query, Request, Response
@@ -208,6 +211,91 @@ async def discover_tables(
                 storage_options=options,
             )
     return specs
+
+
+class _Discovery:
+    """Tables created under the root after startup, found when a request asks.
+
+    A request for a table name the registry lacks (or for ``GET /tables``)
+    asks for a new listing of the root, at most once per ``interval``
+    seconds; the tables found are opened by one long-lived task (the
+    lifespan's), which owns their writers' contexts and closes them at
+    shutdown, since writers own task groups. Requests wait for the listing
+    they asked for, bounded by ``timeout``.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        registry: TableRegistry,
+        writer_options: Mapping[str, Any] | None,
+        storage_options: Mapping[str, str] | None,
+        interval: float = 1.0,
+        timeout: float = 30.0,
+    ) -> None:
+        self.root = root
+        self.registry = registry
+        self.writer_options = writer_options
+        self.storage_options = storage_options
+        self.interval = interval
+        self.timeout = timeout
+        self._wanted = anyio.Event()
+        self._done = anyio.Event()
+        self._last = -float("inf")
+
+    async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve listings until cancelled; close what it opened (blocks)."""
+        async with AsyncExitStack() as stack:
+            task_status.started()
+            while True:
+                await self._wanted.wait()
+                self._wanted = anyio.Event()
+                done, self._done = self._done, anyio.Event()
+                try:
+                    found = await discover_tables(
+                        self.root,
+                        writer_options=self.writer_options,
+                        storage_options=self.storage_options,
+                    )
+                    for name, spec in found.items():
+                        if name not in self.registry.names:
+                            await self.registry.add_open(name, spec, stack)
+                            log.info("lance_async.serve: now serving table %s", name)
+                except Exception:  # a listing that fails: the request gets its 404
+                    log.exception("lance_async.serve: listing %s failed", self.root)
+                finally:
+                    done.set()
+
+    async def refresh(self) -> None:
+        """Ask for a listing (unless one ran within ``interval``) and wait for it."""
+        now = anyio.current_time()
+        if now - self._last < self.interval:
+            return
+        self._last = now
+        done = self._done
+        self._wanted.set()
+        with anyio.move_on_after(self.timeout):
+            await done.wait()
+
+
+_TABLE_PATH = re.compile(r"^/tables/([^/]+)(?:/|$)")
+
+
+def _discovery_middleware(app: Any, discovery: _Discovery) -> Any:
+    """ASGI middleware: a request naming a table the registry lacks (or listing
+    them) asks ``discovery`` for a new listing first."""
+
+    async def middleware(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            path = scope.get("path", "")
+            match = _TABLE_PATH.match(path)
+            if path.rstrip("/") == "/tables" or (
+                match is not None and match.group(1) not in discovery.registry.names
+            ):
+                await discovery.refresh()
+        await app(scope, receive, send)
+
+    return middleware
 
 
 @dataclass
@@ -370,9 +458,22 @@ def create_app(
                     registry.add(name, spec)
         async with open_registry(app):
             log.info("lance_async.serve: serving tables %s", registry.names)
-            yield
+            if discovery is None:
+                yield
+                return
+            async with anyio.create_task_group() as tg:
+                await tg.start(discovery.run)
+                yield
+                tg.cancel_scope.cancel()
 
+    discovery = (
+        None
+        if root_dir is None
+        else _Discovery(root_dir, registry, writer_options, storage_options)
+    )
     app = FastAPI(title="lance_async example", lifespan=lifespan)
+    if discovery is not None:  # tables created under the root after startup
+        app.add_middleware(_discovery_middleware, discovery=discovery)
     install_body_guard(
         app, drain_bytes=body_limits.drain_bytes, drain_timeout=body_limits.drain_timeout
     )
