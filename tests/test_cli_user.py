@@ -435,3 +435,47 @@ def test_lookup_reads_the_newest_row_of_each_key(tmp_path: Path) -> None:
     assert base.returncode == 0 and json.loads(base.stdout)["name"] == "n2"
     bad = run("lookup", uri, "two")
     assert bad.returncode == 2 and "is not a int64" in bad.stderr
+
+
+# -- 9. the small ones ---------------------------------------------------------------
+
+
+def test_create_with_a_narrower_schema_refuses_instead_of_dropping_columns(
+    tmp_path: Path,
+) -> None:
+    lines = ["id,value,name", *(f"{i},{i},n{i}" for i in range(6_000))]
+    src = tmp_path / "rows.csv"
+    src.write_text("\n".join(lines) + "\n")
+    uri = tmp_path / "t.lance"
+    narrow = run("create", str(uri), "--from", str(src), "--schema", "id:int64", "--key", "id")
+    assert narrow.returncode == 2 and "'value', 'name'" in narrow.stderr
+    assert not uri.exists()
+    lines[5_001] = "5000,1,n,extra"  # past what a small sample would read, within inference's
+    src.write_text("\n".join(lines) + "\n")
+    inferred = run("create", str(uri), "--from", str(src), "--key", "id")
+    assert inferred.returncode == 1
+    assert "line 5002 of rows.csv: expected 3 columns, got 4" in inferred.stderr
+    assert not uri.exists()
+
+
+def test_compact_and_check_say_what_they_count(tmp_path: Path) -> None:
+    uri = mem_wal_table(tmp_path / "t.lance")
+    rows = tmp_path / "rows.ndjson"
+    rows.write_text("".join(row(i).decode() + "\n" for i in range(100, 120)))
+    for _ in range(2):  # every key twice: 40 rows in the generations, 20 keys
+        assert run("ingest", str(rows), uri).returncode == 0
+    info = json.loads(run("info", uri, "--json").stdout)
+    checked = run("check", uri, "--json")
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["rows"] == info["flushed_rows"] == 40
+    assert "every version of a key" in run("check", uri).stderr
+    compacted = run("compact", uri, LANCE_ASYNC_PROGRESS_INTERVAL="0")
+    assert compacted.returncode == 0, compacted.stderr
+    gens = info["generations"]
+    assert compacted.stderr.splitlines()[-1].startswith(
+        f"compact: done, {gens} of {gens} generations"
+    )
+    assert (
+        f"compacted {gens} generations" in compacted.stdout
+        and "20 rows upserted" in compacted.stdout
+    )

@@ -24,7 +24,9 @@ __all__ = [
     "ROW_FORMATS",
     "check_format",
     "check_source",
+    "csv_extra_columns",
     "format_of",
+    "inferred_csv_error",
     "source_schema",
     "with_csv_line",
 ]
@@ -148,6 +150,63 @@ def source_schema(path: str, fmt: str, table: Any) -> Any:
     if not given:  # an empty file, or no known field: the decoder says what is wrong
         return table
     return pa.schema([f for f in table if f.name in given], metadata=table.metadata)
+
+
+def csv_extra_columns(path: str, schema: Any) -> list[str]:
+    """Columns a CSV file's header names that ``schema`` lacks (blocking)."""
+    return [n for n in _csv_header(path) if n not in schema.names]
+
+
+def _inferred_csv_error(path: str, label: str) -> Exception | None:
+    """The line where pyarrow's schema inference of a CSV file stops, as a
+    :class:`~lance_async.DecodeError` naming it (blocking; None when not found).
+
+    Inference reads the start of the file; a row there that does not parse
+    (another number of fields) fails it. pyarrow's reader with one thread
+    numbers rows as the file's lines, and hands the first bad one over.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    sample = head[: head.rfind(b"\n") + 1] or head
+    bad: list[Any] = []
+
+    def handler(row: Any) -> str:
+        bad.append(row)
+        return "error"
+
+    try:
+        pcsv.read_csv(
+            pa.py_buffer(sample),
+            read_options=pcsv.ReadOptions(use_threads=False),
+            parse_options=pcsv.ParseOptions(invalid_row_handler=handler),
+        )
+    except (pa.ArrowInvalid, ValueError):
+        pass
+    if not bad or bad[0].number < 1:
+        return None
+    row = bad[0]
+    where = "standard input" if label == "stdin" else label
+    text = _one_line(row.text or "")
+    return errors.DecodeError(
+        f"line {row.number} of {where}: expected {row.expected_columns} columns, got "
+        f"{row.actual_columns}: {text} (the columns and their types are inferred from the "
+        "start of the file: fix the line, or give --schema SPEC)"
+    )
+
+
+async def inferred_csv_error(exc: Exception, path: str, label: str, fmt: str | None) -> Exception:
+    """``exc`` (schema inference of the file at ``path`` failed) as an error
+    naming the file's line, when it is a CSV file and the line is found; else
+    ``exc`` itself."""
+    if fmt != "csv" or not isinstance(exc, errors.DecodeError):
+        return exc
+    from functools import partial
+
+    found = await anyio.to_thread.run_sync(partial(_inferred_csv_error, path, label))
+    return exc if found is None else found
 
 
 async def with_csv_line(

@@ -295,8 +295,10 @@ def compact(
         await require_mem_wal(ds, table_uri)
         snaps = await ds.shard_snapshots()
         gens = sum(len(s.sstables) for s in snaps)
-        with Progress(f"compact {count(gens, 'generation')}", None, unit="rows"):
-            return await ds.compact_mem_wal()
+        with Progress("compact", gens, unit="generations") as progress:
+            result = await ds.compact_mem_wal()
+            progress.update(sum(len(g) for g in result.generations.values()))
+            return result
 
     result = run_command(run)
     gens = sum(len(g) for g in result.generations.values())
@@ -434,22 +436,43 @@ def check(
     the writers first so their memtables are flushed.
     """
 
-    async def run() -> ShardCheck:
+    async def run() -> tuple[ShardCheck, int]:
+        from .._threads import run_sync
+        from ..memwal.manifest import unflushed_wal_rows
+
         ds = await open_table(table_uri, storage_option)
         await require_mem_wal(ds, table_uri)
-        return await ds.check_shards()
+        found = await ds.check_shards()
+        storage = ds.storage_options
 
-    report = run_command(run)
+        def unflushed() -> int:
+            return sum(
+                unflushed_wal_rows(ds.uri, s.shard_id, s.current_generation, storage) for s in snaps
+            )
+
+        snaps = await ds.shard_snapshots()
+        return found, await run_sync(unflushed)
+
+    report, unflushed = run_command(run)
     if as_json:
         import dataclasses
 
-        out.print_json(json.dumps(dataclasses.asdict(report) | {"ok": report.ok}, default=str))
+        data = dataclasses.asdict(report) | {"ok": report.ok, "unflushed_rows": unflushed}
+        out.print_json(json.dumps(data, default=str))
     else:
         out.print(
             f"{report.shards} shard(s), {report.generations} flushed generation(s) not yet "
             f"compacted, {report.rows:,} rows read in them ({report.sharding} sharding): "
             f"{report.split_keys:,} key(s) in more than one shard, "
             f"{report.misplaced_keys:,} in the wrong shard",
+            markup=False,
+        )
+        # the rows counted are info's "in N flushed generations" (every version of a key,
+        # deletions included), not its LSM figure (the newest row per key)
+        err.print(
+            "note: rows counted as info counts its flushed ones: every version of a key and "
+            "every deletion; the base table and rows not flushed yet are not checked"
+            + (f" ({unflushed:,} not flushed, in the WAL)" if unflushed else ""),
             markup=False,
         )
         for example in report.examples:
