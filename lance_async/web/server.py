@@ -41,7 +41,8 @@ Endpoints
     Streams rows as NDJSON, or Arrow IPC with
     ``Accept: application/vnd.apache.arrow.stream`` (or ``format=arrow``);
     ``limit``, ``offset`` or ``batch_size`` past int64 is a 422.
-    Filters must be ``column <op> literal`` (repeat ``filter`` for AND)
+    Filters are comparisons ``column <op> literal`` combined with AND, OR,
+    NOT and parentheses (repeated ``filter`` parameters must all hold)
     unless the server runs with ``--allow-raw-sql``. On MemWAL tables the rows
     are the writer's LSM view (every acknowledged row); pylance 14 collects
     an LSM scan in the engine before it is streamed, so filter it.
