@@ -94,9 +94,7 @@ def _azure(options: Mapping[str, str]) -> pafs.FileSystem:
     kwargs: dict[str, Any] = {
         "account_name": get("azure_storage_account_name", "account_name") or "",
     }
-    key = get(
-        "azure_storage_account_key", "azure_storage_access_key", "account_key", "access_key"
-    )
+    key = get("azure_storage_account_key", "azure_storage_access_key", "account_key", "access_key")
     if key:
         kwargs["account_key"] = key
     token = get("azure_storage_sas_key", "azure_storage_sas_token", "sas_key", "sas_token")

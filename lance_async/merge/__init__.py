@@ -39,7 +39,8 @@ never leaves a thread running on its behalf: an attempt in flight ends in its
 thread (a replayable source stops at its next batch and commits nothing;
 other sources' merges run to their end), then the cancellation is
 delivered. If that attempt committed, its :class:`MergeResult` is stored in
-:attr:`AsyncMergeInsertBuilder.last_result` and logged (logger ``lance_async``, level WARNING) so the outcome is known.
+:attr:`AsyncMergeInsertBuilder.last_result` and logged (logger ``lance_async``,
+level WARNING) so the outcome is known.
 Cancelled during backoff, nothing is in flight and nothing more is committed.
 
 A replayable source's attempt runs the merge uncommitted and then commits
