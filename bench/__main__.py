@@ -12,7 +12,9 @@ comparing lance_async with pylance sync calls, pylance wrapped in
 6. object_storage  -- durable ingestion on S3 (moto) vs local; 1-3 workers (issue 14)
 7. lsm             -- LSM reads under background compaction, lookups, cancel,
                       NDJSON, first engine call, LSM vector search (issue 18)
-8. event-loop lag of a 1 ms ticker during each workload (issue 8)
+8. visibility      -- durable rows seen from another process: visibility lag,
+                      WAL-tail read cost (issue 23)
+9. event-loop lag of a 1 ms ticker during each workload (issue 8)
 
 ``--quick`` runs small sizes in one to three minutes (a smoke run, not a
 measurement). Without it the suite takes 11 to 30 minutes on 2 cores (the
@@ -42,6 +44,7 @@ from . import (
     scaling,
     scan,
     sharding,
+    visibility,
 )
 from ._common import (
     REPO_ROOT,
@@ -62,6 +65,7 @@ WORKLOADS = [
     "sharding",
     "object_storage",
     "lsm",
+    "visibility",
 ]
 
 
@@ -154,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "sharding": sharding,
         "object_storage": object_storage,
         "lsm": lsm,
+        "visibility": visibility,
     }
     try:
         for name in wanted:

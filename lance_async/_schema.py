@@ -13,6 +13,7 @@ import pyarrow as pa
 from .errors import SchemaMismatchError
 
 __all__ = [
+    "NO_KEY",
     "PRIMARY_KEY_META",
     "conform_batch",
     "describe_difference",
@@ -21,6 +22,12 @@ __all__ = [
 
 PRIMARY_KEY_META = b"lance-schema:unenforced-primary-key"
 _PK_POSITION_META = b"lance-schema:unenforced-primary-key-position"
+NO_KEY = (
+    "a MemWAL needs a primary key: LSM reads and compaction keep the newest row per key. "
+    "Mark the key field(s) non-nullable with metadata "
+    "{'lance-schema:unenforced-primary-key': 'true'}"
+)
+"""The message every MemWAL path gives for a table without a primary key."""
 
 
 def primary_key(schema: pa.Schema) -> list[str]:

@@ -18,6 +18,7 @@ The tree::
     ├── ClosedError                 used after aclose() / after the context exited
     ├── WrongEventLoopError         a loop-bound object used from another event loop
     ├── DatasetNotFoundError        no Lance dataset at the URI
+    ├── ManifestFormatError         MemWAL files on storage in a layout this version does not know
     ├── SourceError                 something is wrong with a write source
     │   ├── UnsupportedSourceError  not a kind of object coerce_source knows (a TypeError)
     │   ├── SourceConsumedError     a one-shot (streaming) source asked to replay
@@ -29,7 +30,8 @@ The tree::
     │   └── WrongShardError         a row sent to a shard its key does not map to
     ├── MergeShapeError             merge clauses the MemWAL cannot express (a ValueError)
     ├── ConflictError               a commit lost to a concurrent writer (.retryable)
-    │   └── ContentionError         retries exhausted (.num_attempts)
+    │   ├── ContentionError         retries exhausted (.num_attempts)
+    │   └── StaleCompactionError    another compaction merged those generations first
     ├── WriterFailedError           a MemWAL shard writer broke; every pending ack fails
     │   └── FencedError             another writer claimed the shard (a newer epoch)
     ├── ResourceExhaustedError      the engine's memory pool ran out (size it: configure_memory)
@@ -71,6 +73,7 @@ __all__ = [
     "FilterError",
     "InvalidInputError",
     "LanceAsyncError",
+    "ManifestFormatError",
     "MergeShapeError",
     "NoShardWriterError",
     "NotAcceptableError",
@@ -81,6 +84,7 @@ __all__ = [
     "SourceChangedError",
     "SourceConsumedError",
     "SourceError",
+    "StaleCompactionError",
     "UnknownTableError",
     "UnsupportedMediaTypeError",
     "UnsupportedSourceError",
@@ -115,6 +119,13 @@ class WrongEventLoopError(LanceAsyncError):
 class DatasetNotFoundError(LanceAsyncError):
     """No Lance dataset exists at the given URI. Check the path, or create the
     dataset first with :func:`lance_async.write_dataset`."""
+
+
+class ManifestFormatError(LanceAsyncError):
+    """A MemWAL file (shard manifest, WAL entry, compaction record) did not have
+    the layout this version of lance_async knows (the one pylance 14 writes).
+    The read fails rather than guess; the message names the file. Upgrade
+    lance_async to match your pylance."""
 
 
 class SourceError(LanceAsyncError):
@@ -251,6 +262,21 @@ class ContentionError(ConflictError):
         self.num_attempts = num_attempts
 
 
+class StaleCompactionError(ConflictError):
+    """A MemWAL compaction lost the race: another compaction (in any process)
+    already merged generations at least as new into the base table.
+
+    Nothing of the losing compaction was committed (the engine refuses the
+    commit that would mark older generations compacted, and the deletes and
+    upserts travel in that same commit). Not retryable as such: read the
+    shard snapshots again and compact what is still uncompacted
+    (:meth:`~lance_async.AsyncDataset.compact_mem_wal` does this itself).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
 class WriterFailedError(LanceAsyncError):
     """A MemWAL shard writer hit an error it cannot recover from (an I/O error,
     a failed WAL flush). Every pending and later ack fails with this error.
@@ -362,7 +388,9 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     over a dataset), "Resources exhausted" (a :class:`ResourceExhaustedError`
     that says how to size the pool), "Ref not found" / "Version not found"
     (a tag or version that does not exist: :class:`DatasetNotFoundError`),
-    "Ref conflict" (a tag that exists already: :class:`InvalidInputError`).
+    "Ref conflict" (a tag that exists already: :class:`InvalidInputError`),
+    "Stale SSTable compaction" (a compaction that lost the race:
+    :class:`StaleCompactionError`).
     """
     from lance.commit import CommitConflictError as _LanceConflict
 
@@ -385,6 +413,10 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
         )
     if "ShardWriter is already closed" in text:
         return ClosedError("the MemWAL shard writer is closed; open a new one")
+    if "Stale SSTable compaction" in text:
+        return StaleCompactionError(
+            f"another compaction already merged these generations: {_message(exc)}"
+        )
     if text.startswith("Invalid user input"):
         return InvalidInputError(f"the engine rejected the input: {_message(exc)}")
     if text.startswith("Failed to read batches"):

@@ -235,8 +235,8 @@ def test_serve_settings_precedence(tmp_path: Any, monkeypatch: pytest.MonkeyPatc
 async def test_lookups_by_base_offsets_read_the_bucket_with_its_options(
     s3_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lance_async.memwal import lookup
-    from lance_async.memwal.basekeys import BaseKeyCache
+    from lance_async.lsm import lookup
+    from lance_async.lsm.basekeys import BaseKeyCache
 
     cache = BaseKeyCache(min_lookups=1)
     monkeypatch.setattr(lookup, "base_keys", cache)

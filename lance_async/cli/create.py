@@ -326,7 +326,7 @@ async def _check_rows(
     a bad row and :class:`~lance_async.errors.DuplicateKeyError` for a
     repeated key, both before the table exists.
     """
-    from .._keys import KeyTracker
+    from .._duplicates import KeyTracker
     from .._threads import run_sync
     from ..sources.files import file_source
 

@@ -315,13 +315,12 @@ async def table_info(ds: AsyncDataset) -> dict[str, Any]:
 
     Rows are counted in three places: the base table, the flushed MemWAL
     generations not compacted yet (from the shard manifests), and the WAL
-    entries no generation holds yet (a writer that did not close left them;
-    the shard's next writer replays them). ``lsm_rows`` is what an LSM scan
-    sees: the newest row per key over the base table and the flushed
-    generations (counted only when there are flushed generations).
+    tails: durable rows no generation holds yet, which every LSM read shows
+    already. ``lsm_rows`` is what an LSM scan sees: the newest row per key
+    over every level (counted only when the MemWAL holds rows).
     """
     from .._threads import run_sync
-    from ..memwal.manifest import read_shard_manifest, unflushed_wal_rows
+    from ..lsm.manifest import read_shard_manifest
 
     versions = await ds.versions()
     details = await ds.mem_wal_index_details()
@@ -345,17 +344,16 @@ async def table_info(ds: AsyncDataset) -> dict[str, Any]:
     data["sharding"] = describe_sharding(await ds.sharding())
     storage = ds.storage_options
 
-    def figures(shard_id: str, current: int, flushed: list[int]) -> tuple[int, int]:
+    def figures(shard_id: str, flushed: list[int]) -> int:
         manifest = read_shard_manifest(ds.uri, shard_id, storage)
         rows = {e.generation: e.rows or 0 for e in manifest.sstables} if manifest else {}
-        unflushed = unflushed_wal_rows(ds.uri, shard_id, current, storage)
-        return sum(rows.get(g, 0) for g in flushed), unflushed
+        return sum(rows.get(g, 0) for g in flushed)
 
+    tails = await ds.lsm.unflushed_rows()
     for snap in await ds.shard_snapshots():
         flushed = [g for g, _ in snap.sstables]
-        flushed_rows, unflushed = await run_sync(
-            partial(figures, snap.shard_id, snap.current_generation, flushed)
-        )
+        flushed_rows = await run_sync(partial(figures, snap.shard_id, flushed))
+        unflushed = tails.get(snap.shard_id, 0)
         data["shards"].append(
             {
                 "shard_id": snap.shard_id,
@@ -369,7 +367,7 @@ async def table_info(ds: AsyncDataset) -> dict[str, Any]:
     data["flushed_rows"] = sum(s["flushed_rows"] for s in data["shards"])
     data["unflushed_rows"] = sum(s["unflushed_rows"] for s in data["shards"])
     data["generations"] = sum(len(s["flushed_generations"]) for s in data["shards"])
-    if data["generations"] and ds.primary_key:
+    if (data["generations"] or data["unflushed_rows"]) and ds.primary_key:
         lsm = await ds.lsm_scan(columns=list(ds.primary_key)).to_table()
         data["lsm_rows"] = lsm.num_rows
     else:
@@ -403,11 +401,10 @@ def info(
     out.print(
         f"rows: {data['base_rows']:,} in the base table, {data['flushed_rows']:,} in "
         f"{count(data['generations'], 'flushed generation')}, {data['unflushed_rows']:,} "
-        f"unflushed (in the WAL); an LSM scan sees {data['lsm_rows']:,} (newest per key)"
+        f"durable in the WAL, not flushed yet; an LSM scan sees {data['lsm_rows']:,} "
+        "(newest per key, every level)"
     )
     out.print(f"MemWAL: {data['sharding']}, {count(len(data['shards']), 'shard')}", markup=False)
-    if data["unflushed_rows"]:
-        out.print("  (unflushed rows come back when their shard's writer opens again)")
     from rich.table import Table
 
     table = Table("shard", "gen", "flushed gens", "flushed rows", "unflushed")
@@ -432,26 +429,15 @@ def check(
 ) -> None:
     """Find keys in more than one MemWAL shard (exit 1 when there are any).
 
-    Reads the flushed, not yet compacted generations of every shard; close
-    the writers first so their memtables are flushed.
+    Reads the flushed, not yet compacted generations and the WAL tails of
+    every shard.
     """
 
     async def run() -> tuple[ShardCheck, int]:
-        from .._threads import run_sync
-        from ..memwal.manifest import unflushed_wal_rows
-
         ds = await open_table(table_uri, storage_option)
         await require_mem_wal(ds, table_uri)
         found = await ds.check_shards()
-        storage = ds.storage_options
-
-        def unflushed() -> int:
-            return sum(
-                unflushed_wal_rows(ds.uri, s.shard_id, s.current_generation, storage) for s in snaps
-            )
-
-        snaps = await ds.shard_snapshots()
-        return found, await run_sync(unflushed)
+        return found, sum((await ds.lsm.unflushed_rows()).values())
 
     report, unflushed = run_command(run)
     if as_json:
@@ -462,17 +448,18 @@ def check(
     else:
         out.print(
             f"{report.shards} shard(s), {report.generations} flushed generation(s) not yet "
-            f"compacted, {report.rows:,} rows read in them ({report.sharding} sharding): "
+            f"compacted, {report.rows:,} rows read in them and in the WAL tails "
+            f"({unflushed:,} of them not flushed yet; {report.sharding} sharding): "
             f"{report.split_keys:,} key(s) in more than one shard, "
             f"{report.misplaced_keys:,} in the wrong shard",
             markup=False,
         )
-        # the rows counted are info's "in N flushed generations" (every version of a key,
+        # the rows counted are info's flushed and unflushed ones (every version of a key,
         # deletions included), not its LSM figure (the newest row per key)
         err.print(
-            "note: rows counted as info counts its flushed ones: every version of a key and "
-            "every deletion; the base table and rows not flushed yet are not checked"
-            + (f" ({unflushed:,} not flushed, in the WAL)" if unflushed else ""),
+            "note: rows are counted as info counts its flushed and unflushed rows (every "
+            "version of a key, every deletion); info's LSM figure is the newest row per key; "
+            "the base table is not checked",
             markup=False,
         )
         for example in report.examples:

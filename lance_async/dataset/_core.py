@@ -3,7 +3,7 @@
 :class:`DatasetCore` holds the wrapped ``LanceDataset``, its storage options
 and the two patterns every operation follows: engine calls on a worker
 thread (:func:`engine_call`) and *copy, mutate, move* for anything that
-commits (:meth:`DatasetCore._mutate`): the mutation runs on a private copy
+commits (:meth:`DatasetCore.mutate`): the mutation runs on a private copy
 checked out at the latest version, and this object moves to the version it
 committed, never backwards, so concurrent reads never see the dataset object
 change under them (pylance mutates its ``LanceDataset`` in place).
@@ -16,14 +16,16 @@ The groups of operations are mixins over this core, one module each
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import pyarrow as pa
 from lance.dataset import LanceDataset
 
 from .._schema import primary_key
+from .._table import Table
 from .._threads import run_sync
 from ..errors import raise_mapped
+from ..lsm.reader import LsmReader
 
 __all__ = ["DatasetCore", "engine_call"]
 
@@ -61,6 +63,10 @@ class DatasetCore:
         self._ds = dataset
         self._storage_options = dict(storage_options) if storage_options else None
         self._schema_of: tuple[LanceDataset, int, pa.Schema, list[str]] | None = None
+        self.lsm = LsmReader(cast("Table", self))
+        """The LSM reads of this table: base, flushed generations and every
+        shard's WAL tail, so every durable row, from any process
+        (:class:`~lance_async.lsm.LsmReader`)."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.uri!r} version={self.version}>"
@@ -112,14 +118,29 @@ class DatasetCore:
         return list(self._schema_and_key()[1])
 
     # -- copy, mutate, move -------------------------------------------------
-    def _replace(self, dataset: LanceDataset) -> None:
-        """Move to a newer dataset object (never backwards)."""
+    def advance(self, dataset: LanceDataset) -> None:
+        """Move this object to ``dataset``, a newer version of the same table.
+
+        Never moves backwards: an older ``dataset`` is ignored. Does not block.
+        Part of the :class:`~lance_async._table.Table` protocol (the MemWAL,
+        LSM and merge code move the dataset they were given this way).
+        """
         if int(dataset.version) >= self.version:
             self._ds = dataset
 
-    async def _mutate(self, action: Callable[[LanceDataset], T]) -> T:
-        """Run ``action`` on a private copy at the latest version (worker
-        thread), then move this object to the version it left the copy at."""
+    async def mutate(self, action: Callable[[LanceDataset], T]) -> T:
+        """Run ``action`` on a private copy at the latest version, then move here.
+
+        ``action(copy)`` runs on a worker thread with a ``LanceDataset`` checked
+        out at the latest version; whatever it commits, this object then moves
+        to the version it left the copy at (never backwards). Engine errors
+        are mapped (:func:`~lance_async.errors.raise_mapped`). Part of the
+        :class:`~lance_async._table.Table` protocol.
+
+        Returns
+        -------
+        The value ``action`` returned.
+        """
 
         def work() -> tuple[LanceDataset, T]:
             copy = self._ds.checkout_version(self._ds.latest_version)
@@ -127,5 +148,5 @@ class DatasetCore:
             return copy, result
 
         copy, result = await engine_call(work)
-        self._replace(copy)
+        self.advance(copy)
         return result

@@ -1,7 +1,7 @@
 """Indexes, compaction, clean-up and statistics (``MaintenanceMixin``).
 
 Index builds, index optimisation and file compaction commit new versions
-through the copy-mutate-move pattern (:meth:`DatasetCore._mutate`); reads
+through the copy-mutate-move pattern (:meth:`DatasetCore.mutate`); reads
 of index and dataset statistics run on a worker thread against the version
 this object reads. All of these can take minutes on large tables: the loop
 stays free meanwhile, and a cancelled caller gets its cancellation once the
@@ -55,7 +55,7 @@ class MaintenanceMixin(DatasetCore):
             A column is not in the table (at the call).
         """
         _check_column(self.schema, column)
-        await self._mutate(lambda d: d.create_index(column, index_type, **options))
+        await self.mutate(lambda d: d.create_index(column, index_type, **options))
         return self
 
     async def create_scalar_index(
@@ -70,7 +70,7 @@ class MaintenanceMixin(DatasetCore):
             The column is not in the table (at the call).
         """
         _check_column(self.schema, column)
-        await self._mutate(lambda d: d.create_scalar_index(column, index_type, **options))
+        await self.mutate(lambda d: d.create_scalar_index(column, index_type, **options))
         return self
 
     async def optimize_indices(self: D, **options: Any) -> D:
@@ -85,7 +85,7 @@ class MaintenanceMixin(DatasetCore):
         ConflictError
             A concurrent commit conflicted (``retryable`` says whether to try again).
         """
-        await self._mutate(lambda d: d.optimize.optimize_indices(**options))
+        await self.mutate(lambda d: d.optimize.optimize_indices(**options))
         return self
 
     async def drop_index(self: D, name: str) -> D:
@@ -99,7 +99,7 @@ class MaintenanceMixin(DatasetCore):
             unknown index name.
         """
         index = _index_name(name)
-        await self._mutate(lambda d: d.drop_index(index))
+        await self.mutate(lambda d: d.drop_index(index))
         return self
 
     async def describe_indices(self) -> list[Any]:
@@ -123,7 +123,7 @@ class MaintenanceMixin(DatasetCore):
     async def compact_files(self, **options: Any) -> Any:
         """Compact small fragments (``LanceDataset.optimize.compact_files``, every
         pylance 14 option accepted); returns its ``CompactionMetrics``."""
-        return await self._mutate(lambda d: d.optimize.compact_files(**options))
+        return await self.mutate(lambda d: d.optimize.compact_files(**options))
 
     async def cleanup_old_versions(
         self,

@@ -6,29 +6,23 @@ argument; these methods only check their arguments and call down.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-import pyarrow as pa
-
-from .._args import check_batch_size, check_columns, check_int, check_knn, check_seconds
-from .._metrics import record_lookup, record_scan
+from .._args import check_int, check_seconds
+from ..lsm.reader import LsmMethods
 from ..memwal import retired
 from ..memwal.check import ShardCheck, check_shards
 from ..memwal.compaction import compact_mem_wal
 from ..memwal.compactor import CompactionPolicy, Compactor
-from ..memwal.reads import lsm_point_lookup, lsm_point_lookups, lsm_scan
 from ..memwal.router import ShardRouter
 from ..memwal.sharding import Sharding, read_sharding, sharding_options
-from ..memwal.snapshots import shard_snapshots
-from ..memwal.vector import lsm_vector_search
 from ..memwal.writer import AsyncShardWriter
-from ..sources.streams import AsyncBatchStream
 from ._core import DatasetCore, engine_call
 
 if TYPE_CHECKING:
+    from ..lsm.snapshots import ShardSnapshots
     from ..memwal.compaction import CompactionResult
-    from ..memwal.snapshots import ShardSnapshots
     from .facade import AsyncDataset
 
 __all__ = ["MemWalMixin"]
@@ -45,8 +39,12 @@ def _writer_options(options: dict[str, Any]) -> None:
         check_seconds("close_timeout", options["close_timeout"])
 
 
-class MemWalMixin(DatasetCore):
-    """MemWAL writers, LSM reads and compaction of :class:`~lance_async.AsyncDataset`."""
+class MemWalMixin(LsmMethods, DatasetCore):
+    """MemWAL writers, LSM reads and compaction of :class:`~lance_async.AsyncDataset`.
+
+    The LSM reads are the dataset's :class:`~lance_async.lsm.LsmReader`
+    (``dataset.lsm``), whose methods ``lsm_scan`` & co. delegate to.
+    """
 
     def _facade(self) -> AsyncDataset:
         """This object as the ``AsyncDataset`` the memwal functions take (it is one)."""
@@ -84,7 +82,7 @@ class MemWalMixin(DatasetCore):
         """
         chosen = sharding_options(self.schema, options, manual_shards)
         storage = self._storage_options
-        await self._mutate(lambda d: retired.initialize_mem_wal(d, chosen, storage))
+        await self.mutate(lambda d: retired.initialize_mem_wal(d, chosen, storage))
         return self
 
     async def check_shards(self) -> ShardCheck:
@@ -155,118 +153,11 @@ class MemWalMixin(DatasetCore):
         """A background :class:`~lance_async.memwal.Compactor` of this table (``async with``)."""
         return Compactor(self._facade(), policy)
 
-    # -- LSM reads (memwal) ------------------------------------------------
+    # -- LSM reads (lsm/) -------------------------------------------------
     async def shard_snapshots(self) -> ShardSnapshots:
-        """Each MemWAL shard's flushed generations (see ``memwal.shard_snapshots``)."""
-
-        return await shard_snapshots(self._facade())
-
-    def lsm_scan(
-        self,
-        snapshots: ShardSnapshots | None = None,
-        columns: Sequence[str] | None = None,
-        filter: str | None = None,
-        limit: int | None = None,
-        *,
-        batch_size: int | None = None,
-    ) -> AsyncBatchStream:
-        """Scan base table and flushed SSTables, newest row per primary key, streamed
-        (see :func:`lance_async.memwal.lsm_scan`).
-
-        Raises
-        ------
-        ValueError, TypeError
-            A negative ``limit``, ``batch_size`` below 1, ``columns`` given as
-            one string (at the call).
-        """
-        check_columns(columns)
-        if limit is not None:
-            check_int("limit", limit, minimum=0)
-        if batch_size is not None:
-            check_batch_size("batch_size", batch_size)
-        record_scan(self.uri, "lsm")
-        return lsm_scan(
-            self._facade(),
-            snapshots=snapshots,
-            columns=columns,
-            filter=filter,
-            limit=limit,
-            batch_size=batch_size,
-        )
-
-    async def lsm_point_lookup(
-        self,
-        key: Any,
-        columns: Sequence[str] | None = None,
-        snapshots: ShardSnapshots | None = None,
-    ) -> pa.Table:
-        """The newest row for one primary key (a table of 0 or 1 row); concurrent
-        lookups are answered in batches (see :func:`lance_async.memwal.lsm_point_lookup`).
-
-        Raises
-        ------
-        TypeError
-            ``columns`` given as one string (at the call).
-        InvalidInputError
-            A key that does not fit the primary key's type.
-        """
-        check_columns(columns)
-        record_lookup(self.uri, "lsm")
-        return await lsm_point_lookup(self._facade(), key, columns=columns, snapshots=snapshots)
-
-    async def lsm_point_lookups(
-        self,
-        keys: Any,
-        columns: Sequence[str] | None = None,
-        snapshots: ShardSnapshots | None = None,
-    ) -> pa.Table:
-        """The newest row of each of many primary keys, in one batch, in the order
-        of ``keys`` (see :func:`lance_async.memwal.lsm_point_lookups`).
-
-        Raises
-        ------
-        TypeError
-            ``columns`` given as one string (at the call).
-        InvalidInputError
-            A key that does not fit the primary key's type.
-        """
-        check_columns(columns)
-        record_lookup(self.uri, "lsm", len(keys) if hasattr(keys, "__len__") else 1)
-        return await lsm_point_lookups(self._facade(), keys, columns=columns, snapshots=snapshots)
-
-    async def lsm_vector_search(
-        self,
-        query: Any,
-        *,
-        column: str,
-        k: int = 10,
-        nprobes: int | None = 20,
-        filter: str | None = None,
-        snapshots: ShardSnapshots | None = None,
-        **options: Any,
-    ) -> pa.Table:
-        """k nearest rows across the LSM levels, with ``_distance`` (see
-        :func:`lance_async.memwal.lsm_vector_search` for the options).
-
-        Raises
-        ------
-        ValueError, TypeError
-            ``k``, ``nprobes`` or ``refine_factor`` below 1, an unknown
-            ``metric``, ``columns`` given as one string (at the call).
-        InvalidInputError
-            A query the column cannot be searched with.
-        """
-        check_knn({"k": k, "nprobes": nprobes, **options})
-        return await lsm_vector_search(
-            self._facade(),
-            query,
-            column=column,
-            k=k,
-            nprobes=nprobes,
-            filter=filter,
-            snapshots=snapshots,
-            **options,
-        )
+        """Each live MemWAL shard's flushed generations and where its WAL tail
+        starts (see :func:`lance_async.lsm.shard_snapshots`)."""
+        return await self.lsm.snapshots()
 
     async def compact_mem_wal(
         self,
@@ -280,7 +171,9 @@ class MemWalMixin(DatasetCore):
 
         Every flushed, not yet compacted generation of each shard (all shards,
         or ``shard_ids``) is merged with merge_insert and marked compacted in
-        the same commit; conflicts replay the immutable SSTables.
+        the same commit, one commit per shard: a compaction that lost the race
+        to another one (any process) commits nothing for that shard
+        (``result.stale``); conflicts replay the immutable SSTables.
         See :func:`lance_async.memwal.compact_mem_wal` for the parameters, the
         result and the errors.
 

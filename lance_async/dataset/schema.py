@@ -1,7 +1,7 @@
 """Schema evolution, metadata and configuration (``SchemaMixin``).
 
 Each call commits a new version through the copy-mutate-move pattern
-(:meth:`DatasetCore._mutate`): the engine works on a private copy at the
+(:meth:`DatasetCore.mutate`): the engine works on a private copy at the
 latest version, on a worker thread, and this object moves to the version it
 committed. A MemWAL writer opened before a schema change keeps the schema it
 was opened with: close the writers, change the schema, reopen them.
@@ -81,7 +81,7 @@ class SchemaMixin(DatasetCore):
         if batch_size is not None:
             check_batch_size("batch_size", batch_size)
         cols = _names(read_columns, "read_columns") if read_columns is not None else None
-        await self._mutate(
+        await self.mutate(
             lambda d: d.add_columns(
                 transforms, read_columns=cols, reader_schema=reader_schema, batch_size=batch_size
             )
@@ -110,7 +110,7 @@ class SchemaMixin(DatasetCore):
             if not isinstance(alteration, Mapping) or "path" not in alteration:
                 raise TypeError(f"an alteration is a dict with a 'path' key, got {alteration!r}")
         changes: list[Any] = [dict(a) for a in alterations]
-        await self._mutate(lambda d: d.alter_columns(*changes))
+        await self.mutate(lambda d: d.alter_columns(*changes))
         return self
 
     async def drop_columns(self: D, columns: Sequence[str]) -> D:
@@ -128,7 +128,7 @@ class SchemaMixin(DatasetCore):
         unknown = [n for n in names if n.split(".", 1)[0] not in self.schema.names]
         if unknown:
             raise SchemaMismatchError(f"no column {unknown[0]!r} in the table", field=unknown[0])
-        await self._mutate(lambda d: d.drop_columns(names))
+        await self.mutate(lambda d: d.drop_columns(names))
         return self
 
     async def update_metadata(
@@ -138,7 +138,7 @@ class SchemaMixin(DatasetCore):
         (``LanceDataset.update_metadata``); returns the metadata now in force.
         ``replace=True`` replaces it all."""
         checked = _string_map(values, "update_metadata")
-        return dict(await self._mutate(lambda d: d.update_metadata(checked, replace=replace)))
+        return dict(await self.mutate(lambda d: d.update_metadata(checked, replace=replace)))
 
     async def update_schema_metadata(
         self, values: Mapping[str, str | None], *, replace: bool = False
@@ -146,7 +146,7 @@ class SchemaMixin(DatasetCore):
         """Set or remove schema metadata keys (``LanceDataset.update_schema_metadata``)."""
         checked = _string_map(values, "update_schema_metadata")
         return dict(
-            await self._mutate(lambda d: d.update_schema_metadata(checked, replace=replace))
+            await self.mutate(lambda d: d.update_schema_metadata(checked, replace=replace))
         )
 
     async def update_field_metadata(
@@ -158,7 +158,7 @@ class SchemaMixin(DatasetCore):
             field: _string_map(values, "update_field_metadata")
             for field, values in field_updates.items()
         }
-        await self._mutate(lambda d: d.update_field_metadata(checked, replace=replace))
+        await self.mutate(lambda d: d.update_field_metadata(checked, replace=replace))
 
     async def config(self) -> dict[str, str]:
         """The dataset's configuration keys (``LanceDataset.config``)."""
@@ -174,9 +174,9 @@ class SchemaMixin(DatasetCore):
         (retired MemWAL shards): leave them alone.
         """
         checked = _string_map(values, "update_config")
-        return dict(await self._mutate(lambda d: d.update_config(checked, replace=replace)))
+        return dict(await self.mutate(lambda d: d.update_config(checked, replace=replace)))
 
     async def delete_config_keys(self, keys: Iterable[str]) -> None:
         """Remove configuration keys (``LanceDataset.delete_config_keys``)."""
         names = _names(list(keys), "delete_config_keys")
-        await self._mutate(lambda d: d.delete_config_keys(names))
+        await self.mutate(lambda d: d.delete_config_keys(names))

@@ -147,7 +147,7 @@ class VersionsMixin(DatasetCore):
 
         newer = await engine_call(work)
         if newer is not None:
-            self._replace(newer)
+            self.advance(newer)
         return self
 
     async def versions(self) -> list[dict[str, Any]]:
@@ -173,7 +173,7 @@ class VersionsMixin(DatasetCore):
             copy.restore()  # type: ignore[no-untyped-call]
             return copy
 
-        self._replace(await engine_call(work))
+        self.advance(await engine_call(work))
         return self
 
     async def read_transaction(self, version: int) -> Any:

@@ -171,7 +171,7 @@ class WritesMixin(DatasetCore):
             kwargs.setdefault("storage_options", self._storage_options)
         # the dataset object itself: its session and caches are reused, as pylance's insert does
         written = await write_source(data, self._ds, mode=mode, schema=schema, lance_kwargs=kwargs)
-        self._replace(written)
+        self.advance(written)
         return self
 
     async def delete(self, filter: str, **options: Any) -> Any:
@@ -184,7 +184,7 @@ class WritesMixin(DatasetCore):
             follows the first one and delete by that).
         """
         checked = check_filter(filter)
-        return await self._mutate(lambda d: d.delete(checked, **options))
+        return await self.mutate(lambda d: d.delete(checked, **options))
 
     async def update(
         self, values: Mapping[str, str], where: str | None = None, **options: Any
@@ -202,12 +202,12 @@ class WritesMixin(DatasetCore):
             ``where`` is not one expression.
         """
         checked = check_filter(where)
-        return dict(await self._mutate(lambda d: d.update(dict(values), where=checked, **options)))
+        return dict(await self.mutate(lambda d: d.update(dict(values), where=checked, **options)))
 
     async def truncate_table(self: D) -> D:
         """Delete every row, keeping the schema and indexes, in a new version
         (``LanceDataset.truncate_table``); returns ``self``."""
-        await self._mutate(lambda d: d.truncate_table())
+        await self.mutate(lambda d: d.truncate_table())
         return self
 
     def merge_insert(self, on: str | Iterable[str] | None = None) -> AsyncMergeInsertBuilder:
@@ -284,7 +284,7 @@ class WritesMixin(DatasetCore):
         committed = await run_commit(work, f"the commit to {self.uri}")
         if detached:
             return self._new(committed)
-        self._replace(committed)
+        self.advance(committed)
         return self
 
     async def commit_batch(
@@ -326,5 +326,5 @@ class WritesMixin(DatasetCore):
             return dict(LanceDataset.commit_batch(base, txns, max_retries=retries, **options))
 
         result = await run_commit(work, f"the batch commit to {self.uri}")
-        self._replace(result["dataset"])
+        self.advance(result["dataset"])
         return CommitBatchResult(self, result["merged"])

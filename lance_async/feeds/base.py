@@ -306,7 +306,10 @@ async def ingest(
     feed : Feed
         The message source (see :mod:`lance_async.feeds`).
     writer : AsyncShardWriter or ShardRouter
-        Anything with ``await writer.send(rows) -> Ack``.
+        Anything with ``await writer.send(rows) -> Ack``. A routing writer
+        first recovers every shard whose WAL tail holds rows a dead writer
+        left (:meth:`~lance_async.ShardRouter.recover`); a shard writer did
+        so for its shard when it opened.
     decode : callable, optional
         ``(messages, schema) -> pa.Table``; default :func:`decode_json`
         (JSON / NDJSON payloads, values coerced to the schema). Called on a
@@ -373,6 +376,9 @@ async def ingest(
         raise ValueError("ingest needs schema= when the writer has no .schema")
     decoder = decode or decode_json
     batch_ack = getattr(feed, "ack_batch", None)
+    recover = getattr(writer, "recover", None)
+    if recover is not None:  # a routing writer owns the table: flush what a dead one left
+        await recover()
     stats = IngestStats()
     started = time.monotonic()
     # Sent micro-batches wait here, in feed order, for their rows to be durable.

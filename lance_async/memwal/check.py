@@ -11,8 +11,8 @@ live shard and reports
 * on a table with a sharding spec, keys in a shard their key does not map to
   (*misplaced* keys).
 
-Rows still in a writer's memtable or WAL are not seen: close the writers
-first (closing flushes the memtable into a generation). Generations already
+Durable rows still in a shard's WAL (its tail) are read too; rows a live
+writer holds in memory but has not made durable are not. Generations already
 compacted into the base table are history: their rows were merged in the
 order compaction applied them, which this check cannot undo; it says how many
 shards have compacted generations.
@@ -23,20 +23,18 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._schema import primary_key
+from .._schema import NO_KEY, primary_key
+from .._table import Table
 from .._threads import run_sync
 from ..errors import InvalidInputError
-from .retired import NO_KEY
+from ..lsm.snapshots import shard_snapshots
+from ..lsm.wal import read_wal_tail
 from .sharding import Sharding, read_sharding
-from .snapshots import shard_snapshots
-
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
 
 __all__ = ["ShardCheck", "check_shards"]
 
@@ -54,7 +52,7 @@ class ShardCheck:
     generations : int
         Flushed, not yet compacted generations read.
     rows : int
-        Rows read from them.
+        Rows read from them and from the shards' WAL tails.
     split_keys : int
         Keys present in more than one shard.
     misplaced_keys : int
@@ -131,7 +129,7 @@ def _analyse(
     return split.num_rows, misplaced, examples
 
 
-async def check_shards(dataset: AsyncDataset) -> ShardCheck:
+async def check_shards(dataset: Table) -> ShardCheck:
     """Find keys in more than one shard, and keys in the wrong shard.
 
     Parameters
@@ -150,8 +148,8 @@ async def check_shards(dataset: AsyncDataset) -> ShardCheck:
 
     Notes
     -----
-    Reads only the key columns of the flushed generations, on worker
-    threads; memory grows with the number of rows in uncompacted
+    Reads only the key columns of the flushed generations and the WAL tails,
+    on worker threads; memory grows with the number of rows in uncompacted
     generations (compact first to keep it small).
     """
     keys = primary_key(dataset.schema)
@@ -163,16 +161,20 @@ async def check_shards(dataset: AsyncDataset) -> ShardCheck:
     columns = list(dict.fromkeys([*keys, *([sharding.column] if sharding.column else [])]))
     parts: list[pa.Table] = []
     generations = rows = 0
+    schema = dataset.schema
     for snap in snaps:
+        tail = await run_sync(
+            partial(read_wal_tail, dataset.uri, snap.shard_id, snap.replay_after, schema, options)
+        )
+        found = [tail.rows.select(columns)] if tail.rows.num_rows else []
         for _gen, path in snap.sstables:
             uri = posixpath.join(dataset.uri, "_mem_wal", snap.shard_id, path)
-            got = await run_sync(partial(_read_keys, uri, columns, options))
+            found.append(await run_sync(partial(_read_keys, uri, columns, options)))
             generations += 1
+        for got in found:
             rows += got.num_rows
-            parts.append(
-                got.append_column("__shard", pa.array([snap.shard_id] * got.num_rows, pa.string()))
-            )
-    schema = dataset.schema
+            labels = pa.array([snap.shard_id] * got.num_rows, pa.string())
+            parts.append(pa.Table.from_arrays([*got.columns, labels], [*columns, "__shard"]))
     split, misplaced, examples = await run_sync(lambda: _analyse(parts, keys, sharding, schema))
     return ShardCheck(
         shards=len(snaps),

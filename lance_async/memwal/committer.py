@@ -10,6 +10,10 @@ makes one engine call per run on a worker thread, and settles the run's acks.
   later ack fails with one :class:`~lance_async.WriterFailedError`.
 * Engine calls hold the writer's *gate* (an ``anyio.Lock``), so the LSM
   reads can plan while no put can seal another memtable.
+* A memtable is never left unflushed for long: when it has held rows for
+  ``max_memtable_age`` seconds and no put is running, the engine writer is
+  closed (which flushes the memtable to a generation) and opened again, so
+  compaction does not wait for a quiet process to stop.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import anyio
 import pyarrow as pa
@@ -33,13 +38,21 @@ from ..errors import (
     WriterFailedError,
     map_engine_error,
 )
+from ..lsm.manifest import read_shard_manifest
+from ..lsm.memtable import MemtableMirror
+from ..lsm.snapshots import retired_shards
 from .accumulator import Accumulator, BatchAck, Entry, Item, Kind
-from .mirror import MemtableMirror, settle_replayed
 from .policy import CommitPolicy, engine_options
-from .retired import retired_shards
 from .sharding import Sharding, sharding_of
 
-__all__ = ["DEFAULT_MAX_MEMTABLE_ROWS", "LATENCY_SAMPLES", "Committer", "open_engine"]
+__all__ = [
+    "DEFAULT_MAX_MEMTABLE_ROWS",
+    "LATENCY_SAMPLES",
+    "Committer",
+    "OpenedEngine",
+    "open_engine",
+    "settle_replayed",
+]
 
 log = logging.getLogger("lance_async.memwal")
 
@@ -49,17 +62,59 @@ DEFAULT_MAX_MEMTABLE_ROWS = 100_000
 """pylance 14's default ``max_memtable_rows``."""
 
 
+def settle_replayed(engine: Any, reopen: Callable[[], Any]) -> Any:
+    """Flush rows an engine writer replayed from the WAL, then reopen it (blocking).
+
+    A writer that opens a shard gets the previous writer's unflushed rows
+    replayed from the WAL into its memtable, which this writer's mirror never
+    saw. Closing flushes them to a generation; the writer is opened again,
+    empty. Returns the engine writer to use: ``engine`` itself when its
+    memtable is empty, else the new one from ``reopen()``.
+    """
+    stats = engine.memtable_stats()
+    if not stats.get("row_count") and not stats.get("frozen_count"):
+        return engine
+    engine.close()
+    return reopen()
+
+
+class OpenedEngine(NamedTuple):
+    """What :func:`open_engine` opened."""
+
+    engine: Any
+    """The engine's ``ShardWriter``, its memtable empty."""
+    memtable_rows: int
+    """The memtable's row limit (the writer's option, the MemWAL's default, or the engine's)."""
+    sharding: Sharding
+    """The table's sharding."""
+    options: dict[str, Any]
+    """The keywords the engine writer was opened with."""
+    reopen: Callable[[], Any]
+    """Opens the engine writer again with the same keywords (blocking)."""
+    epoch: int
+    """The writer epoch it claimed (0 if the manifest could not say)."""
+
+
+def claimed_epoch(uri: str, shard_id: str, storage_options: Mapping[str, str] | None) -> int:
+    """The writer epoch recorded in the shard's manifest now (blocking; 0 if none)."""
+    manifest = read_shard_manifest(uri, shard_id, storage_options)
+    return manifest.writer_epoch if manifest is not None else 0
+
+
 def open_engine(
-    ds: Any, shard_id: str, options: Mapping[str, Any], policy: CommitPolicy
-) -> tuple[Any, int, Sharding, dict[str, Any]]:
+    ds: Any,
+    shard_id: str,
+    options: Mapping[str, Any],
+    policy: CommitPolicy,
+    storage_options: Mapping[str, str] | None = None,
+) -> OpenedEngine:
     """Open the engine's ``ShardWriter`` for ``shard_id`` (blocking).
 
-    Returns the writer, the memtable's row limit (the writer's own option,
-    else the MemWAL's recorded default, else pylance's), the table's
-    :class:`~lance_async.memwal.sharding.Sharding` and the keywords the
-    engine writer was opened with (``options`` plus what ``policy`` adds,
-    see :func:`~lance_async.memwal.policy.engine_options`). Opening claims
-    the shard: a writer still open on it elsewhere is fenced.
+    Opening claims the shard: a writer still open on it elsewhere is fenced.
+    Rows the previous writer left in the WAL are replayed by the engine and
+    flushed at once (:func:`settle_replayed`), so the memtable starts empty.
+    The engine writer is opened with ``options`` plus what ``policy`` adds
+    (see :func:`~lance_async.memwal.policy.engine_options`).
 
     Raises
     ------
@@ -89,12 +144,18 @@ def open_engine(
         )
     defaults = (details or {}).get("writer_config_defaults") or {}
     opened = engine_options(policy, options, defaults)
-    engine = ds.mem_wal_writer(shard_id, **opened)
-    engine = settle_replayed(engine, lambda: ds.mem_wal_writer(shard_id, **opened))
+
+    def reopen() -> Any:
+        return ds.mem_wal_writer(shard_id, **opened)
+
+    engine = settle_replayed(reopen(), reopen)
+    epoch = claimed_epoch(str(ds.uri), shard_id, storage_options)
     limit = opened.get("max_memtable_rows")
     if limit is None:
         limit = defaults.get("max_memtable_rows")
-    return engine, int(limit or DEFAULT_MAX_MEMTABLE_ROWS), sharding, opened
+    return OpenedEngine(
+        engine, int(limit or DEFAULT_MAX_MEMTABLE_ROWS), sharding, opened, reopen, epoch
+    )
 
 
 class Committer:
@@ -116,6 +177,15 @@ class Committer:
         The writer's repr, for messages.
     mirror : MemtableMirror, optional
         Sees every engine put and delete (the writer's LSM reads read it).
+    reopen : callable, optional
+        Opens the engine writer again (blocking); with ``max_memtable_age``,
+        an old memtable is flushed by closing the engine writer and calling it.
+    max_memtable_age : float, optional
+        Seconds a memtable may hold rows before it is flushed (None: never by age).
+    storage_options : mapping, optional
+        The table's, to read the shard manifest's epoch after a reopen.
+    uri : str
+        The table's URI.
     """
 
     def __init__(
@@ -129,9 +199,22 @@ class Committer:
         on_failure: Callable[[], None],
         describe: Callable[[], str],
         mirror: MemtableMirror | None = None,
+        reopen: Callable[[], Any] | None = None,
+        max_memtable_age: float | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        uri: str = "",
     ) -> None:
         self.engine = engine
         self.mirror = mirror
+        self._reopen = reopen
+        self.max_memtable_age = max_memtable_age if reopen is not None else None
+        self._storage_options = storage_options
+        self._uri = uri
+        self.dirty_since: float | None = None
+        """When the current memtable first took rows (monotonic seconds), or None."""
+        self.age_flushes = 0
+        """Memtables flushed because they grew old."""
+        self.age_scope = anyio.CancelScope()
         self.gate = anyio.Lock()
         self._acc = accumulator
         track_queue(shard_id, ds_uri=None, accumulator=accumulator)
@@ -182,11 +265,11 @@ class Committer:
         LanceAsyncError
             Closing the engine failed (mapped; the writer is failed).
         """
-        engine = self.engine
+        self.age_scope.cancel()
 
         def close_engine() -> None:
             try:
-                engine.close()
+                self.engine.close()
             except (OSError, ValueError, RuntimeError) as exc:
                 if failed or "already closed" in str(exc):
                     log.debug("lance_async: closing a failed writer: %s", exc)
@@ -202,7 +285,8 @@ class Committer:
                 self.scope.cancel()
                 await self.done.wait()
             try:
-                await run_sync(close_engine)
+                async with self.gate:  # an age flush in progress finishes first
+                    await run_sync(close_engine)
             except (OSError, ValueError, RuntimeError) as exc:
                 mapped = map_engine_error(exc)
                 if mapped is None or isinstance(mapped, FencedError):
@@ -275,12 +359,10 @@ class Committer:
 
     # -- engine calls ---------------------------------------------------------------
     async def _engine_call(self, kind: Kind, batches: list[pa.RecordBatch]) -> None:
-        engine = self.engine
         fit = self._fit if kind is Kind.PUT else self._key_fit
-
         mirror = self.mirror
 
-        def work() -> tuple[dict[str, Any], dict[str, Any]]:
+        def work(engine: Any) -> tuple[dict[str, Any], dict[str, Any]]:
             data = (
                 fit.relabel(batches) if kind is Kind.PUT else fit.relabel(batches).combine_chunks()
             )
@@ -295,8 +377,71 @@ class Committer:
             # stats() keeps the GIL; memtable_stats() gives it up (see mirror._before)
             return engine.stats(), memtable
 
-        async with self.gate:
-            self.engine_stats, self.memtable_stats = await run_sync(work)
+        async with self.gate:  # the engine writer is read inside: an age flush may replace it
+            self.engine_stats, self.memtable_stats = await run_sync(partial(work, self.engine))
+            self._note_memtable()
+
+    def _note_memtable(self) -> None:
+        """Track how long the memtable has held rows (after each engine call)."""
+        if not self.memtable_stats.get("row_count"):
+            self.dirty_since = None
+        elif self.dirty_since is None:
+            self.dirty_since = time.monotonic()
+
+    async def run_age_flush(self) -> None:
+        """The writer's second task: flush a memtable older than ``max_memtable_age``.
+
+        Sleeps until the memtable could be due, then, holding the gate (no
+        put runs meanwhile), closes the engine writer -- which flushes the
+        memtable to a generation -- and opens it again. Runs until cancelled
+        (the writer's close cancels it). A failure fails the writer, as a
+        failed put does.
+        """
+        age = self.max_memtable_age
+        if age is None or self._reopen is None:
+            return
+        with self.age_scope:
+            await self._age_loop(age)
+
+    async def _age_loop(self, age: float) -> None:
+        while self.failure is None:
+            since = self.dirty_since
+            wait = age if since is None else max(0.0, since + age - time.monotonic())
+            await anyio.sleep(max(wait, 0.01))
+            since = self.dirty_since
+            if since is None or time.monotonic() - since < age or self.failure is not None:
+                continue
+            async with self.gate:
+                if self.dirty_since is None or self.failure is not None:
+                    continue
+                try:
+                    await self._flush_by_age()
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except BaseException as exc:
+                    self.fail_writer(exc)
+                    return
+
+    async def _flush_by_age(self) -> None:
+        """Close and reopen the engine writer (the caller holds the gate)."""
+        engine, reopen = self.engine, self._reopen
+        assert reopen is not None
+        uri, shard_id, options = self._uri, self._shard_id, self._storage_options
+
+        def work() -> tuple[Any, int, dict[str, Any]]:
+            engine.close()
+            fresh = reopen()
+            return fresh, claimed_epoch(uri, shard_id, options), fresh.memtable_stats()
+
+        with anyio.CancelScope(shield=True):  # the old engine is closed: keep the new one
+            fresh, epoch, stats = await run_sync(work)
+        self.engine = fresh
+        self.memtable_stats = stats
+        self.dirty_since = None
+        self.age_flushes += 1
+        if self.mirror is not None:
+            self.mirror.reopened(epoch)
+        log.debug("lance_async: shard %s memtable flushed by age", self._shard_id)
 
     async def _execute(self, run: list[Entry]) -> None:
         kind = run[0].kind

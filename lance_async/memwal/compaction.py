@@ -1,30 +1,34 @@
 """Compaction of flushed MemWAL generations into the base table: :func:`compact_mem_wal`.
 
-A shard's flushed generations are resolved together (``levels.py``: the
-newest version of each key among them) and merged in two commits, however
-many generations there are:
+A shard's flushed generations are resolved together (the newest version of
+each key among them: ``lance_async.lsm.levels``) and merged in **one**
+commit, however many generations there are: a merge_insert that upserts the
+newest live rows (``when_matched_update_all`` / ``when_not_matched_insert_all``),
+deletes the keys whose newest state is a delete
+(``when_not_matched_by_source_delete`` with the dead keys as its filter), and
+carries ``mark_sstables_as_compacted`` for the highest generation merged
+(the engine takes one entry per shard per commit; it covers every lower
+generation).
 
-1. keys whose newest state is a delete are removed from the base table
-   (merge_insert ``when_matched_delete``);
-2. the newest live rows are upserted, with ``mark_sstables_as_compacted``
-   for the highest generation merged in the same commit (pylance takes one
-   entry per shard per commit; it covers every lower generation).
-
-A reader between the two commits sees the generations still uncompacted, so
-the deleted keys stay hidden by their tombstones; a crash between them
-leaves the generations uncompacted and running again converges. Every read
-of an SSTable goes through a :func:`~lance_async.replayable` source: a
-conflict re-reads it, nothing is buffered. At most one compaction per table
-runs at a time in an event loop (:func:`table_lock`), whether started here
-or by a :class:`~lance_async.memwal.compactor.Compactor`.
+That commit is the proof the MemWAL needs against any other compactor, in
+any process: the engine refuses to record a generation at or below the one
+recorded already, so a compaction that read its generations before another
+one merged them commits nothing -- no delete, no upsert
+(:class:`~lance_async.errors.StaleCompactionError`, counted as a lost race,
+not an error, by :func:`compact_mem_wal`). Readers see the generations until
+the commit and the base table after it, never a half. Every read of an
+SSTable goes through a :func:`~lance_async.replayable` source: a conflict
+re-reads it, nothing is buffered. In one event loop, compactions of one
+table also wait for each other (:func:`table_lock`), so they do not race
+only to lose.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import numpy as np
@@ -33,17 +37,15 @@ from anyio.lowlevel import RunVar
 from lance.mem_wal import CompactedSsTable
 
 from .._schema import primary_key
+from .._table import Table
 from .._threads import run_sync
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, StaleCompactionError
+from ..lsm.keyvalues import sql_literal
+from ..lsm.levels import load_generation, resolve_shard
+from ..lsm.snapshots import ShardSnapshot, shard_snapshots
 from ..sources import replayable
-from .levels import load_generation, resolve_shard
-from .mirror import TOMBSTONE
-from .snapshots import ShardSnapshot, shard_snapshots
 
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
-
-__all__ = ["TOMBSTONE", "CompactionResult", "compact_mem_wal", "compact_shard", "table_lock"]
+__all__ = ["CompactionResult", "ShardCompaction", "compact_mem_wal", "compact_shard", "table_lock"]
 
 _locks: RunVar[dict[str, anyio.Lock]] = RunVar("lance_async.compaction_locks")
 
@@ -77,6 +79,10 @@ class CompactionResult:
         merge_insert attempts in total (more than commits after conflicts).
     version : int
         The dataset version after compaction.
+    stale : list of str
+        Shards whose compaction lost the race to another compaction (any
+        process) that merged their generations first: nothing was committed
+        for them, and nothing needs to be.
     """
 
     generations: dict[str, list[int]]
@@ -85,6 +91,29 @@ class CompactionResult:
     commits: int
     num_attempts: int
     version: int
+    stale: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ShardCompaction:
+    """What compacting one shard did (:func:`compact_shard`).
+
+    Attributes
+    ----------
+    generations : list of int
+        The generations merged (empty when none, or when the race was lost).
+    rows_upserted, rows_deleted : int
+    commits, attempts : int
+    stale : bool
+        Another compaction merged these generations first; nothing committed.
+    """
+
+    generations: list[int]
+    rows_upserted: int = 0
+    rows_deleted: int = 0
+    commits: int = 0
+    attempts: int = 0
+    stale: bool = False
 
 
 def _identity(value: Any) -> Any:
@@ -103,38 +132,56 @@ def _live_rows(
                 yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
 
 
+def dead_keys_filter(schema: pa.Schema, keys: list[str], dead: pa.Table) -> str:
+    """A Lance SQL filter matching exactly the given keys (the base rows to delete)."""
+    if len(keys) == 1:
+        field_ = schema.field(keys[0])
+        literals = sorted({sql_literal(v, field_) for v in dead.column(keys[0]).to_pylist()})
+        return f"`{keys[0]}` IN ({', '.join(literals)})"
+    rows = zip(*(dead.column(k).to_pylist() for k in keys), strict=True)
+    return " OR ".join(
+        "("
+        + " AND ".join(
+            f"`{k}` = {sql_literal(v, schema.field(k))}" for k, v in zip(keys, row, strict=True)
+        )
+        + ")"
+        for row in sorted(set(rows), key=repr)
+    )
+
+
 async def compact_shard(
-    dataset: AsyncDataset,
+    table: Table,
     snapshot: ShardSnapshot,
     *,
     chunk_rows: int = 65_536,
     max_generations: int | None = None,
-) -> tuple[list[int], int, int, int, int]:
-    """Merge one shard's flushed generations (the oldest ``max_generations``).
+) -> ShardCompaction:
+    """Merge one shard's flushed generations (the oldest ``max_generations``) in one commit.
 
-    The caller holds :func:`table_lock`. Returns (generations, rows upserted,
-    rows deleted, commits, attempts).
+    Returns what was done; a compaction that lost the race to another one
+    (any process) commits nothing and says ``stale``.
 
     Raises
     ------
     ContentionError
-        Concurrent writers won every attempt of a pass.
+        Concurrent writers won every attempt.
     """
-    keys = primary_key(dataset.schema)
+    keys = primary_key(table.schema)
     chosen = snapshot.sstables if max_generations is None else snapshot.sstables[:max_generations]
     if not chosen:
-        return [], 0, 0, 0, 0
+        return ShardCompaction([])
     part = ShardSnapshot(
         snapshot.shard_id, snapshot.spec_id, snapshot.current_generation, tuple(chosen)
     )
-    uri = dataset.uri
-    options = dataset.storage_options
+    uri = table.uri
+    options = table.storage_options
     gens = [
         await run_sync(partial(load_generation, uri, part.shard_id, g, path, keys, options))
         for g, path in chosen
     ]
     levels = await run_sync(partial(resolve_shard, uri, part, keys, gens))
-    key_schema = pa.schema([dataset.schema.field(k) for k in keys])
+    schema = table.schema
+    key_schema = pa.schema([schema.field(k) for k in keys])
     dead = [
         pa.Table.from_arrays(
             [k.take(pa.array(np.flatnonzero(w & g.tomb))) for k in g.keys], schema=key_schema
@@ -142,30 +189,32 @@ async def compact_shard(
         for g, w in zip(levels.generations, levels.winners, strict=True)
         if (w & g.tomb).any()
     ]
-    deleted = commits = attempts = 0
-    if dead:
-        deletes = pa.concat_tables(dead).combine_chunks()
-        res = await (
-            dataset.merge_insert(keys)
-            .when_matched_delete()
-            .execute(replayable(partial(_identity, deletes), schema=key_schema))
-        )
-        deleted, commits, attempts = res.num_deleted_rows, 1, res.num_attempts
-    schema = dataset.schema
-    factory = partial(_live_rows, levels.generations, levels.winners, schema, chunk_rows)
     highest = max(g for g, _ in chosen)
-    res = await (
-        dataset.merge_insert(keys)
+    builder = (
+        table.merge_insert(keys)
         .when_matched_update_all()
         .when_not_matched_insert_all()
         .mark_sstables_as_compacted([CompactedSsTable(part.shard_id, highest)])
-        .execute(replayable(factory, schema=schema))
     )
-    upserted = res.num_inserted_rows + res.num_updated_rows
-    return [g for g, _ in chosen], upserted, deleted, commits + 1, attempts + res.num_attempts
+    if dead:
+        deletes = pa.concat_tables(dead).combine_chunks()
+        expr = await run_sync(partial(dead_keys_filter, schema, keys, deletes))
+        builder = builder.when_not_matched_by_source_delete(expr)
+    factory = partial(_live_rows, levels.generations, levels.winners, schema, chunk_rows)
+    try:
+        res = await builder.execute(replayable(factory, schema=schema))
+    except StaleCompactionError:
+        return ShardCompaction([], stale=True)
+    return ShardCompaction(
+        [g for g, _ in chosen],
+        res.num_inserted_rows + res.num_updated_rows,
+        res.num_deleted_rows,
+        1,
+        res.num_attempts,
+    )
 
 
-async def optimize_after(dataset: AsyncDataset) -> bool:
+async def optimize_after(dataset: Table) -> bool:
     """Bring the table's indexes up to date after a compaction (one more commit).
 
     Returns False when the table has no index of its own (nothing done).
@@ -177,12 +226,12 @@ async def optimize_after(dataset: AsyncDataset) -> bool:
         d.optimize.optimize_indices()
         return True
 
-    done: bool = await dataset._mutate(optimize)
+    done: bool = await dataset.mutate(optimize)
     return done
 
 
 async def compact_mem_wal(
-    dataset: AsyncDataset,
+    dataset: Table,
     shard_ids: Iterable[str] | None = None,
     *,
     chunk_rows: int = 65_536,
@@ -191,9 +240,10 @@ async def compact_mem_wal(
 ) -> CompactionResult:
     """Merge every flushed, not yet compacted generation into the base table.
 
-    Each shard's generations are merged in two commits (deletes, then the
-    upsert that marks them compacted; see the module notes). Waits while
-    another compaction of the table runs in this event loop.
+    Each shard's generations are merged in one commit that also marks them
+    compacted, so a compaction that lost the race to another one (in any
+    process) commits nothing for that shard (see the module notes). Waits
+    while another compaction of the table runs in this event loop.
 
     Parameters
     ----------
@@ -227,18 +277,23 @@ async def compact_mem_wal(
     if chunk_rows < 1:
         raise ValueError("chunk_rows must be >= 1")
     done: dict[str, list[int]] = {}
+    stale: list[str] = []
     upserted = deleted = commits = attempts = 0
     async with table_lock(dataset.uri):
         for snap in await shard_snapshots(dataset, shard_ids):
-            gens, up, dl, cm, at = await compact_shard(
+            one = await compact_shard(
                 dataset, snap, chunk_rows=chunk_rows, max_generations=max_generations
             )
-            if gens:
-                done[snap.shard_id] = gens
-            upserted, deleted = upserted + up, deleted + dl
-            commits, attempts = commits + cm, attempts + at
+            if one.generations:
+                done[snap.shard_id] = one.generations
+            if one.stale:
+                stale.append(snap.shard_id)
+            upserted, deleted = upserted + one.rows_upserted, deleted + one.rows_deleted
+            commits, attempts = commits + one.commits, attempts + one.attempts
         if commits and optimize_indices and await optimize_after(dataset):
             commits += 1
     if not commits:
         await anyio.lowlevel.checkpoint()
-    return CompactionResult(done, upserted, deleted, commits, attempts, dataset.version)
+    return CompactionResult(
+        done, upserted, deleted, commits, attempts, dataset.version, stale
+    )

@@ -13,7 +13,8 @@ compaction thread, done here from a task in the caller's task group:
   (merge_insert replays the immutable SSTables: nothing is buffered);
 * ingestion is never blocked: puts go to the MemWAL, the compaction commits
   to the base table, and the two meet only in the engine's thread pool;
-* nothing is lost or resurrected (see ``compaction.py`` for the two commits);
+* nothing is lost or resurrected, whoever else compacts (``compaction.py``: one
+  commit per shard, refused by the engine when another compaction was first);
 * :meth:`Compactor.stats` tells what it did.
 
 Run it standalone (``async with Compactor(dataset, policy):``), from a task
@@ -29,22 +30,19 @@ import posixpath
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import anyio
 import pyarrow.fs as pafs
 from anyio.abc import TaskGroup
 
 from .._loop import unwrap_groups
+from .._storage import filesystem
+from .._table import Table
 from .._threads import run_sync
 from ..errors import ClosedError, ConflictError, LanceAsyncError
+from ..lsm.snapshots import ShardSnapshot, shard_snapshots
 from .compaction import CompactionResult, compact_shard, optimize_after, table_lock
-from .manifest import _fs
-from .snapshots import ShardSnapshot, shard_snapshots
 from .stats import WriterState
-
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
 
 __all__ = ["CompactionPolicy", "Compactor", "CompactorStats"]
 
@@ -111,13 +109,16 @@ class CompactorStats:
     passes : int
         Looks at the shard manifests.
     compactions : int
-        Shards compacted (each: at most two commits, plus an index update).
+        Shards compacted (each: one commit, plus an index update).
     generations : int
         Flushed generations merged into the base table.
     rows_upserted, rows_deleted : int
     commits : int
     conflicts : int
         Compactions lost to a concurrent writer, retried later.
+    stale : int
+        Compactions that another compactor (any process) beat to the same
+        generations: nothing committed, nothing to retry.
     failures : int
         Other failed attempts (logged; retried with backoff).
     last_error : BaseException or None
@@ -135,6 +136,7 @@ class CompactorStats:
     rows_deleted: int = 0
     commits: int = 0
     conflicts: int = 0
+    stale: int = 0
     failures: int = 0
     last_error: BaseException | None = None
     busy_seconds: float = 0.0
@@ -145,7 +147,7 @@ def _folder_bytes(
     uri: str, shard_id: str, path: str, storage_options: dict[str, str] | None = None
 ) -> int:
     """Bytes on disk of one generation folder (blocking; cached, folders never change)."""
-    fs, root = _fs(uri, storage_options)
+    fs, root = filesystem(uri, storage_options)
     folder = posixpath.join(root, "_mem_wal", shard_id, path)
     if folder not in _sizes:
         infos = fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
@@ -179,7 +181,7 @@ class Compactor:
 
     def __init__(
         self,
-        dataset: AsyncDataset,
+        dataset: Table,
         policy: CompactionPolicy | None = None,
         *,
         shard_ids: Iterable[str] | Callable[[], Iterable[str]] | None = None,
@@ -307,6 +309,7 @@ class Compactor:
         """
         ds = self._dataset
         done: dict[str, list[int]] = {}
+        stale: list[str] = []
         upserted = deleted = commits = attempts = 0
         self._count(passes=1)
         wanted = self._shard_ids() if callable(self._shard_ids) else self._shard_ids
@@ -320,11 +323,12 @@ class Compactor:
                     continue
                 started = time.monotonic()
                 try:
-                    gens, up, dl, cm, at = await compact_shard(
-                        ds, snap, chunk_rows=self.policy.chunk_rows
+                    one = await compact_shard(ds, snap, chunk_rows=self.policy.chunk_rows)
+                    optimized = (
+                        one.commits > 0
+                        and self.policy.optimize_indices
+                        and await optimize_after(ds)
                     )
-                    if cm and self.policy.optimize_indices and await optimize_after(ds):
-                        cm += 1
                 except ConflictError as exc:
                     self._count(conflicts=1, last_error=exc)
                     raise
@@ -333,18 +337,23 @@ class Compactor:
                     raise
                 finally:
                     self._count(busy_seconds=time.monotonic() - started)
-                done[snap.shard_id] = gens
-                upserted, deleted = upserted + up, deleted + dl
-                commits, attempts = commits + cm, attempts + at
+                if one.stale:
+                    stale.append(snap.shard_id)
+                    self._count(stale=1)
+                    continue
+                cm = one.commits + int(optimized)
+                done[snap.shard_id] = one.generations
+                upserted, deleted = upserted + one.rows_upserted, deleted + one.rows_deleted
+                commits, attempts = commits + cm, attempts + one.attempts
                 self._count(
                     compactions=1,
-                    generations=len(gens),
-                    rows_upserted=up,
-                    rows_deleted=dl,
+                    generations=len(one.generations),
+                    rows_upserted=one.rows_upserted,
+                    rows_deleted=one.rows_deleted,
                     commits=cm,
                     last_version=ds.version,
                 )
-        return CompactionResult(done, upserted, deleted, commits, attempts, ds.version)
+        return CompactionResult(done, upserted, deleted, commits, attempts, ds.version, stale)
 
     def _count(self, **changes: object) -> None:
         s = self._stats

@@ -214,6 +214,9 @@ class WriterConfig:
     max_queue_bytes, max_put_bytes : int
     linger : float
     close_timeout : float
+    max_memtable_age : float or None
+        Seconds after which a memtable holding rows is flushed to a
+        generation even if it is not full (None: only when full or closed).
     engine : dict
         Keywords for the engine's ``mem_wal_writer``, as given.
     """
@@ -225,6 +228,7 @@ class WriterConfig:
     max_put_bytes: int
     linger: float
     close_timeout: float
+    max_memtable_age: float | None
     engine: Mapping[str, Any]
 
     @classmethod
@@ -239,6 +243,7 @@ class WriterConfig:
         max_put_bytes: int = 64 * 1024 * 1024,
         linger: float = 0.0,
         close_timeout: float = 60.0,
+        max_memtable_age: float | None = 60.0,
         **engine: Any,
     ) -> WriterConfig:
         """Check a writer's keyword arguments (does not block).
@@ -268,6 +273,15 @@ class WriterConfig:
                 raise TypeError(f"{name} must be a number of seconds, got {seconds!r}")
             if not seconds >= 0 or (name == "linger" and not math.isfinite(seconds)):
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {seconds}")
+        if max_memtable_age is not None:
+            age = max_memtable_age
+            if isinstance(age, bool) or not isinstance(age, (int, float)):
+                raise TypeError(f"max_memtable_age must be seconds or None, got {age!r}")
+            if not (max_memtable_age > 0 and math.isfinite(max_memtable_age)):
+                raise ValueError(
+                    f"max_memtable_age must be a finite number of seconds > 0, got "
+                    f"{max_memtable_age}"
+                )
         return cls(
             policy,
             max_queue_rows,
@@ -276,6 +290,7 @@ class WriterConfig:
             max_put_bytes,
             float(linger),
             float(close_timeout),
+            None if max_memtable_age is None else float(max_memtable_age),
             dict(engine),
         )
 

@@ -38,15 +38,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._schema import primary_key
+from .._schema import NO_KEY, primary_key
+from .._table import Table
 from .._threads import run_sync
 from ..errors import InvalidInputError
-from .manifest import list_shards
-
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
+from ..lsm.manifest import list_shards
+from ..lsm.snapshots import EPOCH_KEY, RETIRED_KEY, mem_wal_epoch, retired_shards
 
 __all__ = [
     "EPOCH_KEY",
@@ -59,37 +58,7 @@ __all__ = [
     "retired_shards",
 ]
 
-RETIRED_KEY = "lance_async.mem_wal.retired_shards"
-EPOCH_KEY = "lance_async.mem_wal.epoch"
-NO_KEY = (
-    "a MemWAL needs a primary key: LSM reads and compaction keep the newest row per key. "
-    "Mark the key field(s) non-nullable with metadata "
-    "{'lance-schema:unenforced-primary-key': 'true'}"
-)
-
-
-def _config(ds: Any) -> Mapping[str, str]:
-    return ds.config() or {}
-
-
-def retired_shards(ds: Any) -> frozenset[str]:
-    """Shard ids retired at ``ds``'s version (blocking: reads its config).
-
-    Parameters
-    ----------
-    ds : lance.LanceDataset
-    """
-    value = _config(ds).get(RETIRED_KEY, "")
-    return frozenset(s for s in value.split(",") if s)
-
-
-def mem_wal_epoch(ds: Any) -> str | None:
-    """The MemWAL epoch at ``ds``'s version: None until a MemWAL was
-    initialized over retired shards (blocking)."""
-    return _config(ds).get(EPOCH_KEY)
-
-
-async def current_epoch(dataset: AsyncDataset) -> str | None:
+async def current_epoch(dataset: Table) -> str | None:
     """:func:`mem_wal_epoch` of ``dataset``'s current version, read on a
     worker thread (for the callers that derive shard ids)."""
     ds = dataset.lance

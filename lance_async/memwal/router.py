@@ -20,34 +20,28 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import pyarrow as pa
 from anyio.abc import TaskGroup
 
-from .._args import check_batches, check_columns, check_int, check_knn
+from .._args import check_batches
 from .._loop import aclose_shielded, unwrap_groups
-from .._metrics import record_lookup, record_scan
 from .._schema import TableFit, primary_key
+from .._table import Table
 from .._threads import run_sync, stream_limiter
 from ..errors import ClosedError, InvalidInputError, SchemaMismatchError
+from ..lsm.memtable import MemtableMirror
+from ..lsm.reader import LsmMethods, LsmReader
 from ..sources import SourceMode, resolve_source
-from ..sources.streams import AsyncBatchStream
 from .accumulator import Kind
 from .acks import Ack, PutSummary
 from .compactor import CompactionPolicy, Compactor
-from .mirror import MemtableMirror
 from .policy import WriterConfig
-from .reads import point_lookup, point_lookups, scan_stream
 from .sharding import Sharding, default_shard_id, read_sharding
-from .snapshots import ShardSnapshots
 from .stats import RouterStats, WriterState, percentiles
-from .vector import lsm_vector_search
 from .writer import AsyncShardWriter
-
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
 
 __all__ = ["ROUTE_INLINE_ROWS", "ShardRouter", "default_shard_id"]
 
@@ -56,7 +50,7 @@ ROUTE_INLINE_ROWS = 1_024
 millisecond); larger ones on a worker thread."""
 
 
-class ShardRouter:
+class ShardRouter(LsmMethods):
     """Write a MemWAL table without naming shards: each row goes to its own shard.
 
     Obtain it with ``dataset.mem_wal_writer()`` (no shard id) or
@@ -90,7 +84,7 @@ class ShardRouter:
 
     def __init__(
         self,
-        dataset: AsyncDataset,
+        dataset: Table,
         *,
         compaction: CompactionPolicy | None = None,
         **writer_options: Any,
@@ -116,6 +110,8 @@ class ShardRouter:
         self._key_fit = TableFit(
             pa.schema([dataset.schema.field(k) for k in self._keys]), self._keys
         )
+        self.lsm = LsmReader(dataset, self._memtables, path="writer")
+        """The LSM reads of the table with every open writer's memtable included."""
 
     def __repr__(self) -> str:
         return f"<ShardRouter {self._dataset.uri!r} writers={len(self._writers)}>"
@@ -206,6 +202,37 @@ class ShardRouter:
                 await writer.open(self._tg)
                 self._writers[shard_id] = writer
         return writer
+
+    async def recover(self) -> list[str]:
+        """Replay and flush every shard of the table whose WAL tail holds rows.
+
+        A writer that died leaves its durable rows in its shard's WAL. Every
+        LSM read shows them already, but only a writer of the shard flushes
+        them into a generation that compaction can merge. This opens the
+        writer of each such shard now (opening replays the WAL and flushes
+        it) instead of when rows next arrive for it, which may be never.
+        Call it when this router owns the whole table (``lance-async ingest``
+        and :func:`~lance_async.ingest` do): opening a shard's writer fences a
+        writer of it elsewhere.
+
+        Returns
+        -------
+        list of str
+            The shards recovered.
+
+        Raises
+        ------
+        ClosedError
+            The router is not open.
+        """
+        self._check_open()
+        sharding = self.sharding
+        tails = await self.lsm.unflushed_rows()
+        mine = set(sharding.shard_ids()) if sharding.kind in ("bucket", "unsharded") else set(tails)
+        ids = sorted(sid for sid, rows in tails.items() if rows and sid in mine)
+        for shard_id in ids:
+            await self.writer(shard_id)
+        return ids
 
     # -- routing -------------------------------------------------------------------
     def _split_all(self, batches: Sequence[pa.RecordBatch]) -> list[tuple[str, pa.RecordBatch]]:
@@ -361,12 +388,7 @@ class ShardRouter:
     def stats(self) -> RouterStats:
         """Every open writer's statistics and their totals (does not block)."""
         writers = {sid: w.stats() for sid, w in self._writers.items()}
-        samples = [
-            lat
-            for w in self._writers.values()
-            if w._committer is not None
-            for lat in w._committer.latencies
-        ]
+        samples = [lat for w in self._writers.values() for lat in w.ack_latencies()]
         p50, p99 = percentiles(samples, 0.50, 0.99)
         return RouterStats(
             writers=writers,
@@ -379,95 +401,10 @@ class ShardRouter:
         )
 
     # -- reads ----------------------------------------------------------------------
-    def _mirrors(self) -> list[MemtableMirror]:
-        """The memtables of every writer this router has open."""
+    def _memtables(self) -> list[MemtableMirror]:
+        """The memtables of every writer this router has open (for ``lsm``)."""
         self._check_open()
-        return [w._mirror() for w in self._writers.values()]
-
-    async def lsm_point_lookup(
-        self,
-        key: Any,
-        columns: Sequence[str] | None = None,
-        snapshots: ShardSnapshots | None = None,
-    ) -> pa.Table:
-        """The newest row for ``key`` (a table of 0 or 1 row).
-
-        Every row acked through this router is visible (its writers'
-        memtables are read too), with the base table and every shard's
-        flushed generations. Concurrent lookups are answered in batches.
-
-        Raises
-        ------
-        TypeError
-            ``columns`` given as one string (at the call).
-        """
-        check_columns(columns)
-        self._check_open()
-        record_lookup(self._dataset.uri, "writer")
-        return await point_lookup(self, self._dataset, self._mirrors, key, columns, snapshots)
-
-    async def lsm_point_lookups(
-        self,
-        keys: Any,
-        columns: Sequence[str] | None = None,
-        snapshots: ShardSnapshots | None = None,
-    ) -> pa.Table:
-        """The newest row of each of ``keys``, in their order (see
-        :func:`~lance_async.memwal.reads.lsm_point_lookups`); memtables included.
-
-        Raises
-        ------
-        TypeError
-            ``columns`` given as one string (at the call).
-        """
-        check_columns(columns)
-        self._check_open()
-        record_lookup(self._dataset.uri, "writer", len(keys) if hasattr(keys, "__len__") else 1)
-        return await point_lookups(self._dataset, self._mirrors, keys, columns, snapshots)
-
-    def lsm_scan(
-        self,
-        columns: Sequence[str] | None = None,
-        filter: str | None = None,
-        limit: int | None = None,
-        *,
-        snapshots: ShardSnapshots | None = None,
-        batch_size: int | None = None,
-    ) -> AsyncBatchStream:
-        """Scan the LSM view with every row acked through this router, streamed.
-
-        The open writers' memtables, every shard's flushed generations and
-        the base table, newest row per key (see
-        :func:`~lance_async.memwal.reads.lsm_scan`).
-
-        Raises
-        ------
-        ValueError, TypeError
-            A negative ``limit``, ``columns`` given as one string (at the call).
-        """
-        check_columns(columns)
-        if limit is not None:
-            check_int("limit", limit, minimum=0)
-        self._check_open()
-        record_scan(self._dataset.uri, "writer")
-        return scan_stream(
-            self._dataset, self._mirrors, snapshots, columns, filter, limit, batch_size
-        )
-
-    async def lsm_vector_search(self, query: Any, *, column: str, **options: Any) -> pa.Table:
-        """k nearest rows over every level, the open writers' memtables included
-        (the keywords of :func:`~lance_async.memwal.vector.lsm_vector_search`).
-
-        Raises
-        ------
-        ValueError, TypeError
-            ``k``, ``nprobes`` or ``refine_factor`` below 1, an unknown
-            ``metric``, ``columns`` given as one string (at the call).
-        """
-        check_knn(options)
-        return await lsm_vector_search(
-            self._dataset, query, column=column, mirrors=self._mirrors(), **options
-        )
+        return [m for w in self._writers.values() for m in w._memtables()]
 
 
 def _batch_list(data: Any) -> bool:

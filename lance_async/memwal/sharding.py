@@ -30,7 +30,7 @@ import itertools
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,13 +38,11 @@ import pyarrow.compute as pc
 from lance.mem_wal import evaluate_sharding_spec
 
 from .._args import check_int
+from .._table import Table
 from .._threads import run_sync
 from ..errors import InvalidInputError, WrongShardError
-from .keys import key_values
+from ..lsm.keyvalues import key_values
 from .retired import derived_shard_id, mem_wal_epoch
-
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
 
 __all__ = [
     "DEFAULT_NUM_BUCKETS",
@@ -386,7 +384,7 @@ def _column_of(lance_ds: Any, field_id: int) -> str:
     raise InvalidInputError(f"the sharding spec names field id {field_id}, which the table lacks")
 
 
-async def read_sharding(dataset: AsyncDataset) -> Sharding:
+async def read_sharding(dataset: Table) -> Sharding:
     """The :class:`Sharding` of ``dataset``'s latest version (on a worker thread).
 
     Raises
@@ -394,6 +392,12 @@ async def read_sharding(dataset: AsyncDataset) -> Sharding:
     InvalidInputError
         No MemWAL is initialized.
     """
-    await dataset.refresh()
     ds = dataset.lance
-    return await run_sync(lambda: sharding_of(ds.mem_wal_index_details(), ds))
+
+    def read() -> tuple[Any, Sharding]:
+        latest = ds.checkout_version(ds.latest_version) if ds.latest_version != ds.version else ds
+        return latest, sharding_of(latest.mem_wal_index_details(), latest)
+
+    latest, sharding = await run_sync(read)
+    dataset.advance(latest)
+    return sharding

@@ -12,8 +12,9 @@ The writer is three objects, as aiokafka's producer is: this module's
 :class:`AsyncShardWriter` (the API and the life cycle), the
 :class:`~lance_async.memwal.accumulator.Accumulator` (room, validation,
 coalescing, linger) and the :class:`~lance_async.memwal.committer.Committer`
-(the writer task: engine calls, acks, failures). Its LSM reads live in
-``reads.py`` (:class:`~lance_async.memwal.reads.WriterReads`).
+(the writer task: engine calls, acks, failures). Its LSM reads are an
+:class:`~lance_async.lsm.LsmReader` (``writer.lsm``) that includes its
+memtable.
 
 Guarantees
 ----------
@@ -34,9 +35,14 @@ Guarantees
   :class:`~lance_async.WriterFailedError`.
 * Order: puts and deletes on one writer reach the engine in the order they
   were queued.
-* Read-your-writes: the writer's LSM reads wait out a sealed ("frozen")
-  memtable before planning, so every acked row is visible (pylance 14's own
-  scanner hides a frozen memtable's rows until its SSTable is written).
+* Read-your-writes: the writer's LSM reads (``writer.lsm``) read its
+  memtable from a mirror, sealed memtables included, so every row it took is
+  visible to them (the engine's own scanner hides a sealed memtable's rows
+  until its SSTable is written); every durable row is visible to every
+  other read, in any process, through the shard's WAL tail.
+* Flushes: a memtable that has held rows for ``max_memtable_age`` seconds
+  (default 60) is flushed to a generation, so compaction never waits for a
+  quiet writer to stop.
 
 Cancellation rule
 -----------------
@@ -75,29 +81,26 @@ import uuid
 import warnings
 from collections.abc import AsyncIterable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import pyarrow as pa
 from anyio.abc import TaskGroup
 
-from .._args import check_batches
+from .._args import check_batches, check_seconds
 from .._loop import LoopHandle, unwrap_groups
-from .._schema import TableFit, primary_key
+from .._schema import NO_KEY, TableFit, primary_key
+from .._table import Table
 from .._threads import run_sync
-from ..errors import ClosedError, InvalidInputError, raise_mapped
+from ..errors import ClosedError, InvalidInputError, LanceAsyncError, raise_mapped
+from ..lsm.memtable import MemtableMirror
+from ..lsm.reader import LsmMethods, LsmReader
 from .accumulator import Accumulator, Kind
 from .acks import Ack, PutSummary
 from .committer import Committer, open_engine
-from .mirror import MemtableMirror
 from .policy import WriterConfig
-from .reads import WriterReads
-from .retired import NO_KEY
 from .sharding import Sharding
 from .stats import WriterState, WriterStats, collect_stats
-
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
 
 __all__ = ["AsyncShardWriter"]
 
@@ -111,7 +114,7 @@ def _deadline(timeout: float | None) -> float | None:
     return anyio.current_time() + timeout
 
 
-class AsyncShardWriter(WriterReads):
+class AsyncShardWriter(LsmMethods):
     """Write one MemWAL shard from async code, with group commit.
 
     Obtain it from :meth:`AsyncDataset.mem_wal_writer` and use it as
@@ -160,7 +163,7 @@ class AsyncShardWriter(WriterReads):
         limit below 1, a negative wait).
     """
 
-    def __init__(self, dataset: AsyncDataset, shard_id: str, **options: Any) -> None:
+    def __init__(self, dataset: Table, shard_id: str, **options: Any) -> None:
         try:
             canonical = str(uuid.UUID(str(shard_id)))  # the engine's folder name
         except ValueError:
@@ -189,6 +192,8 @@ class AsyncShardWriter(WriterReads):
         self._committer: Committer | None = None
         self.sharding: Sharding | None = None
         """The table's sharding, read when the writer opens."""
+        self.lsm = LsmReader(dataset, self._memtables, path="writer")
+        """The LSM reads of the table with this writer's memtable included (open writers)."""
 
     def __repr__(self) -> str:
         return f"<AsyncShardWriter shard={self.shard_id} state={self._state.value}>"
@@ -249,14 +254,17 @@ class AsyncShardWriter(WriterReads):
         if not self._keys:
             raise InvalidInputError(f"{self!r}: {NO_KEY}")
         ds = self._dataset.lance
-        opener = partial(open_engine, ds, self.shard_id, config.engine)
+        options = self._dataset.storage_options
         try:
-            engine, memtable_rows, sharding, opened = await run_sync(partial(opener, config.policy))
+            opened = await run_sync(
+                partial(open_engine, ds, self.shard_id, config.engine, config.policy, options)
+            )
         except (OSError, ValueError, RuntimeError) as exc:
             raise_mapped(exc)
             raise
-        self.sharding, self.engine_options = sharding, opened
-        self.max_put_rows, self.max_queue_rows = config.limits(memtable_rows)
+        self.sharding, self.engine_options = opened.sharding, opened.options
+        sharding = opened.sharding
+        self.max_put_rows, self.max_queue_rows = config.limits(opened.memtable_rows)
         self._acc = Accumulator.for_writer(
             config,
             (self.max_put_rows, self.max_queue_rows),
@@ -268,23 +276,30 @@ class AsyncShardWriter(WriterReads):
             if sharding.sharded
             else None,
         )
+        mirror = MemtableMirror(ds.uri, self.shard_id, self._table_schema, self._keys, options)
+        mirror.epoch = opened.epoch
         self._committer = Committer(
-            engine,
+            opened.engine,
             self._acc,
             shard_id=self.shard_id,
             fit=self._fit,
             key_fit=self._key_fit,
             on_failure=self._mark_failed,
             describe=self.__repr__,
-            mirror=MemtableMirror(
-                ds.uri, self.shard_id, self._table_schema, self._keys, self._dataset.storage_options
-            ),
+            mirror=mirror,
+            reopen=opened.reopen,
+            max_memtable_age=config.max_memtable_age,
+            storage_options=options,
+            uri=str(ds.uri),
         )
         if task_group is None:
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
             task_group = self._tg
-        task_group.start_soon(self._committer.run, name=f"lance_async writer {self.shard_id}")
+        name = f"lance_async writer {self.shard_id}"
+        task_group.start_soon(self._committer.run, name=name)
+        if config.max_memtable_age is not None:
+            task_group.start_soon(self._committer.run_age_flush, name=f"{name} (age flush)")
         self._state = WriterState.OPEN
         return self
 
@@ -494,19 +509,56 @@ class AsyncShardWriter(WriterReads):
         """
         return collect_stats(self._state, self._acc, self._committer)
 
+    def ack_latencies(self) -> list[float]:
+        """The most recent acks' latencies, in seconds from queueing to written
+        (up to :data:`~lance_async.memwal.committer.LATENCY_SAMPLES`; does not block)."""
+        return list(self._committer.latencies) if self._committer is not None else []
+
     async def engine_stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The engine's ``stats()`` and ``memtable_stats()``, read on a worker thread."""
-        if self._committer is None:
+        committer = self._committer
+        if committer is None:
             raise ClosedError(f"{self!r} is not open")
-        engine = self._committer.engine
-        return await run_sync(lambda: (engine.stats(), engine.memtable_stats()))
+        async with committer.gate:  # an age flush may be replacing the engine writer
+            engine = committer.engine
+            return await run_sync(lambda: (engine.stats(), engine.memtable_stats()))
 
-    # -- read-your-writes: the reads are WriterReads's (reads.py) ------------------
-    def _engine_and_gate(self) -> tuple[Any, anyio.Lock]:
-        """The engine writer and its gate, for the LSM reads (open writers only)."""
+    # -- reads -------------------------------------------------------------
+    def _memtables(self) -> list[MemtableMirror]:
+        """This writer's memtable, for its LSM reads (open or failed writers only)."""
         if self._state not in (WriterState.OPEN, WriterState.FAILED):
             raise ClosedError(f"{self!r} is not open")
         if self._loop is not None:
             self._loop.check(repr(self))
+        mirror = self._parts()[1].mirror
+        assert mirror is not None  # every open writer has one
+        return [mirror]
+
+    async def wait_flushed(self, timeout: float = 30.0) -> None:
+        """Wait until no sealed (frozen) memtable is waiting to be written.
+
+        After it returns, every memtable sealed so far is a flushed
+        generation (an SSTable) that :meth:`AsyncDataset.shard_snapshots`
+        lists. It does not seal the active memtable; closing the writer does
+        (and so does ``max_memtable_age``).
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``timeout`` is not a number of seconds >= 0.
+        LanceAsyncError
+            Still sealed after ``timeout`` seconds.
+        ClosedError
+            The writer is not open.
+        """
+        timeout = check_seconds("timeout", timeout)
+        self._memtables()
         committer = self._parts()[1]
-        return committer.engine, committer.gate
+        with anyio.move_on_after(timeout):
+            while True:  # the engine offers no event: poll its stats
+                async with committer.gate:
+                    stats = await run_sync(committer.engine.memtable_stats)
+                if not stats.get("frozen_count"):
+                    return
+                await anyio.sleep(0.005)
+        raise LanceAsyncError(f"{self!r}: a sealed memtable was not flushed in {timeout} s")

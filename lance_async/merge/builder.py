@@ -15,16 +15,17 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import pyarrow as pa
 from lance.dataset import LanceDataset
 
 from .._args import check_choice, check_int, check_timedelta
-from .._keys import DUPLICATE_POLICIES
+from .._duplicates import DUPLICATE_POLICIES
 from .._loop import unwrap_groups
 from .._metrics import record_merge
+from .._table import Table
 from .._threads import run_sync
 from ..errors import (
     ConflictError,
@@ -36,7 +37,10 @@ from ..errors import (
 )
 from ..memwal.acks import PutSummary
 from ..sources import SourceMode, WriteSource, resolve_source
-from .mem_wal import (
+from .passes import PassGuard, check_keys, insert_lock, materialize, read_keys, read_whole
+from .result import MergeResult, backoff_delay, engine_stats
+from .route import check_base_keys, choose_route, whole_rows
+from .via_mem_wal import (
     MemWalWriter,
     check_join,
     check_step,
@@ -44,12 +48,6 @@ from .mem_wal import (
     mem_wal_kind,
     put_via_mem_wal,
 )
-from .passes import PassGuard, check_keys, insert_lock, materialize, read_keys, read_whole
-from .result import MergeResult, backoff_delay, engine_stats
-from .route import check_base_keys, choose_route, whole_rows
-
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
 
 __all__ = ["AsyncMergeInsertBuilder", "MergeResult", "backoff_delay"]
 
@@ -74,7 +72,7 @@ class AsyncMergeInsertBuilder:
         awaiting task was cancelled after the commit landed.
     """
 
-    def __init__(self, dataset: AsyncDataset, on: str | Iterable[str] | None) -> None:
+    def __init__(self, dataset: Table, on: str | Iterable[str] | None) -> None:
         self._dataset = dataset
         if on is None:
             keys = dataset.primary_key
@@ -388,7 +386,8 @@ class AsyncMergeInsertBuilder:
             An error raised by the source itself, unchanged (nothing committed).
         """
         asked = "mem_wal" if self._mem_wal else "base" if self._base else "auto"
-        route = await choose_route(self._dataset, asked)
+        marks = any(name == "mark_sstables_as_compacted" for name, _ in self._steps)
+        route = await choose_route(self._dataset, asked, marks=marks)
         if route == "mem_wal":
             return await self._execute_mem_wal(source, schema, explicit=self._mem_wal)
         src = await self._prepare(source, schema)
@@ -451,7 +450,7 @@ class AsyncMergeInsertBuilder:
         result = MergeResult(ins, upd, dele, attempts, mode, int(target.version))
         record_merge(self._dataset.uri, attempts)
         self.last_result = result
-        self._dataset._replace(target)
+        self._dataset.advance(target)
         return result
 
     def _on_cancel(

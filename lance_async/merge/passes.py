@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pyarrow as pa
 
-from .._keys import KeyTracker, check_unique_keys, keep_last
+from .._duplicates import KeyTracker, check_unique_keys, keep_last
 from .._threads import run_sync
 from ..errors import SchemaMismatchError
 from ..sources import WriteSource, resolve_source

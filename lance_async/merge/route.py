@@ -18,9 +18,10 @@ server's ``/merge``):
     MemWAL's row of such a key over the merge's
     (:func:`check_base_keys`).
 
-Compaction's own merges (those made while the task holds the table's
-compaction lock, :func:`lance_async.memwal.compaction.table_lock`) go to the
-base table unchecked: they are how the MemWAL's rows get there.
+Compaction's own merges (those that mark SSTables compacted, or that are
+made while the task holds the table's compaction lock,
+:func:`lance_async.memwal.compaction.table_lock`) go to the base table
+unchecked: they are how the MemWAL's rows get there.
 
 Partial rows follow one rule on both paths: a column the source lacks keeps
 the stored value of a row it updates and is null in a row it inserts. The
@@ -33,20 +34,21 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping, Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 import anyio
 import pyarrow as pa
 
+from .._table import Table
 from .._threads import run_sync
 from ..errors import InvalidInputError, SchemaMismatchError
+from ..lsm.reader import LsmReader
+from ..lsm.snapshots import shard_snapshots
+from ..lsm.wal import read_wal_tail
 from ..memwal.compaction import table_lock
-from ..memwal.manifest import unflushed_wal_rows
 
 if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
-    from ..memwal.snapshots import ShardSnapshot
+    from ..lsm.snapshots import ShardSnapshot
 
 __all__ = ["Route", "check_base_keys", "choose_route", "in_compaction", "whole_rows"]
 
@@ -64,17 +66,24 @@ def in_compaction(uri: str) -> bool:
     return owner is not None and owner == anyio.get_current_task()
 
 
-async def choose_route(dataset: AsyncDataset, requested: str) -> Route:
+async def choose_route(dataset: Table, requested: str, *, marks: bool = False) -> Route:
     """Where a merge asked for ``requested`` (``"auto"``, ``"mem_wal"``, ``"base"``) goes.
 
-    Reads the table's MemWAL index at its latest version (an engine call on
-    a worker thread; ``dataset`` moves to that version).
+    ``marks``: the merge marks SSTables compacted (compaction's). Reads the
+    table's MemWAL index at its latest version (an engine call on a worker
+    thread).
     """
     if requested == "mem_wal":
         return "mem_wal"
-    if in_compaction(dataset.uri) or not dataset.primary_key:
+    if marks or in_compaction(dataset.uri) or not dataset.primary_key:
         return "base"  # compaction's own merge; a table without a key has no MemWAL
-    if await dataset.mem_wal_index_details() is None:
+    ds = dataset.lance
+
+    def has_mem_wal() -> bool:
+        latest = ds.checkout_version(ds.latest_version) if ds.latest_version != ds.version else ds
+        return latest.mem_wal_index_details() is not None
+
+    if not await run_sync(has_mem_wal):
         return "base"
     return "checked_base" if requested == "base" else "mem_wal"
 
@@ -102,18 +111,24 @@ def _held_keys(
     return pa.concat_tables(held) if held else keys.schema.empty_table()
 
 
-def _unflushed(
-    uri: str, snaps: Sequence[ShardSnapshot], storage_options: Mapping[str, str] | None
-) -> list[tuple[str, int]]:
-    """(shard, rows) of every shard whose WAL holds rows no generation holds (blocking)."""
-    found = []
+def _tail_keys(
+    uri: str,
+    snaps: Sequence[ShardSnapshot],
+    schema: pa.Schema,
+    keys: pa.Table,
+    storage_options: Mapping[str, str] | None,
+) -> pa.Table:
+    """The rows of ``keys`` that some shard's WAL tail (durable, not flushed) holds (blocking)."""
+    names = keys.column_names
+    held = []
     for snap in snaps:
-        rows = unflushed_wal_rows(
-            uri, snap.shard_id, snap.current_generation, dict(storage_options or {}) or None
-        )
-        if rows:
-            found.append((snap.shard_id, rows))
-    return found
+        tail = read_wal_tail(uri, snap.shard_id, snap.replay_after, schema, storage_options).rows
+        if tail.num_rows:
+            stored = tail.select(names).group_by(names).aggregate([])
+            found = keys.join(stored, keys=names, join_type="inner")
+            if found.num_rows:
+                held.append(found)
+    return pa.concat_tables(held) if held else keys.schema.empty_table()
 
 
 _WHAT_TO_DO = (
@@ -122,46 +137,47 @@ _WHAT_TO_DO = (
 )
 
 
-async def check_base_keys(dataset: AsyncDataset, keys: pa.Table) -> None:
+async def check_base_keys(dataset: Table, keys: pa.Table) -> None:
     """Refuse a base-table merge of ``keys`` while the MemWAL holds any of them.
 
-    A key in a flushed generation not yet compacted, or in the WAL entries no
-    generation holds yet, would be written over the merge's row by the next
-    compaction. The shards are read with the public snapshot API
-    (``shard_snapshots``); generations' keys and the WAL's unflushed rows on
-    worker threads. Unflushed WAL rows cannot be told apart by key without
-    their writer, so any refuses the merge.
+    A key in a flushed generation not yet compacted, or in a shard's WAL
+    tail (durable, not flushed yet), would be written over the merge's row by
+    the next compaction. The shards are found by their snapshots
+    (:func:`~lance_async.lsm.snapshots.shard_snapshots`), the generations'
+    keys and the WAL tails read on worker threads. A live writer's rows that
+    are not durable yet (``durable_write=False``) cannot be seen.
 
     Raises
     ------
     InvalidInputError
-        Saying which keys (a few) or which shard, and what to do.
+        Naming a few of the keys and what to do.
     """
-    snaps = await dataset.shard_snapshots()
-    options = dataset.storage_options
-    waiting = await run_sync(partial(_unflushed, dataset.uri, snaps, options))
-    if waiting:
-        shard, rows = waiting[0]
-        raise InvalidInputError(
-            f"a base-table merge into {dataset.uri} is refused: MemWAL shard {shard} holds "
-            f"{rows:,} rows not flushed yet (a writer still open, or one stopped without "
-            f"closing), and compaction would write them over this merge; {_WHAT_TO_DO}"
-        )
-    generations = [(s.shard_id, path) for s in snaps for _, path in s.sstables]
-    if not generations or not keys.num_rows:
+    if not keys.num_rows:
         return
-    held = await run_sync(partial(_held_keys, dataset.uri, generations, keys, options))
-    if held.num_rows:
-        shown = ", ".join(str(row) for row in held.slice(0, _SHOWN).to_pylist())
-        more = f" and {held.num_rows - _SHOWN:,} more" if held.num_rows > _SHOWN else ""
+    snaps = await shard_snapshots(dataset)
+    options = dataset.storage_options
+    generations = [(s.shard_id, path) for s in snaps for _, path in s.sstables]
+
+    def held() -> pa.Table:
+        flushed = _held_keys(dataset.uri, generations, keys, options)
+        waiting = _tail_keys(dataset.uri, snaps, dataset.schema, keys, options)
+        both = pa.concat_tables(
+            [t.select(keys.column_names).cast(keys.schema) for t in (flushed, waiting)]
+        )
+        return both.group_by(keys.column_names).aggregate([])
+
+    found = await run_sync(held)
+    if found.num_rows:
+        shown = ", ".join(str(row) for row in found.slice(0, _SHOWN).to_pylist())
+        more = f" and {found.num_rows - _SHOWN:,} more" if found.num_rows > _SHOWN else ""
         raise InvalidInputError(
             f"a base-table merge into {dataset.uri} is refused: the MemWAL holds key(s) "
-            f"{shown}{more} in generations not compacted yet, and compaction would write its "
-            f"rows over this merge's; {_WHAT_TO_DO}"
+            f"{shown}{more} not compacted yet (in flushed generations or the WAL), and "
+            f"compaction would write its rows over this merge's; {_WHAT_TO_DO}"
         )
 
 
-async def whole_rows(dataset: AsyncDataset, rows: pa.Table) -> pa.Table:
+async def whole_rows(dataset: Table, rows: pa.Table) -> pa.Table:
     """``rows`` with every table column: those it lacks filled from the stored
     row of its key (an LSM point lookup), or null for a key the table lacks.
 
@@ -180,7 +196,7 @@ async def whole_rows(dataset: AsyncDataset, rows: pa.Table) -> pa.Table:
     if not missing or not rows.num_rows:
         return rows.select([n for n in schema.names if n in rows.column_names])
     key = list(dataset.primary_key)
-    stored = await dataset.lsm_point_lookups(rows.select(key), columns=[*key, *missing])
+    stored = await LsmReader(dataset).point_lookups(rows.select(key), [*key, *missing])
 
     def join() -> pa.Table:
         import numpy as np

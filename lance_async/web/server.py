@@ -76,33 +76,24 @@ import dataclasses
 import datetime
 import logging
 import os
-import re
 import threading
 from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Annotated, Any
 
 import anyio
 import pyarrow as pa
-import pyarrow.fs as pafs
 from fastapi import FastAPI, Query, Request, Response
 
 from .._args import INT64_MAX
 from .._filters import DECIMAL_FLOAT, DECIMAL_INT
-from .._metrics import record_lookup, record_scan
-from .._storage import filesystem, join
-from .._threads import ThreadLimits, run_sync, stream_limiter
-from ..dataset import open_dataset
+from .._threads import ThreadLimits
 from ..errors import (
-    DatasetNotFoundError,
     InvalidInputError,
     SchemaMismatchError,
     ServerBusyError,
 )
-from ..memwal.compactor import CompactionPolicy
-from ..memwal.router import ShardRouter
 from . import (
     BatchStreamResponse,
     BodyBatches,
@@ -123,6 +114,7 @@ from . import (
     request_batches,
     scan_response,
 )
+from .discovery import Discovery, discover_tables, discovery_middleware
 from .settings import ServeSettings
 
 __all__ = ["create_app", "discover_tables", "main"]
@@ -131,172 +123,6 @@ log = logging.getLogger("lance_async.web")
 
 #: Rows per batch of a ``/rows`` scan unless ``batch_size`` says otherwise.
 DEFAULT_SCAN_BATCH = 8192
-_TABLE_DIR = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})\.lance")
-
-
-def _list_table_dirs(
-    root: str, storage_options: Mapping[str, str] | None = None
-) -> list[tuple[str, str]]:
-    """(name, uri) of every ``<name>.lance`` directory under a local or object-store root."""
-    fs, base = filesystem(root, storage_options)
-    selector = pafs.FileSelector(base, allow_not_found=False, recursive=False)
-    found = []
-    for info in fs.get_file_info(selector):
-        match = _TABLE_DIR.fullmatch(info.base_name)
-        if match and ".." not in match.group(1) and info.type == pafs.FileType.Directory:
-            found.append((match.group(1), join(root, info.base_name)))
-    return sorted(found)
-
-
-async def discover_tables(
-    root: str | os.PathLike[str],
-    *,
-    writer_options: Mapping[str, Any] | None = None,
-    storage_options: Mapping[str, str] | None = None,
-) -> dict[str, TableSpec]:
-    """Find the tables under ``root`` (``<name>.lance`` directories).
-
-    Parameters
-    ----------
-    root : str or PathLike
-        A local directory or an object-store prefix (``s3://bucket/tables``).
-    writer_options : mapping, optional
-        ``TableSpec.writer_options`` of every MemWAL table found.
-    storage_options : mapping, optional
-        The object-store options of the root and its tables.
-
-    Returns
-    -------
-    dict of str to TableSpec
-        A MemWAL table with a sharding spec gets the routing writer
-        (``route=True``: every row to its own shard); one with manual shards
-        gets lance_async's default shard of the table (the one ``lance-async
-        ingest`` writes too, so their writes never split a key). Directories
-        that do not hold a dataset are skipped (with a warning).
-
-    Notes
-    -----
-    Lists the directory on a worker thread and opens each dataset with
-    :func:`lance_async.open_dataset`; never blocks the loop.
-    """
-    options = dict(storage_options) if storage_options else None
-    entries = await run_sync(
-        partial(_list_table_dirs, os.fspath(root), options), limiter=stream_limiter()
-    )
-    specs: dict[str, TableSpec] = {}
-    for name, path in entries:
-        try:
-            dataset = await open_dataset(path, storage_options=options)
-        except DatasetNotFoundError:
-            log.warning(
-                "lance_async.serve: %s holds no Lance dataset; skipped", path, extra={"table": path}
-            )
-            continue
-        if await dataset.mem_wal_index_details() is None:
-            specs[name] = TableSpec(path, storage_options=options)
-            continue
-        sharding = await dataset.sharding()
-        writing = dict(writer_options or {})
-        if sharding.sharded:
-            specs[name] = TableSpec(
-                path,
-                route=True,
-                writer_options={"compaction": CompactionPolicy(), **writing},
-                storage_options=options,
-            )
-        else:
-            specs[name] = TableSpec(
-                path,
-                shard_id=sharding.default_shard(),
-                writer_options=writing,
-                storage_options=options,
-            )
-    return specs
-
-
-class _Discovery:
-    """Tables created under the root after startup, found when a request asks.
-
-    A request for a table name the registry lacks (or for ``GET /tables``)
-    asks for a new listing of the root, at most once per ``interval``
-    seconds; the tables found are opened by one long-lived task (the
-    lifespan's), which owns their writers' contexts and closes them at
-    shutdown, since writers own task groups. Requests wait for the listing
-    they asked for, bounded by ``timeout``.
-    """
-
-    def __init__(
-        self,
-        root: str,
-        registry: TableRegistry,
-        writer_options: Mapping[str, Any] | None,
-        storage_options: Mapping[str, str] | None,
-        interval: float = 1.0,
-        timeout: float = 30.0,
-    ) -> None:
-        self.root = root
-        self.registry = registry
-        self.writer_options = writer_options
-        self.storage_options = storage_options
-        self.interval = interval
-        self.timeout = timeout
-        self._wanted = anyio.Event()
-        self._done = anyio.Event()
-        self._last = -float("inf")
-
-    async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Serve listings until cancelled; close what it opened (blocks)."""
-        async with AsyncExitStack() as stack:
-            task_status.started()
-            while True:
-                await self._wanted.wait()
-                self._wanted = anyio.Event()
-                done, self._done = self._done, anyio.Event()
-                try:
-                    found = await discover_tables(
-                        self.root,
-                        writer_options=self.writer_options,
-                        storage_options=self.storage_options,
-                    )
-                    for name, spec in found.items():
-                        if name not in self.registry.names:
-                            await self.registry.add_open(name, spec, stack)
-                            log.info("lance_async.serve: now serving table %s", name)
-                except Exception:  # a listing that fails: the request gets its 404
-                    log.exception("lance_async.serve: listing %s failed", self.root)
-                finally:
-                    done.set()
-
-    async def refresh(self) -> None:
-        """Ask for a listing (unless one ran within ``interval``) and wait for it."""
-        now = anyio.current_time()
-        if now - self._last < self.interval:
-            return
-        self._last = now
-        done = self._done
-        self._wanted.set()
-        with anyio.move_on_after(self.timeout):
-            await done.wait()
-
-
-_TABLE_PATH = re.compile(r"^/tables/([^/]+)(?:/|$)")
-
-
-def _discovery_middleware(app: Any, discovery: _Discovery) -> Any:
-    """ASGI middleware: a request naming a table the registry lacks (or listing
-    them) asks ``discovery`` for a new listing first."""
-
-    async def middleware(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            path = scope.get("path", "")
-            match = _TABLE_PATH.match(path)
-            if path.rstrip("/") == "/tables" or (
-                match is not None and match.group(1) not in discovery.registry.names
-            ):
-                await discovery.refresh()
-        await app(scope, receive, send)
-
-    return middleware
 
 
 @dataclass
@@ -468,13 +294,11 @@ def create_app(
                 tg.cancel_scope.cancel()
 
     discovery = (
-        None
-        if root_dir is None
-        else _Discovery(root_dir, registry, writer_options, storage_options)
+        None if root_dir is None else Discovery(root_dir, registry, writer_options, storage_options)
     )
     app = FastAPI(title="lance_async example", lifespan=lifespan)
     if discovery is not None:  # tables created under the root after startup
-        app.add_middleware(_discovery_middleware, discovery=discovery)
+        app.add_middleware(discovery_middleware, discovery=discovery)
     install_body_guard(
         app, drain_bytes=body_limits.drain_bytes, drain_timeout=body_limits.drain_timeout
     )
@@ -655,11 +479,7 @@ def create_app(
         sql = compile_filter(filters, dataset.schema, allow_raw_sql=allow_raw_sql)
         cols = _columns(columns, dataset.schema)
         if table.writer is not None:
-            if offset is not None:
-                raise InvalidInputError("offset is not supported on MemWAL tables")
-            if not isinstance(table.writer, ShardRouter):  # a router counts its own
-                record_scan(dataset.uri, "writer")
-            stream = table.writer.lsm_scan(columns=cols, filter=sql, limit=limit)
+            stream = table.writer.lsm_scan(columns=cols, filter=sql, limit=limit, offset=offset)
         else:
             await dataset.refresh()
             stream = dataset.scan(
@@ -685,8 +505,6 @@ def create_app(
             )
         value = _parse_key(key, dataset.schema.field(keys[0]))
         if table.writer is not None:
-            if not isinstance(table.writer, ShardRouter):  # a router counts its own
-                record_lookup(dataset.uri, "writer")
             found = await table.writer.lsm_point_lookup(value)
         else:
             await dataset.refresh()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import anyio
 import pyarrow as pa
 
-from .._keys import DUPLICATE_POLICIES, KeyTracker
+from .._duplicates import DUPLICATE_POLICIES, KeyTracker
 from .._schema import TableFit, primary_key
 from .._threads import run_sync, stream_limiter
 from ..errors import (

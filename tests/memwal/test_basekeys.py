@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 import lance_async as la
-from lance_async.memwal import lookup
-from lance_async.memwal.basekeys import BaseKeyCache
+from lance_async.lsm import lookup
+from lance_async.lsm.basekeys import BaseKeyCache
 
 from ..helpers import PK, kv_table
 from .support import sid

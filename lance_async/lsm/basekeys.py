@@ -1,12 +1,11 @@
 """The base table's keys by row offset, one version at a time: lookups without a filtered scan.
 
-pylance 14 answers ``key = k`` on a base table with a BTREE index on the key
-through a filtered scan that costs 5-8 ms on 2 cores (1.3M rows in 5
-fragments after background compactions), while ``take`` of known row
-offsets costs about 1 ms. So for a base table of at most ``max_rows`` rows,
-the keys of one version are read once -- one scan of the key columns, about
-150 ms and 30 MB per million integer keys -- into a
-:class:`~lance_async.memwal.keyindex.KeyIndex`; lookups on that version then
+The engine answers ``key = k`` on a base table, even with a BTREE index on
+the key, through a filtered scan, several times dearer than a ``take`` of
+known row offsets (bench/: the lookup figures). So for a base table of at
+most ``max_rows`` rows, the keys of one version are read once -- one scan of
+the key columns, about 30 MB per million integer keys -- into a
+:class:`~lance_async.lsm.keyindex.KeyIndex`; lookups on that version then
 find their rows' offsets in memory and ``take`` them. It is the key cache of
 Cassandra's read path (partition key to its offset in an SSTable) applied to
 the base table.
@@ -158,7 +157,7 @@ class BaseKeyCache:
             table = pinned.to_table(columns=list(name[1]))
             entry = BaseKeys(version, pinned, KeyIndex([table.column(k) for k in name[1]]))
             offset = 0  # one row of each fragment: its files' metadata is read now, not
-            for fragment in pinned.get_fragments():  # by the first lookups (about 1 ms each)
+            for fragment in pinned.get_fragments():  # by the first lookups
                 rows = fragment.count_rows()
                 if rows:
                     pinned.take([offset])

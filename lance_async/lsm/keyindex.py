@@ -14,8 +14,9 @@ slow. So each immutable set of keys is indexed once, as numpy arrays:
   of codes, and every hit is verified against the real key values, so a hash
   collision costs time, never a wrong answer.
 
-The idea is the prototype's in ``scratch/lsm`` (a bitmap for integer keys, a
-hash index otherwise), made exact without pandas.
+Integer keys index themselves (a bitmap-like position table), any other key
+by a verified hash, as the hash indexes of columnar engines do; exact, and
+without pandas.
 """
 
 from __future__ import annotations

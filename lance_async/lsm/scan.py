@@ -1,11 +1,11 @@
 """The streaming LSM scan: :func:`scan_view`, newest row per key, batch by batch.
 
-pylance 14's ``LsmScanner`` merges every level in the engine and collects
-the whole result before it returns a batch: 12-38 s for 40 generations over
-1M rows, memory proportional to the result, and a cancel that waits for all
-of it. The levels differ hugely in size, so this scan reads them apart:
+The engine's ``LsmScanner`` merges every level in the engine and collects
+the whole result before it returns a batch (memory proportional to the
+result, and a cancel that waits for all of it). The levels differ hugely in
+size, so this scan reads them apart:
 
-1. the memtables' newest rows (in memory already), then
+1. the unflushed rows (memtables and WAL tails: in memory already), then
 2. each flushed generation's winning rows, newest generation first (a scan
    of the small SSTable, keeping the rows whose address is a winner), then
 3. the base table, streamed batch by batch by the engine, dropping each row
@@ -14,8 +14,7 @@ of it. The levels differ hugely in size, so this scan reads them apart:
 Every ``next()`` does a bounded amount of work (one batch), so memory is
 bounded by the batch size and a consumer that stops frees the thread within
 one batch. The filter applies to the newest version of each row, as the
-engine's does. The idea and the measurements are the prototype's
-(``scratch/lsm/lsmread.py``: 85-214 ms for 40 generations over 1M rows).
+engine's does.
 """
 
 from __future__ import annotations
@@ -28,19 +27,27 @@ import pyarrow as pa
 
 from ..errors import raise_mapped
 from .levels import ROWADDR, LsmView
-from .mirror import TOMBSTONE
+from .wal import TOMBSTONE
 
-__all__ = ["DEFAULT_BATCH_ROWS", "output_schema", "scan_view"]
+__all__ = ["DEFAULT_BATCH_ROWS", "ROWID", "output_schema", "scan_view"]
+
+ROWID = "_rowid"
+"""The row-id column of ``with_row_id=True`` scans (null for unflushed and
+flushed-generation rows: only base rows have a row id)."""
 
 DEFAULT_BATCH_ROWS = 8192
 """Rows per batch of the in-memory levels when no ``batch_size`` is given."""
 
 
-def output_schema(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schema:
-    """The table schema projected on ``columns`` (metadata kept)."""
-    if columns is None:
-        return schema
-    return pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
+def output_schema(
+    schema: pa.Schema, columns: Sequence[str] | None, with_row_id: bool = False
+) -> pa.Schema:
+    """The table schema projected on ``columns`` (metadata kept), with
+    ``_rowid`` (uint64, nullable) last when ``with_row_id``."""
+    out = schema if columns is None else pa.schema([schema.field(c) for c in columns])
+    if with_row_id:
+        out = out.append(pa.field(ROWID, pa.uint64()))
+    return out.with_metadata(schema.metadata)
 
 
 def filter_in_memory(table: pa.Table, columns: list[str], filter: str | None) -> pa.Table:
@@ -65,12 +72,17 @@ def _addr_mask(addresses: np.ndarray, keep_sorted: np.ndarray) -> np.ndarray:
 
 
 class _Emitter:
-    """Relabels batches to the output schema, slices them, counts the limit."""
+    """Relabels batches to the output schema, slices them, skips the offset,
+    counts the limit, adds a null row id to rows that have none."""
 
-    def __init__(self, schema: pa.Schema, limit: int | None, size: int) -> None:
+    def __init__(
+        self, schema: pa.Schema, limit: int | None, size: int, offset: int = 0
+    ) -> None:
         self.schema = schema
         self.remaining = limit
+        self.skip = offset
         self.size = size
+        self.row_ids = ROWID in schema.names
 
     @property
     def done(self) -> bool:
@@ -83,10 +95,18 @@ class _Emitter:
                 return
             if not batch.num_rows:
                 continue
+            if self.skip:
+                if batch.num_rows <= self.skip:
+                    self.skip -= batch.num_rows
+                    continue
+                batch, self.skip = batch.slice(self.skip), 0
             if self.remaining is not None:
                 batch = batch.slice(0, self.remaining)
                 self.remaining -= batch.num_rows
-            yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+            columns = list(batch.columns)
+            if self.row_ids and len(columns) < len(self.schema):
+                columns.append(pa.nulls(batch.num_rows, pa.uint64()))
+            yield pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
 
 def _memtables(
@@ -137,11 +157,13 @@ def _base(
     keys = view.keys
     hides = view.shadow.size > 0 or any(m.table.num_rows for m in view.memtables)
     extra = [k for k in keys if k not in cols] if hides else []
+    out = [*cols, ROWID] if emit.row_ids else cols
     scanner = view.base.scanner(
         columns=cols + extra,
         filter=filter,
         batch_size=batch_size,
-        limit=None if hides else emit.remaining,
+        limit=None if hides or emit.skip else emit.remaining,
+        with_row_id=emit.row_ids,
     )
     reader = scanner.to_reader()
     try:
@@ -150,8 +172,8 @@ def _base(
                 mask = view.hidden([batch.column(k) for k in keys])
                 if mask.any():
                     batch = batch.filter(pa.array(~mask))
-                if extra:
-                    batch = batch.select(cols)
+            if extra or emit.row_ids:
+                batch = batch.select(out)
             yield from emit(batch)
             if emit.done:
                 return
@@ -165,6 +187,9 @@ def scan_view(
     filter: str | None = None,
     limit: int | None = None,
     batch_size: int | None = None,
+    *,
+    offset: int = 0,
+    with_row_id: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Newest live row of every key across the view's levels, streamed (a generator).
 
@@ -179,12 +204,17 @@ def scan_view(
         Stop after this many rows.
     batch_size : int, optional
         Rows per batch at most (default: the engine's for stored levels,
-        :data:`DEFAULT_BATCH_ROWS` for memtables).
+        :data:`DEFAULT_BATCH_ROWS` for unflushed rows).
+    offset : int
+        Skip this many rows first (in the order of the scan).
+    with_row_id : bool
+        Add ``_rowid`` (uint64): the base row's id, null for rows of newer
+        levels (they have none until compacted).
 
     Yields
     ------
     pa.RecordBatch
-        Batches of the table schema projected on ``columns``: memtable rows
+        Batches of the table schema projected on ``columns``: unflushed rows
         first, then generations (newest first), then the base table.
 
     Raises
@@ -199,7 +229,12 @@ def scan_view(
     reads at most one batch.
     """
     cols = list(columns) if columns is not None else list(view.schema.names)
-    emit = _Emitter(output_schema(view.schema, cols), limit, batch_size or DEFAULT_BATCH_ROWS)
+    emit = _Emitter(
+        output_schema(view.schema, cols, with_row_id),
+        limit,
+        batch_size or DEFAULT_BATCH_ROWS,
+        offset,
+    )
     if emit.done:
         return
     try:

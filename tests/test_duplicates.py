@@ -1,4 +1,4 @@
-"""lance_async._keys: duplicate keys found, named, or resolved newest-wins (issue 17, item 3)."""
+"""lance_async._duplicates: duplicate keys found, named, or kept newest-wins (issue 17)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 import lance_async as la
-from lance_async._keys import KeyTracker, check_unique_keys, find_duplicate_key, keep_last
+from lance_async._duplicates import KeyTracker, check_unique_keys, find_duplicate_key, keep_last
 
 from .helpers import kv_table
 

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 
 import lance_async as la
-from lance_async.memwal.keys import key_value
+from lance_async.lsm.keyvalues import key_value
 
-from .support import mem_wal_table, sid
+from ..memwal.support import mem_wal_table, sid
 
 pytestmark = pytest.mark.anyio
 

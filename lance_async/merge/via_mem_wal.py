@@ -26,17 +26,16 @@ source (``builder.py``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
+from .._table import Table
 from ..errors import InvalidInputError, MergeShapeError
 from ..memwal.acks import PutSummary
 from ..memwal.router import ShardRouter
+from ..memwal.sharding import read_sharding
 from ..memwal.writer import AsyncShardWriter
-
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
 
 __all__ = [
     "REFUSED",
@@ -188,7 +187,7 @@ def check_writer(writer: object, schema: pa.Schema) -> MemWalWriter | None:
 
 
 async def put_via_mem_wal(
-    dataset: AsyncDataset, writer: MemWalWriter | None, kind: str, rows: pa.Table
+    dataset: Table, writer: MemWalWriter | None, kind: str, rows: pa.Table
 ) -> PutSummary:
     """Put (``kind="upsert"``) or delete by key (``"delete"``) ``rows`` through
     ``writer``, or through a routing writer opened for this call; resolves
@@ -208,12 +207,12 @@ async def put_via_mem_wal(
     if writer is not None:
         return await _put(writer, kind, rows, dataset.primary_key)
     try:
-        sharding = await dataset.sharding()
+        sharding = await read_sharding(dataset)
         # a table with manual shards: lance_async's one default shard (as ingest writes it)
         opened: MemWalWriter = (
-            dataset.mem_wal_writer()
+            ShardRouter(dataset)
             if sharding.sharded
-            else dataset.mem_wal_writer(sharding.default_shard())
+            else AsyncShardWriter(dataset, sharding.default_shard())
         )
         router = await opened.__aenter__()
     except InvalidInputError as exc:

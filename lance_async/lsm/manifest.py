@@ -1,17 +1,19 @@
-"""Reading MemWAL state that pylance 14 does not expose (read-only).
+"""Reading MemWAL state that the engine does not expose (read-only).
 
-pylance 14.0.2 has no public API that lists a shard's flushed generations
-(SSTables) or the generations already compacted into the base table, so
-lance_async reads them from storage, defensively. What is relied on,
-observed on pylance 14.0.2 (Lance file format 2.x, MemWAL shard manifest
-format of the same release):
+The engine has no public API that lists a shard's flushed generations
+(SSTables), where its WAL replay starts, or the generations already
+compacted into the base table, so lance_async reads them from storage,
+defensively. What is relied on (the MemWAL layout of the pylance release
+``pyproject.toml`` pins; README, "Notes on pylance"):
 
 Shard manifests
     ``<table>/_mem_wal/<shard uuid>/manifest/<64 binary digits>.binpb``. The
     file name is the manifest version written in binary, least significant
     bit first; ``version_hint.json`` holds ``{"version": N}`` but may lag.
     Each file is a protobuf ``ShardManifest``: field 1 version, 2
-    writer_epoch, 5 shard_spec_id, 6 current_generation, 8 repeated SSTable
+    writer_epoch, 3 replay_after_wal_entry_position (the last WAL position a
+    flushed generation covers; absent means 0), 4 wal_entry_position_last_seen
+    (a hint), 5 shard_spec_id, 6 current_generation, 8 repeated SSTable
     entries ``{1 generation, 2 path, 4 rows}``, 11 the shard id. ``path`` is
     the generation folder (``<8 hex>_gen_<N>``) relative to the shard folder,
     which is how ``ShardSnapshot.with_sstable`` wants it.
@@ -38,25 +40,20 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from .._storage import filesystem
-from ..errors import LanceAsyncError
+from ..errors import ManifestFormatError
 
 __all__ = [
-    "ManifestFormatError",
     "ShardManifest",
     "SsTableEntry",
     "compacted_generations",
     "list_shards",
+    "parse_position",
+    "position_name",
     "read_shard_manifest",
-    "unflushed_wal_rows",
 ]
 
 _U64_MAX = (1 << 64) - 1
 _MEMWAL_TYPE_URL = b"/lance.table.MemWalIndexDetails"
-
-
-class ManifestFormatError(LanceAsyncError):
-    """A MemWAL manifest did not have the layout this version of lance_async
-    knows (pylance 14.0.2). Upgrade lance_async to match your pylance."""
 
 
 # -- protobuf wire format (just enough) ---------------------------------------
@@ -108,7 +105,7 @@ def _fs(uri: str, storage_options: Mapping[str, str] | None = None) -> tuple[paf
     return filesystem(uri, storage_options)
 
 
-def _read(fs: pafs.FileSystem, path: str) -> bytes:
+def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
     with fs.open_input_stream(path) as f:
         return bytes(f.read())
 
@@ -134,7 +131,17 @@ class SsTableEntry:
 
 @dataclass(frozen=True)
 class ShardManifest:
-    """The decoded newest manifest of one shard."""
+    """The decoded newest manifest of one shard.
+
+    Attributes
+    ----------
+    replay_after : int
+        The last WAL position that a flushed generation covers (0: none): a
+        writer reopening the shard replays the WAL entries after it.
+    last_seen : int
+        The newest WAL position its writer had seen when it wrote the
+        manifest (a hint, not authoritative).
+    """
 
     shard_id: str
     version: int
@@ -142,16 +149,22 @@ class ShardManifest:
     spec_id: int
     current_generation: int
     sstables: tuple[SsTableEntry, ...] = field(default_factory=tuple)
+    replay_after: int = 0
+    last_seen: int = 0
 
 
 def _decode_shard_manifest(data: bytes, shard_id: str) -> ShardManifest:
-    version = epoch = spec = current = 0
+    version = epoch = spec = current = replay_after = last_seen = 0
     sstables: list[SsTableEntry] = []
     for num, value in _fields(data):
         if num == 1 and isinstance(value, int):
             version = value
         elif num == 2 and isinstance(value, int):
             epoch = value
+        elif num == 3 and isinstance(value, int):
+            replay_after = value
+        elif num == 4 and isinstance(value, int):
+            last_seen = value
         elif num == 5 and isinstance(value, int):
             spec = value
         elif num == 6 and isinstance(value, int):
@@ -173,12 +186,26 @@ def _decode_shard_manifest(data: bytes, shard_id: str) -> ShardManifest:
     if version <= 0 or current <= 0:
         raise ManifestFormatError("shard manifest without version or current generation")
     return ShardManifest(
-        shard_id, version, epoch, spec, current, tuple(sorted(sstables, key=lambda s: s.generation))
+        shard_id,
+        version,
+        epoch,
+        spec,
+        current,
+        tuple(sorted(sstables, key=lambda s: s.generation)),
+        replay_after,
+        last_seen,
     )
 
 
-def _manifest_version(name: str) -> int | None:
-    stem = name[: -len(".binpb")] if name.endswith(".binpb") else None
+def position_name(position: int, suffix: str) -> str:
+    """The file name of a manifest version or WAL position: its 64 bits, least
+    significant first (the engine's bit-reversed naming), then ``suffix``."""
+    return format(position, "064b")[::-1] + suffix
+
+
+def parse_position(name: str, suffix: str = ".binpb") -> int | None:
+    """The position a file name encodes (:func:`position_name`), or None."""
+    stem = name[: -len(suffix)] if name.endswith(suffix) else None
     if stem is None or len(stem) != 64 or set(stem) - {"0", "1"}:
         return None
     return int(stem[::-1], 2)
@@ -227,7 +254,7 @@ def read_shard_manifest(
     folder = f"{root}/_mem_wal/{shard_id}/manifest"
     versions: list[tuple[int, str, str]] = []
     for info in _children(fs, folder):
-        v = _manifest_version(info.base_name)
+        v = parse_position(info.base_name)
         if v is not None:  # the cache key also tells a re-created file apart
             versions.append((v, info.path, f"{info.path}:{info.size}:{info.mtime_ns}"))
     if not versions:
@@ -237,61 +264,13 @@ def read_shard_manifest(
         if key in _decoded:
             return _decoded[key]
         try:
-            manifest = _decode_shard_manifest(_read(fs, path), shard_id)
+            manifest = _decode_shard_manifest(read_bytes(fs, path), shard_id)
         except (ManifestFormatError, OSError) as exc:  # a newer file may be mid-write
             errors.append(f"{path}: {exc}")
             continue
         result: ShardManifest = _remember(_decoded, key, manifest)
         return result
     raise ManifestFormatError("no shard manifest decodes: " + "; ".join(errors))
-
-
-def unflushed_wal_rows(
-    uri: str,
-    shard_id: str,
-    current_generation: int,
-    storage_options: Mapping[str, str] | None = None,
-) -> int:
-    """Rows in a shard's WAL that no flushed generation holds yet (blocking).
-
-    A shard's WAL is ``<table>/_mem_wal/<shard>/wal/<64 binary digits>.arrow``,
-    one Arrow IPC stream per durable write, named by its position written in
-    binary, least significant bit first (as the manifests); each stream's
-    schema metadata says the ``generation`` its rows went to (a fencing
-    writer's entry has ``fence_sentinel`` and no rows). Rows of generations at
-    or past ``current_generation`` were not flushed: a writer that was
-    killed left them, and the next writer of the shard replays them.
-
-    Entries are read newest first and the read stops at the first entry of
-    an older generation, so only the unflushed tail is read.
-
-    Raises
-    ------
-    ManifestFormatError
-        A WAL entry that is not an Arrow IPC stream.
-    """
-    import pyarrow as pa
-
-    fs, root = _fs(uri, storage_options)
-    entries = []
-    for info in _children(fs, f"{root}/_mem_wal/{shard_id}/wal"):
-        position = _manifest_version(info.base_name.replace(".arrow", ".binpb"))
-        if position is not None and info.base_name.endswith(".arrow"):
-            entries.append((position, info.path))
-    rows = 0
-    for _position, path in sorted(entries, reverse=True):
-        try:
-            with pa.ipc.open_stream(pa.py_buffer(_read(fs, path))) as reader:
-                meta = reader.schema.metadata or {}
-                if meta.get(b"fence_sentinel") == b"true":
-                    continue
-                generation = int(meta.get(b"generation", b"0"))
-                if generation < current_generation:
-                    break
-                rows += sum(batch.num_rows for batch in reader)
-        except (pa.ArrowInvalid, ValueError) as exc:
-            raise ManifestFormatError(f"{path}: not a WAL entry ({exc})") from exc
-    return rows
 
 
 # -- compaction progress --------------------------------------------------------
@@ -326,7 +305,7 @@ def compacted_generations(
     cached = _compacted.get(key)
     if cached is not None:
         return dict(cached)
-    data = _read(fs, info.path)
+    data = read_bytes(fs, info.path)
     at = data.rfind(_MEMWAL_TYPE_URL)
     if at < 0:
         _remember(_compacted, key, {})

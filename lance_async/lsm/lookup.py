@@ -1,11 +1,10 @@
 """Point lookups in batches, and the coalescer that makes batches of single lookups.
 
-pylance 14's ``LsmPointLookupPlanner`` plans one key at a time, and each plan
-probes every level: 2-8 k keys/s in batches against 20-400/s one by one
-(``scratch/lsm``: 40 generations over 1M rows). :func:`lookup_view` answers
-many keys with one probe of each level of an :class:`~lance_async.memwal.levels.LsmView`:
+The engine's ``LsmPointLookupPlanner`` plans one key at a time, and each
+plan probes every level. :func:`lookup_view` answers many keys with one
+probe of each level of an :class:`~lance_async.lsm.levels.LsmView`:
 
-1. the memtables' newest rows (in memory),
+1. the unflushed rows' newest states (memtables and WAL tails, in memory),
 2. each shard's winner index (which generation row holds the newest version
    of the key), then one ``take`` per generation that has hits,
 3. for the keys no newer level holds, one ``take`` by row offset when the
@@ -24,7 +23,7 @@ batch for everyone waiting (trio's rule: no task outlives its caller).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,14 +32,14 @@ import numpy as np
 import pyarrow as pa
 
 from .._loop import LoopHandle
-from ..errors import InvalidInputError, SchemaMismatchError, raise_mapped
+from ..errors import raise_mapped
 from .basekeys import base_keys
 from .keyindex import KeyIndex
-from .keys import _sql_literal, key_array, key_filter
+from .keyvalues import sql_literal
 from .levels import LsmView
 from .scan import output_schema
 
-__all__ = ["CoalescerStats", "LookupCoalescer", "key_columns", "lookup_view", "split_rows"]
+__all__ = ["CoalescerStats", "LookupCoalescer", "coalescer_for", "lookup_view", "split_rows"]
 
 BASE_QUERY_KEYS = 1024
 """Keys per base-table ``IN (...)`` query at most."""
@@ -48,66 +47,16 @@ BASE_QUERY_KEYS = 1024
 RunBatch = Callable[[list[pa.Array], "list[str] | None"], Awaitable[tuple[pa.Table, np.ndarray]]]
 
 
-def key_columns(schema: pa.Schema, keys: Sequence[str], values: Any) -> list[pa.Array]:
-    """Primary-key values as one array per key column (checked against the key types).
-
-    Parameters
-    ----------
-    values : sequence of keys, pa.Table, pa.RecordBatch, mapping of columns, or pa.Array
-        Keys as :meth:`AsyncDataset.lsm_point_lookup` takes them (scalars, or
-        dicts / tuples for composite keys), or the key columns themselves.
-
-    Raises
-    ------
-    InvalidInputError
-        A key of the wrong shape or type.
-    SchemaMismatchError
-        Key columns missing.
-    """
-    fields = [schema.field(k) for k in keys]
-    if isinstance(values, Mapping) and all(k in values for k in keys):
-        values = pa.table({k: values[k] for k in keys})
-    if isinstance(values, (pa.Array, pa.ChunkedArray)) and len(keys) == 1:
-        values = pa.table({keys[0]: values})
-    if isinstance(values, (pa.Table, pa.RecordBatch)):
-        missing = [k for k in keys if k not in values.schema.names]
-        if missing:
-            raise SchemaMismatchError(f"the keys lack column {missing[0]!r}", field=missing[0])
-        out = []
-        for f in fields:
-            col = values.column(f.name)
-            col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-            if col.null_count:
-                raise InvalidInputError("a primary-key value cannot be null")
-            try:
-                out.append(col if col.type == f.type else col.cast(f.type, safe=True))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise InvalidInputError(f"keys do not fit {f.name!r} ({f.type}): {exc}") from exc
-        return out
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise InvalidInputError("pass a sequence of keys (or the key columns as a table)")
-    arrays = []
-    for value in values:
-        key_filter(schema, keys, value)  # the strict literal rules (no bool for an int...)
-        arrays.append(key_array(schema, keys, value))
-    if not arrays:
-        return [pa.array([], f.type) for f in fields]
-    merged = pa.concat_arrays(arrays)
-    if len(keys) == 1:
-        return [merged]
-    return [merged.field(i) for i in range(len(keys))]
-
-
 def _in_filter(schema: pa.Schema, keys: Sequence[str], probe: list[pa.Array]) -> str:
     if len(keys) == 1:
         field = schema.field(keys[0])
-        literals = sorted({_sql_literal(v, field) for v in probe[0].to_pylist()})
+        literals = sorted({sql_literal(v, field) for v in probe[0].to_pylist()})
         return f"`{keys[0]}` IN ({', '.join(literals)})"
     rows = zip(*(c.to_pylist() for c in probe), strict=True)
     return " OR ".join(
         "("
         + " AND ".join(
-            f"`{k}` = {_sql_literal(v, schema.field(k))}" for k, v in zip(keys, row, strict=True)
+            f"`{k}` = {sql_literal(v, schema.field(k))}" for k, v in zip(keys, row, strict=True)
         )
         + ")"
         for row in sorted(set(rows), key=repr)

@@ -11,7 +11,7 @@ conversion, on the dataset's and the writer's lookups alike.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ import pyarrow as pa
 from .._filters import sql_int
 from ..errors import InvalidInputError, SchemaMismatchError
 
-__all__ = ["key_array", "key_filter", "key_value", "key_values"]
+__all__ = ["key_array", "key_columns", "key_filter", "key_value", "key_values", "sql_literal"]
 
 
 def key_value(value: Any, field: pa.Field) -> Any:
@@ -99,7 +99,15 @@ def key_value(value: Any, field: pa.Field) -> Any:
     raise InvalidInputError(f"lookups by a {dtype} key are not supported ({field.name!r})")
 
 
-def _sql_literal(value: Any, field: pa.Field) -> str:
+def sql_literal(value: Any, field: pa.Field) -> str:
+    """One key value as a Lance SQL literal of ``field``'s type (strict, as
+    :func:`key_value`).
+
+    Raises
+    ------
+    InvalidInputError
+        The value does not fit the column (see :func:`key_value`).
+    """
     value = key_value(value, field)
     dtype = field.type
     if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
@@ -147,7 +155,7 @@ def key_filter(schema: pa.Schema, keys: Sequence[str], key: Any) -> str:
         A key of the wrong shape, or a value :func:`key_value` refuses.
     """
     return " AND ".join(
-        f"`{name}` = {_sql_literal(value, schema.field(name))}"
+        f"`{name}` = {sql_literal(value, schema.field(name))}"
         for name, value in key_values(schema, keys, key)
     )
 
@@ -171,3 +179,53 @@ def key_array(schema: pa.Schema, keys: Sequence[str], key: Any) -> pa.Array:
     if len(arrays) == 1:
         return arrays[0]
     return pa.StructArray.from_arrays(arrays, names=[n for n, _ in pairs])
+
+
+def key_columns(schema: pa.Schema, keys: Sequence[str], values: Any) -> list[pa.Array]:
+    """Primary-key values as one array per key column (checked against the key types).
+
+    Parameters
+    ----------
+    values : sequence of keys, pa.Table, pa.RecordBatch, mapping of columns, or pa.Array
+        Keys as :meth:`AsyncDataset.lsm_point_lookup` takes them (scalars, or
+        dicts / tuples for composite keys), or the key columns themselves.
+
+    Raises
+    ------
+    InvalidInputError
+        A key of the wrong shape or type.
+    SchemaMismatchError
+        Key columns missing.
+    """
+    fields = [schema.field(k) for k in keys]
+    if isinstance(values, Mapping) and all(k in values for k in keys):
+        values = pa.table({k: values[k] for k in keys})
+    if isinstance(values, (pa.Array, pa.ChunkedArray)) and len(keys) == 1:
+        values = pa.table({keys[0]: values})
+    if isinstance(values, (pa.Table, pa.RecordBatch)):
+        missing = [k for k in keys if k not in values.schema.names]
+        if missing:
+            raise SchemaMismatchError(f"the keys lack column {missing[0]!r}", field=missing[0])
+        out = []
+        for f in fields:
+            col = values.column(f.name)
+            col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+            if col.null_count:
+                raise InvalidInputError("a primary-key value cannot be null")
+            try:
+                out.append(col if col.type == f.type else col.cast(f.type, safe=True))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InvalidInputError(f"keys do not fit {f.name!r} ({f.type}): {exc}") from exc
+        return out
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise InvalidInputError("pass a sequence of keys (or the key columns as a table)")
+    arrays = []
+    for value in values:
+        key_filter(schema, keys, value)  # the strict literal rules (no bool for an int...)
+        arrays.append(key_array(schema, keys, value))
+    if not arrays:
+        return [pa.array([], f.type) for f in fields]
+    merged = pa.concat_arrays(arrays)
+    if len(keys) == 1:
+        return [merged]
+    return [merged.field(i) for i in range(len(keys))]

@@ -1,36 +1,33 @@
-"""A shard writer's memtable, mirrored: what every LSM read of the writer sees.
+"""A live shard writer's memtable, mirrored: the newest level of that writer's reads.
 
-pylance 14's ``ShardWriter.lsm_scanner()`` hides the rows of a *sealed*
-memtable until its SSTable is written (50-80 ms after the put that sealed
-it), and its ``LsmScanner`` collects its whole result before returning. So
-lance_async reads a live shard itself: the committer routes each engine put
-and delete through :meth:`MemtableMirror.put` / :meth:`MemtableMirror.delete`,
-which keep references to the rows (no copy) grouped by the memtable
-generation they went into, until the shard manifest lists that generation
-as flushed. A read takes :meth:`MemtableMirror.parts` *before* it reads the
-shard manifests; a part whose generation the manifest lists is skipped (the
-SSTable has the same rows), so no acked row is ever missing.
+The engine's own ``ShardWriter.lsm_scanner()`` hides the rows of a *sealed*
+memtable until its SSTable is written, and collects its whole result before
+returning. So a live shard in this process is read from a mirror instead:
+the committer routes each engine put and delete through
+:meth:`MemtableMirror.put` / :meth:`MemtableMirror.delete`, which keep
+references to the rows (no copy) grouped by the memtable generation they
+went into, until the shard manifest lists that generation as flushed. A
+read takes :meth:`MemtableMirror.parts` *before* it reads the shard
+manifests; a part whose generation the manifest lists is skipped (the
+SSTable has the same rows), so no acked row is ever missing. The mirror
+also holds rows not yet durable (``durable_write=False``): this process's
+reads through the writer see them; every other read sees the WAL tail.
 
 Which generation a put went into is read from ``memtable_stats()`` before
-and after it (a put is never split across memtables, measured on pylance
-14.0.2): the generation did not change; or it advanced and the memtable now
-holds exactly the put's rows (sealed before the put); or it advanced and the
-memtable is empty (sealed after the put, which went into the one before).
-Anything else marks the mirror broken: reads then fail loudly rather than
-miss rows.
+and after it (a put is never split across memtables): the generation did
+not change; or it advanced and the memtable now holds exactly the put's rows
+(sealed before the put); or it advanced and the memtable is empty (sealed
+after the put, which went into the one before). Anything else marks the
+mirror broken: reads then fail loudly rather than miss rows.
 
-A writer that reopens a shard gets the previous writer's unflushed rows
-replayed from the WAL into its memtable, which the mirror never saw:
-:func:`settle_replayed` closes such an engine writer (closing flushes the
-memtable to an SSTable) and opens it again, empty.
-
-The idea is the prototype's ``MirroredWriter`` (``scratch/lsm/lsmread.py``).
+A mirror knows the writer epoch its engine writer claimed: when the shard
+manifest shows a newer one, a writer elsewhere fenced this one, and reads
+use the shard's WAL tail instead.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,25 +36,9 @@ import pyarrow as pa
 
 from ..errors import LanceAsyncError
 from . import manifest as _manifest
+from .wal import TOMBSTONE, level_schema
 
-__all__ = ["TOMBSTONE", "MemPart", "MemtableMirror", "settle_replayed"]
-
-TOMBSTONE = "_tombstone"
-"""The column flagging a deleted key (in flushed generations and mirrored rows)."""
-
-
-def settle_replayed(engine: Any, reopen: Callable[[], Any]) -> Any:
-    """Flush rows an engine writer replayed from the WAL, then reopen it (blocking).
-
-    Returns the engine writer to use: ``engine`` itself when its memtable is
-    empty, else a new one from ``reopen()`` after ``engine.close()`` wrote the
-    replayed rows as a flushed generation.
-    """
-    stats = engine.memtable_stats()
-    if not stats.get("row_count") and not stats.get("frozen_count"):
-        return engine
-    engine.close()
-    return reopen()
+__all__ = ["MemPart", "MemtableMirror"]
 
 
 @dataclass(frozen=True)
@@ -111,10 +92,9 @@ class MemtableMirror:
         self.storage_options = storage_options
         self.shard_id = shard_id
         self.keys = list(keys)
-        self.schema = pa.schema(
-            [f.with_nullable(True).remove_metadata() for f in schema]
-            + [pa.field(TOMBSTONE, pa.bool_(), nullable=False)]
-        )
+        self.schema = level_schema(schema)
+        self.epoch = 0
+        """The writer epoch the engine writer claimed (0 until known)."""
         self._lock = threading.Lock()
         self._parts: dict[int, list[pa.Table]] = {}
         self._version = 0
@@ -122,6 +102,12 @@ class MemtableMirror:
         self.broken: BaseException | None = None
 
     # -- the committer's side --------------------------------------------------
+    def reopened(self, epoch: int) -> None:
+        """The engine writer was closed (its memtable flushed) and opened again,
+        claiming ``epoch`` (does not block)."""
+        self.epoch = epoch
+        self._stats = None
+
     def put(self, engine: Any, table: pa.Table) -> dict[str, Any]:
         """``engine.put(table)`` and mirror its rows (blocking).
 
@@ -159,8 +145,8 @@ class MemtableMirror:
         meanwhile, :meth:`_generation` still places the rows right (its
         rules hold for any earlier reading). Each ``memtable_stats()`` call
         gives up the GIL and waits to take it back, up to the interpreter's
-        switch interval (5 ms) while the event loop is busy: one call per
-        put instead of two.
+        switch interval while the event loop is busy: one call per put
+        instead of two.
         """
         stats = self._stats
         self._stats = None  # unknown until this call has returned

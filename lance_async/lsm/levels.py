@@ -1,49 +1,46 @@
 """The LSM levels of one read, resolved once: :class:`LsmView` and :func:`open_view`.
 
-A MemWAL table has three levels: the base table, each shard's flushed
-generations (SSTables: immutable Lance datasets under ``_mem_wal/``) and each
-live writer's memtable (read from its :class:`~lance_async.memwal.mirror.MemtableMirror`).
-Within a shard the newest version of a key wins: memtable, then generations
-newest first, then the base table; across shards keys are disjoint (the
-MemWAL contract, kept by the routing writer).
+A MemWAL table has four levels, newest first within a shard: a live writer's
+memtable in this process (its :class:`~lance_async.lsm.memtable.MemtableMirror`),
+the shard's WAL tail (durable rows no generation holds yet, read by any
+process: ``wal.py``), its flushed generations (SSTables, immutable Lance
+datasets under ``_mem_wal/``) newest first, and the base table. Within a
+shard the newest version of a key wins; across shards keys are disjoint
+(the MemWAL contract, kept by the routing writer).
 
 Resolution works on keys only and is cached: each generation's key columns,
 row addresses and tombstone flags are read once (SSTables never change), and
 each shard's winners -- which row of which generation holds the newest
-version of each key -- are computed once per list of generations. A view
-then answers, with one probe of a :class:`~lance_async.memwal.keyindex.KeyIndex`
-per batch, which base rows are shadowed. The scan (``scan.py``), the batched
-point lookups (``lookup.py``) and the vector search (``vector.py``) all read
-through a view.
-
-The idea is the prototype's ``resolve`` (``scratch/lsm/lsmread.py``): 40
-generations over 1M base rows resolved in about 0.1 s, against 12-38 s for
-pylance 14's ``LsmScanner``.
+version of each key -- are computed once per list of generations; a WAL
+tail is resolved once per position reached. A view then answers, with one
+probe of a :class:`~lance_async.lsm.keyindex.KeyIndex` per batch, which
+base rows are shadowed. The scan (``scan.py``), the batched point lookups
+(``lookup.py``) and the vector search (``vector.py``) all read through a
+view, instead of the engine's ``LsmScanner``, which merges every level and
+collects its whole result before returning a batch.
 """
 
 from __future__ import annotations
 
-import operator
 import posixpath
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
+from .._schema import NO_KEY
+from .._table import Table
 from .._threads import run_sync
 from ..errors import InvalidInputError
 from .keyindex import KeyIndex, key_codes
-from .mirror import TOMBSTONE, MemPart, MemtableMirror
-from .retired import NO_KEY
+from .memtable import MemPart, MemtableMirror
 from .snapshots import ShardSnapshot, discover_latest
-
-if TYPE_CHECKING:
-    from ..dataset import AsyncDataset
+from .wal import TOMBSTONE, read_wal_tail
 
 __all__ = [
     "ROWADDR",
@@ -88,6 +85,7 @@ class _Lru(OrderedDict[Any, Any]):
 _gen_cache = _Lru(_GENERATIONS)
 _shard_cache = _Lru(_SHARDS)
 _shadow_cache = _Lru(_SHADOWS)
+_tail_cache = _Lru(_SHARDS)
 
 
 @dataclass
@@ -115,6 +113,7 @@ class Generation:
     keys: list[pa.Array]
     rowaddr: np.ndarray
     tomb: np.ndarray
+    storage_options: dict[str, str] | None = None
     _ds: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -125,7 +124,7 @@ class Generation:
             if self._ds is None:
                 import lance
 
-                self._ds = lance.dataset(self.uri)
+                self._ds = lance.dataset(self.uri, storage_options=self.storage_options)
             return self._ds
 
     def __len__(self) -> int:
@@ -154,12 +153,17 @@ def load_generation(
     import lance
 
     ds = lance.dataset(gen_uri, storage_options=storage_options)
-    t = ds.to_table(columns=[*keys, TOMBSTONE], with_row_address=True)
+    # a generation written without deletes may have no tombstone column (the
+    # engine's own readers accept that; so do these)
+    has_tomb = TOMBSTONE in ds.schema.names
+    t = ds.to_table(columns=[*keys, TOMBSTONE] if has_tomb else list(keys), with_row_address=True)
     cols = [t.column(k).combine_chunks() for k in keys]
-    tomb = np.asarray(t.column(TOMBSTONE).to_numpy(zero_copy_only=False), dtype=bool)
-    gen = Generation(
-        gen_uri, shard_id, generation, cols, t.column(ROWADDR).to_numpy(), tomb, _ds=ds
-    )
+    if has_tomb:
+        tomb = np.asarray(t.column(TOMBSTONE).to_numpy(zero_copy_only=False), dtype=bool)
+    else:
+        tomb = np.zeros(t.num_rows, dtype=bool)
+    rowaddr = t.column(ROWADDR).to_numpy()
+    gen = Generation(gen_uri, shard_id, generation, cols, rowaddr, tomb, storage_options, ds)
     result: Generation = _gen_cache.put((gen_uri, tuple(keys)), gen)
     return result
 
@@ -327,13 +331,21 @@ class LsmView:
 
     @cached_property
     def memtable_index(self) -> KeyIndex:
-        """Every key a memtable holds: older levels' rows with one are hidden."""
-        if len(self.memtables) == 1:
-            return self.memtables[0].index
-        cols = [m.index.columns for m in self.memtables if m.table.num_rows]
-        if not cols:
-            return KeyIndex([pa.array([], self.schema.field(self.keys[0]).type)])
-        return KeyIndex([pa.concat_arrays([c[j] for c in cols]) for j in range(len(self.keys))])
+        """Every key an unflushed level holds: older levels' rows with one are
+        hidden (cached while the same levels are read: WAL tails are)."""
+        live = [m for m in self.memtables if m.table.num_rows]
+        if len(live) == 1:
+            return live[0].index
+        cache_key = ("mem", *(id(m) for m in live))
+        hit: tuple[list[MemLevel], KeyIndex] | None = _shadow_cache.get_item(cache_key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], live, strict=True)):
+            return hit[1]
+        if not live:
+            return KeyIndex([pa.array([], self.schema.field(k).type) for k in self.keys])
+        cols = [m.index.columns for m in live]
+        index = KeyIndex([pa.concat_arrays([c[j] for c in cols]) for j in range(len(self.keys))])
+        _shadow_cache.put(cache_key, (live, index))
+        return index
 
     def hidden(self, columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
         """Mask of base rows (given their key columns) that a newer level hides."""
@@ -363,31 +375,57 @@ def _shadow(shards: list[ShardLevels], key_types: list[pa.DataType]) -> KeyIndex
     return index
 
 
-def _snapshot_parts(
+def _live_mirrors(
     mirrors: Sequence[MemtableMirror],
 ) -> list[tuple[MemtableMirror, list[MemPart]]]:
+    """Each mirror with the parts it holds now (taken before the manifests are read)."""
     return [(m, m.parts()[1]) for m in mirrors]
 
 
+def _tail_level(
+    uri: str,
+    snap: ShardSnapshot,
+    schema: pa.Schema,
+    keys: list[str],
+    storage_options: dict[str, str] | None,
+) -> MemLevel | None:
+    """The shard's WAL tail, resolved (blocking; cached per position reached)."""
+    tail = read_wal_tail(uri, snap.shard_id, snap.replay_after, schema, storage_options)
+    if not tail.rows.num_rows:
+        return None
+    cache_key = (uri, snap.shard_id, tail.replay_after, tail.end, tail.rows.schema, tuple(keys))
+    hit: MemLevel | None = _tail_cache.get_item(cache_key)
+    if hit is not None:
+        return hit
+    level = resolve_memtable(snap.shard_id, [MemPart(snap.shard_id, 0, tail.rows)], keys)
+    result: MemLevel = _tail_cache.put(cache_key, level)
+    return result
+
+
 async def open_view(
-    dataset: AsyncDataset,
+    table: Table,
     snapshots: Sequence[ShardSnapshot] | None = None,
     mirrors: Sequence[MemtableMirror] = (),
 ) -> LsmView:
-    """Resolve the levels of one read: base table, flushed generations, memtables.
+    """Resolve the levels of one read: base, generations, WAL tails, memtables.
 
     The mirrors' rows are taken first, then (with ``snapshots=None``) the
-    dataset is moved to its latest version and the shard manifests are read:
-    a memtable generation flushed in between is then read from its SSTable,
-    so every row acked before this call is visible.
+    table is moved to its latest version and the shard manifests are read,
+    then each shard's WAL tail after the position the same manifest gives:
+    a memtable flushed in between is read from its SSTable, a WAL entry
+    flushed in between from the tail, so every row acked before this call
+    is visible, and none twice.
 
     Parameters
     ----------
-    dataset : AsyncDataset
+    table : Table
+        An :class:`~lance_async.AsyncDataset`.
     snapshots : sequence of ShardSnapshot, optional
-        Default: discovered now (:func:`~lance_async.memwal.shard_snapshots`).
+        Default: discovered now (:func:`~lance_async.lsm.snapshots.shard_snapshots`).
     mirrors : sequence of MemtableMirror
-        Live writers' memtables to include.
+        This process's live writers' memtables; a shard with one is read
+        from it instead of its WAL tail (the mirror holds every row the
+        writer took, durable or not), unless a newer writer fenced it.
 
     Returns
     -------
@@ -396,58 +434,58 @@ async def open_view(
     Raises
     ------
     InvalidInputError
-        The table has no primary key.
+        The table has no primary key, or ``snapshots`` of another kind.
+    ManifestFormatError
+        MemWAL files in a layout this version does not know.
 
     Notes
     -----
     Runs on worker threads, one generation at a time (cancellable between
     them); a generation's keys are read once per process.
     """
-    return (await _open(dataset, snapshots, mirrors, None))[0]
+    return (await _open(table, snapshots, mirrors, None))[0]
 
 
 async def _open(
-    dataset: AsyncDataset,
+    table: Table,
     snapshots: Sequence[ShardSnapshot] | None,
     mirrors: Sequence[MemtableMirror],
     work: Callable[[LsmView], T] | None,
 ) -> tuple[LsmView, tuple[T] | None]:
     """:func:`open_view`; with ``work``, also ``(work(view),)`` when discovery
     resolved the whole view in its own thread hop (else None)."""
-    keys = dataset.primary_key
+    keys = table.primary_key
     if not keys:
         raise InvalidInputError(NO_KEY)
-    taken = _snapshot_parts(mirrors)
-    uri = dataset.uri
-    options = dataset.storage_options
-    key_types = [dataset.schema.field(k).type for k in keys]
+    taken = _live_mirrors(mirrors)
+    read = _Read(table.uri, table.storage_options, keys, taken)
     if snapshots is None:
-        # one hop: the latest version, the shard manifests, and (when every
-        # shard is resolved already, the common case) the whole view
-        lance_ds = dataset.lance
+        # one hop: the latest version, the manifests, the WAL tails and (when
+        # every shard's generations are resolved already, the common case)
+        # the whole view
+        lance_ds = table.lance
 
         def discover() -> tuple[Any, list[ShardSnapshot], LsmView | None, tuple[T] | None]:
-            newer, snaps, view = _discover_and_view(lance_ds, uri, keys, key_types, taken, options)
+            newer, snaps, view = read.discover_and_view(lance_ds)
             done = (work(view),) if work is not None and view is not None else None
             return newer, snaps, view, done
 
         newer, snaps, found, done = await run_sync(discover)
         if newer is not None:
-            dataset._replace(newer)
+            table.advance(newer)
         if found is not None:
             return found, done
     else:
         snaps = list(snapshots)
-    base = dataset.lance
+        for snap in snaps:
+            if not isinstance(snap, ShardSnapshot):
+                raise InvalidInputError(
+                    "LSM reads take lance_async ShardSnapshot objects (dataset.shard_snapshots())"
+                )
+    base = table.lance
     shards: list[ShardLevels] = []
     for snap in snaps:
-        if not isinstance(snap, ShardSnapshot):
-            raise InvalidInputError(
-                "LSM reads take lance_async ShardSnapshot objects (dataset.shard_snapshots())"
-            )
-        cached: ShardLevels | None = _shard_cache.get_item(
-            (uri, snap.shard_id, tuple(snap.sstables), tuple(keys))
-        )
+        cached = read.cached_shard(snap)
         if cached is not None:  # no thread hop for a resolved shard
             shards.append(cached)
             continue
@@ -455,68 +493,83 @@ async def _open(
         for generation, path in snap.sstables:  # one generation per hop: cancellable
             gens.append(
                 await run_sync(
-                    partial(load_generation, uri, snap.shard_id, generation, path, keys, options)
+                    partial(
+                        load_generation, read.uri, snap.shard_id, generation, path, keys,
+                        read.options,
+                    )
                 )
             )
-        shards.append(await run_sync(partial(resolve_shard, uri, snap, keys, gens)))
-    finish = partial(_finish, base, dataset.schema, keys, key_types, snaps, shards, taken)
-    hit: tuple[list[ShardLevels], KeyIndex] | None = _shadow_cache.get_item(
-        tuple(id(s) for s in shards)
-    )
-    same = hit is not None and len(hit[0]) == len(shards)
-    if not taken and hit is not None and same and all(map(operator.is_, hit[0], shards)):
-        return LsmView(base, dataset.schema, keys, shards, [], hit[1]), None  # no thread hop
-    return await run_sync(finish), None
+        shards.append(await run_sync(partial(resolve_shard, read.uri, snap, keys, gens)))
+    return await run_sync(partial(read.finish, base, base.schema, snaps, shards)), None
 
 
-def _finish(
-    base: Any,
-    schema: pa.Schema,
-    keys: list[str],
-    key_types: list[pa.DataType],
-    snaps: Sequence[ShardSnapshot],
-    shards: list[ShardLevels],
-    taken: list[tuple[MemtableMirror, list[MemPart]]],
-) -> LsmView:
-    """The view, once every shard is resolved: memtables and the shadow index (blocking)."""
-    by_shard = {s.shard_id: s for s in snaps}
-    mems = []
-    for mirror, parts in taken:
-        snap = by_shard.get(mirror.shard_id)
-        flushed = {g for g, _ in snap.sstables} if snap is not None else set()
-        done = snap.compacted_generation if snap is not None else 0
-        live = [p for p in parts if p.generation not in flushed and p.generation > done]
-        mirror.forget({p.generation for p in parts} - {p.generation for p in live})
-        if live:
-            mems.append(resolve_memtable(mirror.shard_id, live, keys))
-    return LsmView(base, schema, keys, shards, mems, _shadow(shards, key_types))
+class _Read:
+    """What one view needs beside the snapshots: the table's identity and the mirrors."""
 
+    def __init__(
+        self,
+        uri: str,
+        options: dict[str, str] | None,
+        keys: list[str],
+        taken: list[tuple[MemtableMirror, list[MemPart]]],
+    ) -> None:
+        self.uri, self.options, self.keys, self.taken = uri, options, keys, taken
 
-def _discover_and_view(
-    ds: Any,
-    uri: str,
-    keys: list[str],
-    key_types: list[pa.DataType],
-    taken: list[tuple[MemtableMirror, list[MemPart]]],
-    storage_options: dict[str, str] | None,
-) -> tuple[Any, list[ShardSnapshot], LsmView | None]:
-    """The latest version and its shards; the view too when every shard is cached (blocking)."""
-    newer, snaps = discover_latest(ds, uri, storage_options=storage_options)
-    shards = []
-    for snap in snaps:
-        cached: ShardLevels | None = _shard_cache.get_item(
-            (uri, snap.shard_id, tuple(snap.sstables), tuple(keys))
+    def cached_shard(self, snap: ShardSnapshot) -> ShardLevels | None:
+        hit: ShardLevels | None = _shard_cache.get_item(
+            (self.uri, snap.shard_id, tuple(snap.sstables), tuple(self.keys))
         )
-        if cached is None:
-            return newer, snaps, None  # generations to read: one per hop, on the loop's call
-        shards.append(cached)
-    base = newer if newer is not None else ds
-    schema = base.schema
-    return newer, snaps, _finish(base, schema, keys, key_types, snaps, shards, taken)
+        return hit
+
+    def discover_and_view(self, ds: Any) -> tuple[Any, list[ShardSnapshot], LsmView | None]:
+        """The latest version and its shards; the view too when every shard's
+        generations are cached (blocking)."""
+        newer, snaps = discover_latest(ds, self.uri, storage_options=self.options)
+        shards = []
+        for snap in snaps:
+            cached = self.cached_shard(snap)
+            if cached is None:
+                return newer, snaps, None  # generations to read: one per hop
+            shards.append(cached)
+        base = newer if newer is not None else ds
+        return newer, snaps, self.finish(base, base.schema, snaps, shards)
+
+    def finish(
+        self,
+        base: Any,
+        schema: pa.Schema,
+        snaps: Sequence[ShardSnapshot],
+        shards: list[ShardLevels],
+    ) -> LsmView:
+        """The view, once every shard's generations are resolved: the memtables
+        of live local writers, the other shards' WAL tails, the shadow index
+        (blocking)."""
+        keys = self.keys
+        key_types = [schema.field(k).type for k in keys]
+        by_shard = {s.shard_id: s for s in snaps}
+        mems: list[MemLevel] = []
+        mirrored: set[str] = set()
+        for mirror, parts in self.taken:
+            snap = by_shard.get(mirror.shard_id)
+            if snap is not None and mirror.epoch and snap.writer_epoch > mirror.epoch:
+                continue  # fenced by a newer writer: its WAL tail is the truth
+            mirrored.add(mirror.shard_id)
+            flushed = {g for g, _ in snap.sstables} if snap is not None else set()
+            done = snap.compacted_generation if snap is not None else 0
+            live = [p for p in parts if p.generation not in flushed and p.generation > done]
+            mirror.forget({p.generation for p in parts} - {p.generation for p in live})
+            if live:
+                mems.append(resolve_memtable(mirror.shard_id, live, keys))
+        for snap in snaps:
+            if snap.shard_id not in mirrored:
+                tail = _tail_level(self.uri, snap, schema, keys, self.options)
+                if tail is not None:
+                    mems.append(tail)
+        return LsmView(base, schema, keys, shards, mems, _shadow(shards, key_types))
 
 
 async def read_view(
-    dataset: AsyncDataset,
+    table: Table,
     work: Callable[[LsmView], T],
     mirrors: Sequence[MemtableMirror] = (),
 ) -> T:
@@ -526,7 +579,7 @@ async def read_view(
     the view and ``work`` share one thread hop: a point lookup then costs
     one hand-off, not two. ``work`` must be quick (it is not cancellable).
     """
-    view, done = await _open(dataset, None, mirrors, work)
+    view, done = await _open(table, None, mirrors, work)
     if done is not None:
         return done[0]
     return await run_sync(partial(work, view))  # generations had to be read first
