@@ -474,3 +474,21 @@ def test_compact_and_check_say_what_they_count(tmp_path: Path) -> None:
         f"compacted {gens} generations" in compacted.stdout
         and "20 rows upserted" in compacted.stdout
     )
+
+
+# -- 3. one rule for partial rows -----------------------------------------------------
+
+
+def test_a_field_missing_from_every_merged_row_keeps_the_stored_value(tmp_path: Path) -> None:
+    # issue 26 case 3: `echo '{"id":3,"name":"C"}' | lance-async merge - t.lance` nulled `value`
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(kv_table(range(5), value=7), uri)
+    body = '{"id": 3, "name": "C"}\n{"id": 9, "name": "new"}\n'
+    merged = run("merge", "-", uri, stdin=body)
+    assert merged.returncode == 0, merged.stderr
+    rows = {r["id"]: r for r in lance.dataset(uri).to_table().to_pylist()}
+    assert rows[3] == {"id": 3, "value": 7, "name": "C"}  # updated: value kept
+    assert rows[9] == {"id": 9, "value": None, "name": "new"}  # inserted: value null
+    explicit = run("merge", "-", uri, stdin='{"id": 4, "value": null, "name": "D"}\n')
+    assert explicit.returncode == 0, explicit.stderr
+    assert lance.dataset(uri).to_table(filter="id = 4").to_pylist()[0]["value"] is None
