@@ -171,6 +171,10 @@ def _inferred_csv_error(path: str, label: str) -> Exception | None:
     with open(path, "rb") as f:
         head = f.read(1 << 20)
     sample = head[: head.rfind(b"\n") + 1] or head
+    try:
+        sample.decode("utf-8")
+    except UnicodeDecodeError:  # not text: pyarrow could not hand the row over
+        return None
     bad: list[Any] = []
 
     def handler(row: Any) -> str:
