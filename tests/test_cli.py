@@ -155,12 +155,30 @@ def test_ingest_the_same_file_again_after_an_overwrite(tmp_path: Path) -> None:
 def test_merge_a_csv_file(tmp_path: Path, mem_wal_table: str) -> None:
     src = tmp_path / "rows.csv"
     src.write_text("id,name,value\n1,one,10\n7,seven,70\n")
-    result = runner.invoke(app, ["merge", str(src), mem_wal_table])
+    # the MemWAL holds none of these keys yet: the base table may take them
+    result = runner.invoke(app, ["merge", str(src), mem_wal_table, "--base-table"])
     assert result.exit_code == 0, result.output
     assert "inserted 1" in result.output and "updated 1" in result.output
     table = lance.dataset(mem_wal_table).to_table().sort_by("id")
     assert table.column("id").to_pylist() == [0, 1, 2, 3, 4, 7]
     assert table.filter(pa.compute.equal(table["id"], 1)).column("name").to_pylist() == ["one"]
+    # by default a MemWAL table takes a merge through its MemWAL; a partial header
+    # keeps the columns it lacks (issue 26, cases 2 and 3)
+    src.write_text("id,value\n1,11\n8,80\n")
+    version = lance.dataset(mem_wal_table).version
+    result = runner.invoke(app, ["merge", str(src), mem_wal_table])
+    assert result.exit_code == 0, result.output
+    assert "upserted 2 rows through the MemWAL" in result.output
+    assert lance.dataset(mem_wal_table).version == version
+    assert lsm_ids(mem_wal_table) == [0, 1, 2, 3, 4, 7, 8]
+    again = runner.invoke(app, ["merge", str(src), mem_wal_table, "--base-table"])
+    assert again.exit_code == 1 and "refused" in again.output and "compact" in again.output
+    assert runner.invoke(app, ["compact", mem_wal_table]).exit_code == 0
+    table = lance.dataset(mem_wal_table).to_table().sort_by("id").to_pylist()
+    assert [r for r in table if r["id"] in (1, 8)] == [
+        {"id": 1, "value": 11, "name": "one"},
+        {"id": 8, "value": 80, "name": None},
+    ]
 
 
 def test_scan_as_ipc(tmp_path: Path) -> None:

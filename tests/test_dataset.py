@@ -184,3 +184,12 @@ async def test_regression_bad_paths_columns_and_versions_are_typed(tmp_path: Pat
         await la.open_dataset(uri, version=999)
     with pytest.raises(la.DatasetNotFoundError, match="no version 999"):
         await ds.checkout(999)
+
+
+async def test_a_dataset_is_an_async_context_manager_that_releases_nothing(
+    tmp_path: Path,
+) -> None:
+    # issue 26, case 9: `async with ds` was a TypeError
+    async with await la.write_dataset(kv_table(range(3)), tmp_path / "t.lance") as ds:
+        assert await ds.count_rows() == 3
+    assert await ds.count_rows() == 3  # still usable: nothing was closed

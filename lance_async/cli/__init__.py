@@ -1,4 +1,4 @@
-"""The ``lance-async`` command (typer and rich; the ``demo`` extra installs them).
+"""The ``lance-async`` command (typer and rich, in the base install).
 
 Commands
 --------
@@ -53,12 +53,15 @@ import os
 # It reads LANCE_LOG once, when pylance is imported: so before any import of it.
 os.environ.setdefault("LANCE_LOG", "critical")
 
+import sys
+
 from . import create, demo, ingest, scan, serve, tables, worker  # noqa: F401  (they register commands)
 from .common import app
+from .common import main as run
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
-    """Entry point of the ``lance-async`` command."""
-    app()
+    """Entry point of the ``lance-async`` command (exits with the command's code)."""
+    sys.exit(run())

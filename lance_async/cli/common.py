@@ -15,19 +15,12 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
-
-try:
-    import typer
-    import typer.core
-    from rich.console import Console
-    from rich.markup import escape
-except ImportError as exc:  # pragma: no cover - the demo extra provides them
-    raise SystemExit(
-        "the lance-async command needs typer and rich: pip install 'lance-async[demo]'"
-    ) from exc
+import typer
+from rich.console import Console
+from rich.markup import escape
 
 from .. import errors
 
@@ -45,9 +38,11 @@ __all__ = [
     "app",
     "check_columns",
     "count",
+    "dead_letter_hook",
     "err",
     "escape",
     "fail",
+    "main",
     "missing_extra",
     "number",
     "open_table",
@@ -59,141 +54,16 @@ __all__ = [
 err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-_METAVARS = {str: "TEXT", int: "INTEGER", float: "SECONDS", bool: ""}
-
-
-def _metavar(param: Any) -> str:
-    """The word shown after an option that takes a value (``--on COLUMN``)."""
-    if param.metavar:
-        return str(param.metavar)
-    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", str)
-    args = getattr(annotation, "__args__", ())
-    base = next((a for a in args if a is not type(None)), annotation) if args else annotation
-    return _METAVARS.get(base, "TEXT")
-
-
-class PlainCommand(typer.core.TyperCommand):
-    """A command whose ``--help`` is plain text: ``SOURCE`` rather than
-    ``{source}``, ``--on COLUMN`` rather than ``--on <list[str]>``.
-
-    typer (0.29) writes type tags into both its rich and its plain help; the
-    usage line and the two sections are written here instead (click's layout).
-    """
-
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        pieces = [self.options_metavar] if self.options_metavar else []
-        for param in self.get_params(ctx):
-            if isinstance(param, typer.core.TyperArgument):
-                name = (param.metavar or param.name or "ARG").upper()
-                pieces.append(name if param.required else f"[{name}]")
-        return pieces
-
-    def format_options(self, ctx: Any, formatter: Any) -> None:
-        arguments: list[tuple[str, str]] = []
-        options: list[tuple[str, str]] = []
-        param: Any
-        for param in self.get_params(ctx):
-            if getattr(param, "hidden", False):
-                continue
-            help_text = " ".join((getattr(param, "help", None) or "").split())
-            if isinstance(param, typer.core.TyperArgument):
-                name = (param.metavar or param.name or "ARG").upper()
-                arguments.append((name, help_text))
-                continue
-            names = ", ".join(param.opts)
-            if not param.is_flag:
-                names += f" {_metavar(param)}"
-            if param.secondary_opts:
-                names += " / " + ", ".join(param.secondary_opts)
-            default = param.default
-            shown = param.show_default is not False and default not in (None, False, (), [])
-            if shown and not callable(default) and param.name != "help":
-                if param.is_flag and param.secondary_opts:
-                    default = param.opts[0] if default else param.secondary_opts[0]
-                help_text = f"{help_text}  [default: {default}]".strip()
-            if param.multiple:
-                help_text = f"{help_text} (repeatable)".strip()
-            options.append((names, help_text))
-        if arguments:
-            with formatter.section("Arguments"):
-                formatter.write_dl(arguments)
-        if options:
-            with formatter.section("Options"):
-                formatter.write_dl(options)
-
-
-class PlainGroup(typer.core.TyperGroup):
-    """The command group with plain help and one-line usage errors."""
-
-    def format_options(self, ctx: Any, formatter: Any) -> None:
-        options = []
-        for param in self.get_params(ctx):
-            help_text = " ".join((getattr(param, "help", None) or "").split())
-            options.append((", ".join(param.opts), help_text))
-        with formatter.section("Options"):
-            formatter.write_dl(options)
-        self.format_commands(ctx, formatter)
-
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        return _main(super().main, *args, **kwargs)
-
-
-def _main(inner: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run click's ``main`` and turn a usage error into one line and exit 2.
-
-    click would print the usage, a hint and the message on three lines; a
-    command's errors are one line on standard error everywhere.
-    """
-    from typer._click.exceptions import ClickException, UsageError
-    from typer.exceptions import Abort, Exit
-
-    standalone = kwargs.pop("standalone_mode", True)
-    try:
-        result = inner(*args, standalone_mode=False, **kwargs)
-        code = result if isinstance(result, int) else 0  # typer.Exit(n) comes back as n
-    except UsageError as exc:
-        command = exc.ctx.command_path if exc.ctx is not None else "lance-async"
-        message = " ".join(exc.format_message().split())
-        err.print(
-            f"[red]error:[/red] {escape(message)} (see: {escape(command)} --help)",
-            highlight=False,
-        )
-        code = exc.exit_code
-    except ClickException as exc:
-        message = " ".join(exc.format_message().split())
-        err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
-        code = exc.exit_code
-    except Exit as exc:
-        code = exc.exit_code
-    except Abort:
-        err.print("aborted")
-        code = 130
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        code = 130
-    if standalone:
-        sys.exit(code)
-    return code
-
-
-class _App(typer.Typer):
-    """typer's app whose commands default to :class:`PlainCommand`."""
-
-    def command(self, *args: Any, **kwargs: Any) -> Callable[[_F], _F]:
-        kwargs.setdefault("cls", PlainCommand)
-        decorator: Callable[[_F], _F] = super().command(*args, **kwargs)
-        return decorator
-
-
-app = _App(
+app = typer.Typer(
     help="Async streaming for Lance: create tables, upsert, ingest feeds into the MemWAL, "
     "scan, serve.",
     no_args_is_help=True,
     add_completion=False,
+    # plain text help (no panels, no markup), tracebacks never shown to a user:
+    # failures become one line through main() and run_command()
     rich_markup_mode=None,
-    cls=PlainGroup,
     pretty_exceptions_enable=False,
+    context_settings={"max_content_width": 100},
 )
 
 
@@ -219,8 +89,39 @@ def _root(
     serve.
 
     Exit codes: 0 done, 1 bad data or a failure, 2 a bad argument (an unknown
-    option, column or file, no table at the URI).
+    option, column or file, no table at the URI), 130 interrupted.
     """
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    """Run the command; every failure is one line on standard error.
+
+    typer runs the command with ``standalone_mode=False``, so a usage error
+    comes back here as an exception instead of click's usage block: it is
+    printed as one line naming the command's ``--help``, and the exit code is
+    the error's own (2 for a bad argument). ``typer.Exit(n)`` gives ``n``;
+    an interrupt (Ctrl-C, or typer's ``Abort``) gives 130.
+
+    Returns
+    -------
+    int
+        The exit code (the caller passes it to :func:`sys.exit`).
+    """
+    try:
+        result = app(args=args, prog_name="lance-async", standalone_mode=False)
+        return result if isinstance(result, int) else 0  # typer.Exit(n) comes back as n
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("interrupted", markup=False)
+        return 130
+    except typer.TyperException as exc:  # click's ClickException, UsageError, BadParameter
+        message = " ".join(exc.format_message().split())
+        ctx = getattr(exc, "ctx", None)
+        if ctx is not None:  # a usage error: say where the help is
+            message += f" (see: {ctx.command_path} --help)"
+        err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+        return int(getattr(exc, "exit_code", 1))
 
 
 @dataclass
@@ -374,13 +275,16 @@ def run_command(
 def report(exc: BaseException, writes: Writes | None = None) -> NoReturn:
     """Exit with one line on standard error for a command's failure ``exc``."""
     if isinstance(exc, typer.BadParameter):
-        raise exc  # a bad argument: exit 2, printed by the group's main
+        raise exc  # a bad argument: exit 2, printed as one line by main()
     if isinstance(exc, BrokenPipeError):  # `| head` closed the pipe: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
     hint = missing_extra(exc)
     if hint is not None:
         fail(hint, 2)
+    credentials = _credentials_hint(exc)
+    if credentials is not None:
+        fail(credentials, 2)
     if isinstance(exc, errors.DatasetNotFoundError):
         message = str(exc).replace("create it with write_dataset", "create it: lance-async create")
         fail(message, 2)
@@ -405,6 +309,30 @@ def report(exc: BaseException, writes: Writes | None = None) -> NoReturn:
     if isinstance(exc, (errors.LanceAsyncError, OSError, ValueError)):
         fail(_one_line(str(exc)))
     fail(f"{type(exc).__name__}: {_one_line(str(exc))}")  # a broker's refusal, and the like
+
+
+_CREDENTIALS = re.compile(r"credential|CredentialsNotLoaded|NoCredentialProviders", re.I)
+_STORE_URI = re.compile(r"\b(s3a?|gs|az|abfss?)://[^\s'\")]+")
+_HOW = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or -s "
+    "aws_access_key_id=... -s aws_secret_access_key=...",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS (a service account file), or -s "
+    "google_service_account=PATH",
+    "az": "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY, or -s "
+    "azure_storage_account_name=... -s azure_storage_account_key=...",
+}
+
+
+def _credentials_hint(exc: BaseException) -> str | None:
+    """One line for an object store that found no credentials (the engine
+    says it over several nested lines), or None for any other failure."""
+    text = str(exc)
+    if not isinstance(exc, (errors.LanceAsyncError, OSError)) or not _CREDENTIALS.search(text):
+        return None
+    found = _STORE_URI.search(text)
+    uri = found.group(0) if found else "the object store"
+    scheme = found.group(1)[:2] if found else "s3"
+    return f"no credentials for {uri}: set {_HOW.get(scheme, _HOW['s3'])}"
 
 
 def _is_csv_error(exc: BaseException) -> bool:
@@ -574,6 +502,33 @@ MIN_PUT_INTERVAL: Any = typer.Option(
 )
 
 
+DEAD_LETTER: Any = typer.Option(
+    None,
+    "--dead-letter",
+    metavar="FILE",
+    help="Append bad messages (offset, raw message, error) to FILE as NDJSON and acknowledge "
+    "them, up to --max-bad; broker feeds only.",
+)
+
+
+def dead_letter_hook(path: str | None, max_bad: int | None, source: str) -> Any:
+    """The :class:`~lance_async.feeds.DeadLetterFile` of ``--dead-letter``, or None.
+
+    ``source`` is the feed's URL; what is recorded of it drops credentials
+    and the query.
+    """
+    if path is None:
+        return None
+    from urllib.parse import urlparse
+
+    from ..feeds.deadletter import DeadLetterFile
+
+    url = urlparse(source)
+    host = url.hostname or ""
+    feed = f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}{url.path}"
+    return DeadLetterFile(path, max_bad=max_bad, feed=feed)
+
+
 def writer_options(commit: str | None, min_put_interval: float | None) -> dict[str, Any]:
     """The shard writers' options from ``--commit`` and ``--min-put-interval``.
 
@@ -600,10 +555,13 @@ def parse_storage_options(values: Sequence[str] | None) -> dict[str, str] | None
     Raises
     ------
     typer.BadParameter
-        A value without ``=`` or with an empty key (exit 2).
+        A value without ``=``, an empty key, or a key no object store takes
+        (exit 2, naming it and the key it was likely meant to be).
     """
     if not values:
         return None
+    from .._storage import unknown_option
+
     parsed: dict[str, str] = {}
     for item in values:
         key, sep, value = item.partition("=")
@@ -611,6 +569,9 @@ def parse_storage_options(values: Sequence[str] | None) -> dict[str, str] | None
             raise typer.BadParameter(
                 f"expected KEY=VALUE, got {item!r}", param_hint="'--storage-option'"
             )
+        problem = unknown_option(key)
+        if problem is not None:
+            raise typer.BadParameter(problem, param_hint="'--storage-option'")
         parsed[key.strip()] = value
     return parsed
 

@@ -30,7 +30,15 @@ from .common import (
     parse_storage_options,
     run_command,
 )
-from .inputs import ROWS_FORMAT, check_format, check_source, format_of, with_csv_line
+from .inputs import (
+    ROWS_FORMAT,
+    check_format,
+    check_source,
+    csv_extra_columns,
+    format_of,
+    inferred_csv_error,
+    with_csv_line,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -177,7 +185,9 @@ async def spooled_stdin(source: str) -> AsyncIterator[str]:
 
 @app.command()
 def create(
-    table_uri: str = typer.Argument(..., help="Where the new Lance table goes."),
+    table_uri: str = typer.Argument(
+        ..., metavar="TABLE_URI", help="Where the new Lance table goes."
+    ),
     source: str | None = typer.Option(
         None,
         "--from",
@@ -262,8 +272,26 @@ def create(
                         f"{what} is empty: no rows, nothing was created (to create a table "
                         "without rows, give --schema and leave out --from)"
                     )
+                if declared is not None and fmt == "csv":
+                    extra = await anyio.to_thread.run_sync(
+                        partial(csv_extra_columns, path, declared)
+                    )
+                    if extra:  # never dropped silently
+                        raise typer.BadParameter(
+                            f"{label} has column(s) {', '.join(map(repr, extra))} that the "
+                            "schema lacks: name them in --schema too, or leave --schema out "
+                            "to take every column with inferred types",
+                            param_hint="'--schema'",
+                        )
                 probe = file_source(path, format=fmt, schema=declared)
-                schema = _keyed(await probe.resolve_schema(), key)
+                try:
+                    inferred = await probe.resolve_schema()
+                except Exception as exc:
+                    located = await inferred_csv_error(exc, path, label, fmt)
+                    if located is exc:
+                        raise
+                    raise located from exc
+                schema = _keyed(inferred, key)
                 rows = await _check_rows(path, fmt, schema, key, label, size)
                 if rows == 0:
                     raise _NoRows(

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import AsyncIterator
-from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
@@ -23,23 +21,7 @@ import typer
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["open_feed", "open_partitioned", "open_publisher", "stdin_batches"]
-
-
-async def stdin_batches(fmt: str, schema: pa.Schema) -> AsyncIterator[pa.RecordBatch]:
-    """Standard input decoded as it arrives (``read1``: whatever the pipe
-    holds, up to 1 MiB); the decoder runs on a worker thread."""
-    from .._threads import run_sync, stream_limiter
-    from ..sources.decoders import make_decoder
-
-    decoder = make_decoder(fmt, schema)
-    stdin = anyio.wrap_file(sys.stdin.buffer)
-    limiter = stream_limiter()
-    while chunk := await stdin.read1(1 << 20):
-        for batch in await run_sync(partial(decoder.feed, chunk), limiter=limiter):
-            yield batch
-    for batch in await run_sync(decoder.finish, limiter=limiter):
-        yield batch
+__all__ = ["open_feed", "open_partitioned", "open_publisher"]
 
 
 def _seconds(query: dict[str, str], name: str, default: float) -> float:
@@ -92,9 +74,9 @@ def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> 
     consumer's pending entries are claimed, default 30).
     """
     if source == "-":
-        from ..feeds import IterableFeed
+        from ..feeds.pipe import PipeFeed
 
-        return IterableFeed(stdin_batches(fmt or "ndjson", schema))
+        return PipeFeed(sys.stdin.buffer, format=fmt or "ndjson", schema=schema)
     url = urlparse(source)
     query = {k: v[-1] for k, v in parse_qs(url.query).items()}
     if url.scheme == "nats":

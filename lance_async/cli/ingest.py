@@ -13,12 +13,14 @@ import typer
 
 from .common import (
     COMMIT,
+    DEAD_LETTER,
     MIN_PUT_INTERVAL,
     STORAGE_OPTION,
     Progress,
     Writes,
     app,
     count,
+    dead_letter_hook,
     err,
     file_size,
     number,
@@ -75,13 +77,16 @@ async def _validate_file(source: str, fmt: str | None, schema: pa.Schema) -> int
 def ingest_cmd(
     source: str = typer.Argument(
         ...,
+        metavar="SOURCE",
         help="A file (.ndjson/.jsonl, .json, .csv, .arrow/.arrows/.ipc), '-' for stdin, "
         "nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME&ack_wait=S] or "
         "redis://HOST:PORT/STREAM[?group=G&consumer=NAME&min_idle=S]. "
         "Exit status 3: stopped idle with messages out of reach.",
     ),
     table_uri: str = typer.Argument(
-        ..., help="The Lance table; its MemWAL must be initialized (lance-async init-wal)."
+        ...,
+        metavar="TABLE_URI",
+        help="The Lance table; its MemWAL must be initialized (lance-async init-wal).",
     ),
     format: str | None = ROWS_FORMAT,
     shard: str | None = typer.Option(
@@ -106,11 +111,25 @@ def ingest_cmd(
         help="Stop after this many seconds without a message.",
         callback=number("--idle-timeout", maximum=1e9),
     ),
+    dead_letter: str | None = DEAD_LETTER,
+    max_bad: int = typer.Option(
+        0,
+        "--max-bad",
+        metavar="N",
+        help="Bad messages set aside in --dead-letter before the next one stops the ingest "
+        "(0: the first stops it, nothing set aside).",
+        callback=number("--max-bad"),
+    ),
     storage_option: list[str] | None = STORAGE_OPTION,
     commit: str | None = COMMIT,
     min_put_interval: float | None = MIN_PUT_INTERVAL,
 ) -> None:
-    """Stream SOURCE into TABLE_URI's MemWAL; ack each message once durable."""
+    """Stream SOURCE into TABLE_URI's MemWAL; ack each message once durable.
+
+    A message that cannot be decoded stops the ingest (the messages before
+    it are written and acknowledged); with --dead-letter FILE --max-bad N,
+    up to N bad messages are recorded in FILE and acknowledged instead.
+    """
     check_format(format)
     options = writer_options(commit, min_put_interval)
     if shard is not None:
@@ -125,6 +144,23 @@ def ingest_cmd(
             "or redis://host:port/STREAM (for Kafka, use lance_async.feeds.KafkaFeed in Python)"
         )
     is_file = source != "-" and not scheme
+    if (dead_letter is not None or max_bad) and not scheme:
+        raise typer.BadParameter(
+            "bad messages are set aside for broker feeds (nats://, redis://); a file or "
+            "standard input is decoded in chunks, and a bad line stops the ingest: fix it "
+            "and ingest again",
+            param_hint="'--dead-letter'",
+        )
+    if dead_letter is not None and not max_bad:
+        raise typer.BadParameter(
+            "give --max-bad N too: how many bad messages to set aside before one stops the ingest",
+            param_hint="'--dead-letter'",
+        )
+    if max_bad and dead_letter is None:
+        raise typer.BadParameter(
+            "give --dead-letter FILE too: where the bad messages go", param_hint="'--max-bad'"
+        )
+    hook = dead_letter_hook(dead_letter, max_bad, source)
     if not scheme:
         check_source(source)
     if is_file and format is None:
@@ -163,7 +199,13 @@ def ingest_cmd(
                 writes.started = True
                 gc.freeze()  # start-up objects out of the collector's way (README, GC)
                 try:
-                    stats = await ingest(feed, writer, idle_timeout=idle_timeout, on_progress=tick)
+                    stats = await ingest(
+                        feed,
+                        writer,
+                        idle_timeout=idle_timeout,
+                        on_progress=tick,
+                        dead_letter=hook,
+                    )
                     return target, stats, await _outstanding(feed)
                 finally:
                     with anyio.CancelScope(shield=True):

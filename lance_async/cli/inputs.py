@@ -24,7 +24,10 @@ __all__ = [
     "ROW_FORMATS",
     "check_format",
     "check_source",
+    "csv_extra_columns",
     "format_of",
+    "inferred_csv_error",
+    "source_schema",
     "with_csv_line",
 ]
 
@@ -78,6 +81,136 @@ def _csv_header(path: str) -> list[str]:
     with open(path, "rb") as f:
         text = f.readline().rstrip(b"\r\n").decode("utf-8", errors="replace").removeprefix("\ufeff")
     return next(csv.reader([text]), [])
+
+
+_SCAN = 8 << 20  # bytes of a JSON file searched at a time for a field name
+
+
+def _names_a_field(path: str, name: str) -> bool:
+    """Whether any object of a JSON / NDJSON file names ``name`` as a key (blocking).
+
+    The file is searched for the quoted name followed by a colon (spaces
+    allowed): inside a JSON string a quote is escaped (``\\"``), so only a
+    key matches. A key spelled with escapes (``"d\\u0069st"``) is not found:
+    the decoder then refuses it as a field the merge's columns lack, it is
+    never dropped silently.
+    """
+    import json
+
+    needle = ('"' + json.dumps(name)[1:-1] + '"').encode()
+    keep = len(needle) + 64  # a needle (and the spaces after it) cut by a read
+    tail = b""
+    with open(path, "rb") as f:
+        while piece := f.read(_SCAN):
+            data = tail + piece
+            start = data.find(needle)
+            while start >= 0:
+                rest = data[start + len(needle) : start + len(needle) + 64].lstrip()
+                if rest.startswith(b":"):
+                    return True
+                if not rest and len(data) - start < keep:
+                    break  # cut at the end of this read: look again with the next
+                start = data.find(needle, start + 1)
+            tail = data[-keep:]
+    return False
+
+
+def source_schema(path: str, fmt: str, table: Any) -> Any:
+    """The table's columns that the file at ``path`` gives, in table order (blocking).
+
+    The one rule for partial rows: a merge updates the columns its source
+    gives; a column it lacks keeps the stored value of an updated row and is
+    null in an inserted one (pylance's merge of a subset of the columns). A
+    CSV file gives its header's columns; a JSON / NDJSON file the fields its
+    objects name (any of them: an object that lacks a field others name is
+    null there, as JSON writers leave nulls out); an Arrow IPC file its own
+    schema (not read here: None).
+
+    Raises
+    ------
+    SchemaMismatchError
+        A CSV header names a column the table lacks.
+    """
+    import pyarrow as pa
+
+    if fmt == "ipc":
+        return None
+    if fmt == "csv":
+        header = _csv_header(path)
+        unknown = [n for n in header if n not in table.names]
+        if unknown:
+            raise errors.SchemaMismatchError(
+                f"the CSV header names column {unknown[0]!r}, which the table lacks "
+                f"(its columns: {', '.join(table.names)})",
+                field=unknown[0],
+            )
+        given = set(header)
+    else:
+        given = {f.name for f in table if _names_a_field(path, f.name)}
+    if not given:  # an empty file, or no known field: the decoder says what is wrong
+        return table
+    return pa.schema([f for f in table if f.name in given], metadata=table.metadata)
+
+
+def csv_extra_columns(path: str, schema: Any) -> list[str]:
+    """Columns a CSV file's header names that ``schema`` lacks (blocking)."""
+    return [n for n in _csv_header(path) if n not in schema.names]
+
+
+def _inferred_csv_error(path: str, label: str) -> Exception | None:
+    """The line where pyarrow's schema inference of a CSV file stops, as a
+    :class:`~lance_async.DecodeError` naming it (blocking; None when not found).
+
+    Inference reads the start of the file; a row there that does not parse
+    (another number of fields) fails it. pyarrow's reader with one thread
+    numbers rows as the file's lines, and hands the first bad one over.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    sample = head[: head.rfind(b"\n") + 1] or head
+    try:
+        sample.decode("utf-8")
+    except UnicodeDecodeError:  # not text: pyarrow could not hand the row over
+        return None
+    bad: list[Any] = []
+
+    def handler(row: Any) -> str:
+        bad.append(row)
+        return "error"
+
+    try:
+        pcsv.read_csv(
+            pa.py_buffer(sample),
+            read_options=pcsv.ReadOptions(use_threads=False),
+            parse_options=pcsv.ParseOptions(invalid_row_handler=handler),
+        )
+    except (pa.ArrowInvalid, ValueError):
+        pass
+    if not bad or bad[0].number < 1:
+        return None
+    row = bad[0]
+    where = "standard input" if label == "stdin" else label
+    text = _one_line(row.text or "")
+    return errors.DecodeError(
+        f"line {row.number} of {where}: expected {row.expected_columns} columns, got "
+        f"{row.actual_columns}: {text} (the columns and their types are inferred from the "
+        "start of the file: fix the line, or give --schema SPEC)"
+    )
+
+
+async def inferred_csv_error(exc: Exception, path: str, label: str, fmt: str | None) -> Exception:
+    """``exc`` (schema inference of the file at ``path`` failed) as an error
+    naming the file's line, when it is a CSV file and the line is found; else
+    ``exc`` itself."""
+    if fmt != "csv" or not isinstance(exc, errors.DecodeError):
+        return exc
+    from functools import partial
+
+    found = await anyio.to_thread.run_sync(partial(_inferred_csv_error, path, label))
+    return exc if found is None else found
 
 
 async def with_csv_line(

@@ -38,7 +38,7 @@ def _json_default(value: Any) -> Any:
 
 @app.command()
 def scan(
-    table_uri: str = typer.Argument(..., help="The Lance table."),
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
     filter: str | None = typer.Option(None, "--filter", metavar="EXPR", help="Lance SQL filter."),
     columns: str | None = typer.Option(
         None, "--columns", metavar="A,B,...", help="Comma-separated columns."
@@ -177,3 +177,128 @@ def _print_preview(preview: _Preview) -> None:
                 out.print(line, highlight=False, markup=False)
     if preview.total > len(rows):
         err.print(f"(showing {len(rows):,} of {preview.total:,} rows; use --format ndjson for all)")
+
+
+def _key_value(text: str, field: pa.Field) -> Any:
+    """One key value from the command line, by its column's type (exit 2 when it does not fit)."""
+    import datetime
+
+    import pyarrow as pa
+
+    dtype = field.type
+    try:
+        if pa.types.is_integer(dtype):
+            return int(text)
+        if pa.types.is_floating(dtype):
+            return float(text)
+        if pa.types.is_boolean(dtype):
+            if text.lower() not in ("true", "false"):
+                raise ValueError(text)
+            return text.lower() == "true"
+        if pa.types.is_date(dtype):
+            return datetime.date.fromisoformat(text)
+        if pa.types.is_timestamp(dtype):
+            return datetime.datetime.fromisoformat(text)
+        if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+            return text
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text[:64]!r} is not a {dtype} (the key column {field.name!r})", param_hint="'KEY'"
+        ) from None
+    raise typer.BadParameter(f"lookups by a {dtype} key are not supported", param_hint="'KEY'")
+
+
+def parse_keys(texts: list[str], schema: pa.Schema, key: list[str]) -> list[Any]:
+    """KEY arguments as key values: one value each for a one-column key; for a
+    composite key, one JSON array each (``'[1, "a"]'``), in key order."""
+    if len(key) == 1:
+        return [_key_value(t, schema.field(key[0])) for t in texts]
+    values = []
+    for text in texts:
+        try:
+            parts = json.loads(text)
+        except ValueError:
+            parts = None
+        if not isinstance(parts, list) or len(parts) != len(key):
+            raise typer.BadParameter(
+                f"the key is ({', '.join(key)}): give each KEY as a JSON array of "
+                f"{len(key)} values, got {text[:64]!r}",
+                param_hint="'KEY'",
+            )
+        values.append(
+            {k: _key_value(str(v), schema.field(k)) for k, v in zip(key, parts, strict=True)}
+        )
+    return values
+
+
+@app.command()
+def lookup(
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
+    keys: list[str] = typer.Argument(
+        ...,
+        metavar="KEY...",
+        help="Primary key values (a JSON array each for a composite key).",
+    ),
+    columns: str | None = typer.Option(
+        None, "--columns", metavar="A,B,...", help="Comma-separated columns."
+    ),
+    base: bool = typer.Option(
+        False, "--base", help="Read the base table only, not the MemWAL's newer rows."
+    ),
+    format: str | None = typer.Option(
+        None,
+        "--format",
+        "-f",
+        metavar="FORMAT",
+        help="table or ndjson (default: table on a terminal, ndjson in a pipe).",
+    ),
+    storage_option: list[str] | None = STORAGE_OPTION,
+) -> None:
+    """The newest row of each KEY in TABLE_URI (an LSM point lookup: rows in the
+    MemWAL's flushed generations included).
+
+    Rows come in the order of the keys; exit status 1 when a key has no row
+    (it is named on standard error).
+    """
+    fmt = format or ("table" if sys.stdout.isatty() else "ndjson")
+    if fmt not in ("table", "ndjson"):
+        raise typer.BadParameter("--format must be table or ndjson")
+    cols = [c.strip() for c in columns.split(",")] if columns else None
+
+    async def run() -> tuple[list[dict[str, Any]], list[str], list[str]]:
+        from .._threads import run_sync
+
+        ds = await open_table(table_uri, storage_option)
+        key = list(ds.primary_key)
+        if not key:
+            raise typer.BadParameter(
+                f"{table_uri} has no primary key to look rows up by; use scan --filter",
+                param_hint="'KEY'",
+            )
+        if cols:
+            check_columns(ds, cols, "--columns")
+        values = parse_keys(keys, ds.schema, key)
+        wanted = None if cols is None else list(dict.fromkeys([*key, *cols]))
+        found = await ds.lsm_point_lookups(values, columns=wanted, snapshots=[] if base else None)
+        rows = await run_sync(found.to_pylist)
+        got = {json.dumps([r[k] for k in key], default=str) for r in rows}
+        missing = [
+            t
+            for t, v in zip(keys, values, strict=True)
+            if json.dumps([v[k] for k in key] if isinstance(v, dict) else [v], default=str)
+            not in got
+        ]
+        shown = [{k: v for k, v in r.items() if cols is None or k in cols} for r in rows]
+        return shown, list(found.column_names if cols is None else cols), missing
+
+    rows, names, missing = run_command(run)
+    if fmt == "ndjson":
+        for row in rows:
+            sys.stdout.write(json.dumps(row, default=_json_default) + "\n")
+        sys.stdout.flush()
+    elif rows:
+        _print_preview(_Preview(names, rows, len(rows)))
+    for key_text in missing:
+        err.print(f"no row for key {key_text}", markup=False)
+    if missing:
+        raise typer.Exit(1)

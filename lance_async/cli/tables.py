@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
+from collections.abc import Awaitable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
 import typer
 
 from .common import (
@@ -25,13 +28,22 @@ from .common import (
     run_command,
 )
 from .create import spooled_stdin
-from .inputs import ROWS_FORMAT, check_format, check_source, format_of, with_csv_line
+from .inputs import (
+    ROWS_FORMAT,
+    check_format,
+    check_source,
+    format_of,
+    source_schema,
+    with_csv_line,
+)
 
 if TYPE_CHECKING:
     from ..dataset import AsyncDataset
     from ..memwal.check import ShardCheck
     from ..memwal.sharding import Sharding
+    from ..merge import MergeResult
 
+T = TypeVar("T")
 _DEFAULT_NUM_BUCKETS = 4  # memwal.sharding.DEFAULT_NUM_BUCKETS (a test keeps them equal)
 
 
@@ -48,9 +60,11 @@ def non_key_reason(on: list[str], key: list[str]) -> str:
 @app.command()
 def merge(
     source: str = typer.Argument(
-        ..., help="A file (.ndjson/.jsonl, .json, .csv, .arrow/.arrows/.ipc), or '-' for stdin."
+        ...,
+        metavar="SOURCE",
+        help="A file (.ndjson/.jsonl, .json, .csv, .arrow/.arrows/.ipc), or '-' for stdin.",
     ),
-    table_uri: str = typer.Argument(..., help="The Lance table."),
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
     on: list[str] = typer.Option(
         None, "--on", metavar="COLUMN", help="Join column(s); default the primary key."
     ),
@@ -60,6 +74,12 @@ def merge(
         help="Join on --on columns that are not the primary key (matched rows are overwritten, "
         "key included).",
     ),
+    base_table: bool = typer.Option(
+        False,
+        "--base-table",
+        help="On a table with a MemWAL, merge into the base table instead of the MemWAL "
+        "(refused while the MemWAL holds any of the file's keys: compact first).",
+    ),
     format: str | None = ROWS_FORMAT,
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
@@ -67,13 +87,20 @@ def merge(
 
     The merge commits all or nothing; a conflict with another writer is
     retried by reading the file again (standard input is first copied to a
-    temporary file, so it can be read again).
+    temporary file, so it can be read again). Columns the file lacks keep
+    their stored values in updated rows and are null in inserted ones. A
+    table with a MemWAL takes the merge through it (compact folds it into
+    the base table), unless --base-table. Ctrl-C or SIGTERM before the
+    commit stops the merge and commits nothing (exit 130); once committed,
+    the version is printed.
     """
     check_format(format)
     check_source(source)
     fmt = format or ("ndjson" if source == "-" else format_of(source))
+    interrupted: list[int] = []
 
-    async def run() -> Any:
+    async def run() -> MergeResult | None:
+        from .._threads import run_sync
         from ..sources.files import file_source
 
         ds = await open_table(table_uri, storage_option)
@@ -88,28 +115,46 @@ def merge(
         async with spooled_stdin(source) as path:
             size = await file_size(path)
             label = "stdin" if source == "-" else Path(source).name
+            try:
+                schema = await run_sync(partial(source_schema, path, fmt, ds.schema))
+            except Exception as exc:  # a CSV header that cannot be read: said at its line
+                located = await with_csv_line(exc, path, label, fmt, ds.schema)
+                if located is exc:
+                    raise
+                raise located from exc
+            builder = ds.merge_insert(keys).when_matched_update_all().when_not_matched_insert_all()
+            if base_table:
+                builder = builder.via_base_table()
             with Progress(f"merge {label}", size, unit="bytes") as progress:
                 options: dict[str, Any] = {"on_read": progress.update}
-                if fmt != "ipc":
-                    options["schema"] = ds.schema
+                if schema is not None:
+                    options["schema"] = schema
                 src = file_source(path, format=fmt, **options)
                 try:
-                    return await (
-                        ds.merge_insert(keys)
-                        .when_matched_update_all()
-                        .when_not_matched_insert_all()
-                        .execute(src)
-                    )
+                    done = await until_interrupted(builder.execute(src), interrupted)
                 except Exception as exc:
                     located = await with_csv_line(exc, path, label, fmt, ds.schema)
                     if located is exc:
                         raise
                     raise located from exc
+        # interrupted after the commit (or the MemWAL's put) began: it ended, and is kept
+        return done if done is not None else builder.last_result
 
     result = run_command(run, Writes())  # a merge commits all or nothing
+    if result is None:
+        err.print("interrupted before the commit: nothing was committed", markup=False)
+        raise typer.Exit(130)
     if not result.committed:
         what = "standard input" if source == "-" else source
         out.print(f"nothing to merge: {what} holds no rows; nothing was committed", markup=False)
+        return
+    if result.mem_wal is not None:
+        out.print(
+            f"upserted {count(result.mem_wal.rows, 'row')} through the MemWAL (durable; LSM reads "
+            f"see them now, the base table after lance-async compact {table_uri}); "
+            f"no new version (version {result.version})",
+            markup=False,
+        )
         return
     out.print(
         f"inserted {result.num_inserted_rows:,}, updated {result.num_updated_rows:,}, "
@@ -119,9 +164,33 @@ def merge(
     )
 
 
+async def until_interrupted(work: Awaitable[T], interrupted: list[int]) -> T | None:
+    """``await work``, unless SIGINT or SIGTERM comes first: then ``work`` is
+    cancelled (a merge stops reading and commits nothing; a commit in flight
+    ends first, and is kept by the builder), the signal is appended to
+    ``interrupted`` and None returned."""
+    from .._loop import unwrap_groups
+
+    result: T | None = None
+    with unwrap_groups():  # the merge's own error, not a group of one
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        interrupted.append(signum)
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(watch)
+            result = await work
+            tg.cancel_scope.cancel()
+    return result
+
+
 @app.command(name="init-wal")
 def init_wal(
-    table_uri: str = typer.Argument(..., help="The Lance table."),
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
     bucket_column: str | None = typer.Option(
         None,
         "--bucket-column",
@@ -216,7 +285,7 @@ def describe_sharding(sharding: Sharding) -> str:
 
 @app.command()
 def compact(
-    table_uri: str = typer.Argument(..., help="The Lance table."),
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Merge the MemWAL's flushed generations into TABLE_URI's base table."""
@@ -226,8 +295,10 @@ def compact(
         await require_mem_wal(ds, table_uri)
         snaps = await ds.shard_snapshots()
         gens = sum(len(s.sstables) for s in snaps)
-        with Progress(f"compact {count(gens, 'generation')}", None, unit="rows"):
-            return await ds.compact_mem_wal()
+        with Progress("compact", gens, unit="generations") as progress:
+            result = await ds.compact_mem_wal()
+            progress.update(sum(len(g) for g in result.generations.values()))
+            return result
 
     result = run_command(run)
     gens = sum(len(g) for g in result.generations.values())
@@ -306,7 +377,7 @@ async def table_info(ds: AsyncDataset) -> dict[str, Any]:
 
 @app.command()
 def info(
-    table_uri: str = typer.Argument(..., help="The Lance table."),
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
@@ -352,32 +423,43 @@ def info(
 
 @app.command()
 def check(
-    table_uri: str = typer.Argument(..., help="The Lance table."),
+    table_uri: str = typer.Argument(..., metavar="TABLE_URI", help="The Lance table."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Find keys in more than one MemWAL shard (exit 1 when there are any).
 
-    Reads the flushed, not yet compacted generations of every shard; close
-    the writers first so their memtables are flushed.
+    Reads the flushed, not yet compacted generations and the WAL tails of
+    every shard.
     """
 
-    async def run() -> ShardCheck:
+    async def run() -> tuple[ShardCheck, int]:
         ds = await open_table(table_uri, storage_option)
         await require_mem_wal(ds, table_uri)
-        return await ds.check_shards()
+        found = await ds.check_shards()
+        return found, sum((await ds.lsm.unflushed_rows()).values())
 
-    report = run_command(run)
+    report, unflushed = run_command(run)
     if as_json:
         import dataclasses
 
-        out.print_json(json.dumps(dataclasses.asdict(report) | {"ok": report.ok}, default=str))
+        data = dataclasses.asdict(report) | {"ok": report.ok, "unflushed_rows": unflushed}
+        out.print_json(json.dumps(data, default=str))
     else:
         out.print(
             f"{report.shards} shard(s), {report.generations} flushed generation(s) not yet "
-            f"compacted, {report.rows:,} rows read in them ({report.sharding} sharding): "
+            f"compacted, {report.rows:,} rows read in them and in the WAL tails "
+            f"({unflushed:,} of them not flushed yet; {report.sharding} sharding): "
             f"{report.split_keys:,} key(s) in more than one shard, "
             f"{report.misplaced_keys:,} in the wrong shard",
+            markup=False,
+        )
+        # the rows counted are info's flushed and unflushed ones (every version of a key,
+        # deletions included), not its LSM figure (the newest row per key)
+        err.print(
+            "note: rows are counted as info counts its flushed and unflushed rows (every "
+            "version of a key, every deletion); info's LSM figure is the newest row per key; "
+            "the base table is not checked",
             markup=False,
         )
         for example in report.examples:

@@ -17,9 +17,11 @@ import typer
 
 from .common import (
     COMMIT,
+    DEAD_LETTER,
     MIN_PUT_INTERVAL,
     STORAGE_OPTION,
     app,
+    dead_letter_hook,
     err,
     number,
     open_table,
@@ -84,11 +86,14 @@ async def _health(port: int, worker: Worker, export: Any = None) -> None:
 def worker(
     feed: str = typer.Argument(
         ...,
+        metavar="FEED",
         help="The partitioned feed: redis://HOST:PORT/KEY (streams KEY:0..N-1), "
         "nats://HOST:PORT/STREAM/SUBJECT (subjects SUBJECT.0..N-1) or "
         "kafka://HOST:PORT/TOPIC[?session_timeout_ms=...] (N partitions); N = the table's buckets.",
     ),
-    table_uri: str = typer.Argument(..., help="The Lance table (MemWAL bucket-sharded)."),
+    table_uri: str = typer.Argument(
+        ..., metavar="TABLE_URI", help="The Lance table (MemWAL bucket-sharded)."
+    ),
     group: str = typer.Option(
         "lance-async", "--group", metavar="NAME", help="The worker group's name."
     ),
@@ -101,18 +106,21 @@ def worker(
     lease_ttl: float = typer.Option(
         10.0,
         "--lease-ttl",
+        metavar="SECONDS",
         help="Seconds without a renewal before a dead worker's partitions are taken over.",
         callback=number("--lease-ttl", above=True, maximum=86_400),
     ),
     ack_wait: float = typer.Option(
         30.0,
         "--ack-wait",
+        metavar="SECONDS",
         help="NATS: seconds before an unacknowledged message comes again.",
         callback=number("--ack-wait", above=True, maximum=86_400),
     ),
     stats_interval: float = typer.Option(
         5.0,
         "--stats-interval",
+        metavar="SECONDS",
         help="Seconds between stats lines on stderr (0: none).",
         callback=number("--stats-interval", maximum=86_400),
     ),
@@ -128,6 +136,15 @@ def worker(
         "--metrics",
         help="Serve GET /metrics for Prometheus on --health-port (the 'metrics' extra).",
     ),
+    dead_letter: str | None = DEAD_LETTER,
+    max_bad: int | None = typer.Option(
+        None,
+        "--max-bad",
+        metavar="N",
+        help="With --dead-letter: bad messages set aside before the next one stops the worker "
+        "(default: no limit; without --dead-letter bad messages are logged and acknowledged).",
+        callback=number("--max-bad"),
+    ),
     storage_option: list[str] | None = STORAGE_OPTION,
     commit: str | None = COMMIT,
     min_put_interval: float | None = MIN_PUT_INTERVAL,
@@ -142,6 +159,11 @@ def worker(
     options = writer_options(commit, min_put_interval)
     if lease_ttl <= 0 or ack_wait <= 0:
         raise typer.BadParameter("--lease-ttl and --ack-wait must be > 0")
+    if max_bad is not None and dead_letter is None:
+        raise typer.BadParameter(
+            "give --dead-letter FILE too: where the bad messages go", param_hint="'--max-bad'"
+        )
+    hook = dead_letter_hook(dead_letter, max_bad, feed)
     if metrics and health_port is None:
         raise typer.BadParameter("--metrics needs --health-port", param_hint="'--metrics'")
     export = None
@@ -206,6 +228,7 @@ def worker(
                     coordinator=coordinator,
                     writer_options=options,
                     compaction=CompactionPolicy(),
+                    dead_letter=hook,
                 )
                 gc.freeze()  # start-up objects out of the collector's way (README, GC)
                 running.append(w)
@@ -233,21 +256,26 @@ def worker(
 def repartition(
     source: str = typer.Argument(
         ...,
+        metavar="SOURCE",
         help="The feed to read: a file, '-', nats://HOST:PORT/STREAM/SUBJECT or "
         "redis://HOST:PORT/STREAM[?group=G].",
     ),
     target: str = typer.Argument(
         ...,
+        metavar="TARGET",
         help="The partitioned feed to publish to: redis://HOST:PORT/KEY or "
         "nats://HOST:PORT/STREAM/SUBJECT.",
     ),
-    table_uri: str = typer.Argument(..., help="The table whose buckets are the partitions."),
+    table_uri: str = typer.Argument(
+        ..., metavar="TABLE_URI", help="The table whose buckets are the partitions."
+    ),
     format: str | None = typer.Option(
         None, "--format", "-f", metavar="FORMAT", help="ndjson, json, csv or ipc."
     ),
     idle_timeout: float | None = typer.Option(
         None,
         "--idle-timeout",
+        metavar="SECONDS",
         help="Stop after this many seconds without a message.",
         callback=number("--idle-timeout", maximum=1e9),
     ),

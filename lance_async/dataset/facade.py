@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import lance
@@ -49,6 +49,8 @@ from .versions import VersionsMixin
 from .writes import WritesMixin, write_source
 
 __all__ = ["AsyncDataset", "open_dataset", "write_dataset"]
+
+_D = TypeVar("_D", bound="AsyncDataset")
 
 
 class AsyncDataset(
@@ -78,7 +80,22 @@ class AsyncDataset(
     :func:`write_dataset`, ``insert``, a shard writer) is REPLAYABLE: it is
     pinned to the version it reads at that moment, and a conflict retry
     scans that version again.
+
+    ``async with ds:`` works, so a dataset composes with the library's other
+    objects, but leaving the block releases nothing and the dataset stays
+    usable: it holds no thread, task or connection of its own (pylance frees
+    its engine objects with it). What it opens that does hold them -- shard
+    writers, routers, scans, compactors -- is its own ``async with``.
     """
+
+    async def __aenter__(self: _D) -> _D:
+        """``self``; nothing is opened (does not block)."""
+        await anyio.lowlevel.checkpoint()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Nothing to release (see the class notes); a checkpoint only."""
+        await anyio.lowlevel.checkpoint()
 
 
 @coerce_source.register(AsyncDataset)

@@ -214,6 +214,13 @@ class WritesMixin(DatasetCore):
         """Start an upsert (see :class:`~lance_async.AsyncMergeInsertBuilder`;
         does not block).
 
+        On a table with a MemWAL the upsert goes through it, as LanceDB routes
+        merge_insert once a write spec is set; ``via_base_table()`` asks for
+        the base table, refused while the MemWAL holds any of the source's
+        keys (``lance_async/merge/route.py``). Columns the source lacks keep
+        the stored values of updated rows and are null in inserted ones, on
+        both paths.
+
         Parameters
         ----------
         on : str or list of str, optional

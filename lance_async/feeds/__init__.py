@@ -10,6 +10,10 @@ Connectors (the broker ones imported lazily, from their optional packages --
 * :class:`FileFeed` (:mod:`lance_async.feeds.files`) -- NDJSON / CSV / Arrow
   IPC files read in chunks (aiofiles on asyncio, anyio on trio), optionally
   followed as they grow, resumable from a stored byte offset;
+* :class:`DeadLetterFile` (:mod:`lance_async.feeds.deadletter`) -- a
+  dead-letter hook that records bad messages as NDJSON, up to a limit;
+* :class:`PipeFeed` (:mod:`lance_async.feeds.pipe`) -- a pipe that stays
+  open (standard input): rows handed out as they arrive;
 * :class:`JetStreamFeed` (:mod:`lance_async.feeds.nats`) -- a NATS JetStream
   durable pull consumer with explicit acks (nats-py; asyncio only);
 * :class:`RedisStreamFeed` (:mod:`lance_async.feeds.redis`) -- a Redis
@@ -31,7 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from ._common import FeedState
 from .base import DeadLetter, Feed, IngestStats, IterableFeed, Message, decode_json, ingest
+from .deadletter import DeadLetterFile
 from .files import FileFeed
+from .pipe import PipeFeed
 
 if TYPE_CHECKING:
     from .kafka import FeedRebalanceListener as FeedRebalanceListener
@@ -42,12 +48,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DeadLetter",
+    "DeadLetterFile",
     "Feed",
     "FeedState",
     "FileFeed",
     "IngestStats",
     "IterableFeed",
     "Message",
+    "PipeFeed",
     "decode_json",
     "ingest",
 ]

@@ -249,38 +249,40 @@ async def _decode_group(
     decode: Callable[[Sequence[Message], pa.Schema], pa.Table],
     dead_letter: DeadLetter | None,
     stats: IngestStats,
-) -> tuple[pa.Table | None, list[Message]]:
+) -> tuple[pa.Table | None, list[Message], BaseException | None]:
     """Decode a micro-batch on a worker thread; on failure, isolate the bad
     messages one by one (so one bad message never fails its neighbours).
 
     The isolation decodes every message of the micro-batch in one worker
     thread call; the dead-letter hook is then called on the loop for each
-    bad message, in feed order.
+    bad message, in feed order. Returns the rows and the messages they
+    settle, and the error that stops the ingest (no hook, or the hook
+    raised): the messages before the one that stopped it are returned with
+    their rows, so they are written and acknowledged either way.
     """
     try:
         table = await run_sync(
             partial(_decode_whole, messages, schema, decode), limiter=stream_limiter()
         )
-        return table, messages
-    except _DECODE_ERRORS as exc:
-        if len(messages) == 1:
-            await _dead_letter(dead_letter, messages[0], exc)
-            stats.dead_letters += 1
-            # acked by the acker, after the messages before it (feed order)
-            return None, list(messages)
+        return table, messages, None
+    except _DECODE_ERRORS:
+        pass
     results = await run_sync(
         partial(_decode_each, messages, schema, decode), limiter=stream_limiter()
     )
     tables: list[pa.Table] = []
-    for m, result in zip(messages, results, strict=True):
+    for i, (m, result) in enumerate(zip(messages, results, strict=True)):
         if isinstance(result, BaseException):
-            await _dead_letter(dead_letter, m, result)
+            try:
+                await _dead_letter(dead_letter, m, result)
+            except Exception as stop:  # no hook, or the hook gave up: the ones before it go
+                return (pa.concat_tables(tables) if tables else None), messages[:i], stop
             stats.dead_letters += 1
             # a dead-lettered message is handled: ack it once the ones before it are
             tables.append(schema.empty_table())
         else:
             tables.append(result)
-    return (pa.concat_tables(tables) if tables else None), list(messages)
+    return (pa.concat_tables(tables) if tables else None), list(messages), None
 
 
 async def ingest(
@@ -319,7 +321,10 @@ async def ingest(
     dead_letter : callable, optional
         ``(message, error)`` (sync or async) for a message that cannot be
         decoded; it is then acknowledged. Default: raise :class:`DecodeError`
-        (nothing after it is acknowledged). Never dropped silently.
+        (nothing after it is acknowledged); a hook that raises stops the
+        ingest the same way (:class:`DeadLetterFile` past its ``max_bad``).
+        Either way the messages of the micro-batch before the bad one are
+        written and acknowledged first. Never dropped silently.
     max_batch : int
         Messages decoded and sent together (default 1,000).
     fetch_timeout : float
@@ -400,6 +405,7 @@ async def ingest(
                     on_progress(stats)
 
     idle_since = time.monotonic()
+    stopped: BaseException | None = None
     with unwrap_groups():
         async with anyio.create_task_group() as tg:
             tg.start_soon(acker)
@@ -414,10 +420,10 @@ async def ingest(
                             break
                         continue
                     idle_since = time.monotonic()
-                    table, messages = await _decode_group(
+                    table, messages, stopped = await _decode_group(
                         batch, target, decoder, dead_letter, stats
                     )
-                    if not messages:
+                    if not messages and stopped is None:
                         continue
                     ack: Ack | None = None
                     rows = 0
@@ -425,8 +431,13 @@ async def ingest(
                         rows = table.num_rows
                         ack = await writer.send(table)
                         stats.sends += 1
-                    await to_ack.send((messages, ack, rows))
+                    if messages:
+                        await to_ack.send((messages, ack, rows))
+                    if stopped is not None:
+                        break  # the acker settles what was sent, then the error is raised
     stats.seconds = time.monotonic() - started
+    if stopped is not None:
+        raise stopped
     return stats
 
 

@@ -35,22 +35,31 @@ declare the primary key. The first such merge of a table logs a warning
 Cancellation
 ------------
 Cancelling the task that awaits :meth:`AsyncMergeInsertBuilder.execute`
-never leaves a thread running on its behalf: an attempt in flight runs to its
-end in its thread (a merge cannot be interrupted half-way), then the
-cancellation is delivered. If that attempt committed, its
-:class:`MergeResult` is stored in :attr:`AsyncMergeInsertBuilder.last_result`
-and logged (logger ``lance_async``, level WARNING) so the outcome is known.
+never leaves a thread running on its behalf: an attempt in flight ends in its
+thread (a replayable source stops at its next batch and commits nothing;
+other sources' merges run to their end), then the cancellation is
+delivered. If that attempt committed, its :class:`MergeResult` is stored in
+:attr:`AsyncMergeInsertBuilder.last_result` and logged (logger ``lance_async``,
+level WARNING) so the outcome is known.
 Cancelled during backoff, nothing is in flight and nothing more is committed.
+
+A replayable source's attempt runs the merge uncommitted and then commits
+it (compaction's merges, which mark SSTables compacted, in one call: the
+uncommitted merge of pylance drops the mark): cancelled before the commit,
+the source stops at its next batch and nothing is committed.
 
 Through the MemWAL
 ------------------
 ``merge_insert(...).via_mem_wal()`` puts an upsert (or a delete by key) into
 the table's shard writers instead of committing it; clauses that read the
-target row have no MemWAL form (``mem_wal.py``).
+target row have no MemWAL form (``mem_wal.py``). On a table with a MemWAL
+that is the default, and ``via_base_table()`` the explicit way to the base
+table (``route.py``: the one write rule).
 
 Modules: ``builder.py`` (the builder and its retry loop), ``result.py``
 (:class:`MergeResult`, :func:`backoff_delay`), ``passes.py`` (checks of a
-pass of the source, the insert lock), ``mem_wal.py`` (the MemWAL path).
+pass of the source, the insert lock), ``mem_wal.py`` (the MemWAL path),
+``route.py`` (which path a merge takes, and its checks).
 """
 
 from __future__ import annotations

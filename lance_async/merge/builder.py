@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -22,6 +23,7 @@ from lance.dataset import LanceDataset
 
 from .._args import check_choice, check_int, check_timedelta
 from .._duplicates import DUPLICATE_POLICIES
+from .._loop import unwrap_groups
 from .._metrics import record_merge
 from .._table import Table
 from .._threads import run_sync
@@ -35,13 +37,13 @@ from ..errors import (
 )
 from ..memwal.acks import PutSummary
 from ..sources import SourceMode, WriteSource, resolve_source
-from .passes import PassGuard, check_keys, insert_lock, materialize, read_whole
+from .passes import PassGuard, check_keys, insert_lock, materialize, read_keys, read_whole
 from .result import MergeResult, backoff_delay, engine_stats
+from .route import check_base_keys, choose_route, whole_rows
 from .via_mem_wal import (
     MemWalWriter,
     check_join,
     check_step,
-    check_whole_rows,
     check_writer,
     mem_wal_kind,
     put_via_mem_wal,
@@ -92,6 +94,7 @@ class AsyncMergeInsertBuilder:
         self._retries = 10
         self._timeout = timedelta(seconds=30)
         self._mem_wal = False
+        self._base = False
         self._writer: MemWalWriter | None = None
         self.last_result: MergeResult | None = None
 
@@ -193,7 +196,8 @@ class AsyncMergeInsertBuilder:
         ``docs/parity.md`` for when to use which path.
 
         Two shapes have a MemWAL form: ``when_matched_update_all()`` with
-        ``when_not_matched_insert_all()`` (every row put; whole rows only),
+        ``when_not_matched_insert_all()`` (every row put; columns the source lacks
+        keep the stored value, or are null for a new key),
         and ``when_matched_delete()`` alone (every source key deleted). The
         join is on the primary key. The source is read whole into memory
         and its keys checked (``duplicate_keys``) before anything is sent,
@@ -239,7 +243,32 @@ class AsyncMergeInsertBuilder:
         for name, args in self._steps:
             check_step(name, args)
         self._mem_wal = True
+        self._base = False
         self._writer = checked
+        return self
+
+    def via_base_table(self) -> AsyncMergeInsertBuilder:
+        """Merge into the base table even though the table has a MemWAL.
+
+        On a table with a MemWAL, merges go through it by default (the one
+        write rule, as LanceDB routes ``merge_insert`` once a write spec is
+        set; see ``merge/route.py``). This asks for the base table instead:
+        a new version, committed as on a table without a MemWAL. Because
+        compaction later writes the MemWAL's row of a key over the base
+        table's, :meth:`execute` refuses it while the MemWAL holds any of the
+        source's keys in generations not compacted yet, or holds rows not
+        flushed yet (:class:`~lance_async.errors.InvalidInputError` saying
+        what to do; nothing is committed). On a table without a MemWAL it
+        changes nothing.
+
+        Returns
+        -------
+        AsyncMergeInsertBuilder
+            ``self`` (does not block).
+        """
+        self._mem_wal = False
+        self._base = True
+        self._writer = None
         return self
 
     def _refuse_mem_wal(self, call: str) -> None:
@@ -312,7 +341,7 @@ class AsyncMergeInsertBuilder:
             name in ("when_not_matched_by_source_delete", "mark_sstables_as_compacted")
             for name, _ in self._steps
         )
-        return PassGuard(self._key_sets(), keep_empty=keep_empty)
+        return PassGuard(self._key_sets(), keep_empty=keep_empty, stop=threading.Event())
 
     # -- execution -----------------------------------------------------------
     async def execute(self, source: Any, *, schema: pa.Schema | None = None) -> MergeResult:
@@ -356,20 +385,41 @@ class AsyncMergeInsertBuilder:
         BaseException
             An error raised by the source itself, unchanged (nothing committed).
         """
-        if self._mem_wal:
-            return await self._execute_mem_wal(source, schema)
+        asked = "mem_wal" if self._mem_wal else "base" if self._base else "auto"
+        marks = any(name == "mark_sstables_as_compacted" for name, _ in self._steps)
+        route = await choose_route(self._dataset, asked, marks=marks)
+        if route == "mem_wal":
+            return await self._execute_mem_wal(source, schema, explicit=self._mem_wal)
         src = await self._prepare(source, schema)
+        if route == "checked_base":
+            await check_base_keys(self._dataset, await read_keys(src, self._dataset.primary_key))
         if src.mode is SourceMode.REPLAYABLE:
             return await self._execute_replayable(src)
         return await self._execute_once(src)
 
-    async def _execute_mem_wal(self, source: Any, schema: pa.Schema | None) -> MergeResult:
-        """The MemWAL path: the source read whole and checked, then one put."""
-        kind = mem_wal_kind(self._steps)
+    async def _execute_mem_wal(
+        self, source: Any, schema: pa.Schema | None, *, explicit: bool = True
+    ) -> MergeResult:
+        """The MemWAL path: the source read whole and checked, then one put.
+
+        ``explicit``: asked for with ``via_mem_wal()``; otherwise chosen by
+        the write rule, and a merge with no MemWAL form says how to reach the
+        base table instead.
+        """
+        try:
+            if not explicit:
+                check_join(self._on, self._dataset.primary_key)
+            kind = mem_wal_kind(self._steps)
+        except MergeShapeError as exc:
+            if explicit:
+                raise
+            raise MergeShapeError(
+                f"{self._dataset.uri} has a MemWAL, so merges go through it (as LanceDB routes "
+                f"merge_insert once a write spec is set): {exc}",
+                clause=exc.clause,
+            ) from exc
         src = await resolve_source(source, schema=schema, rows_into=self._dataset.schema)
         self._check_source(src)
-        if kind == "upsert":
-            check_whole_rows(self._dataset.schema, src.schema)
         rows = await read_whole(src)
         if rows.num_rows:
             batches = rows.to_batches()
@@ -378,7 +428,11 @@ class AsyncMergeInsertBuilder:
             )
             if deduped is not None:
                 rows = deduped
-            summary = await put_via_mem_wal(self._dataset, self._writer, kind, rows)
+            if kind == "upsert":  # the columns the source lacks: stored values, or null
+                rows = await whole_rows(self._dataset, rows)
+            # all rows or none: once the put starts it ends, even for a cancelled caller
+            with anyio.CancelScope(shield=True):
+                summary = await put_via_mem_wal(self._dataset, self._writer, kind, rows)
         else:
             summary = PutSummary(0, 0, 0)
         written = summary.rows + summary.deletes > 0
@@ -386,6 +440,7 @@ class AsyncMergeInsertBuilder:
             0, 0, 0, 1, src.mode, self._dataset.version, committed=written, mem_wal=summary
         )
         self.last_result = result
+        await anyio.lowlevel.checkpoint_if_cancelled()
         return result
 
     def _record(
@@ -404,16 +459,18 @@ class AsyncMergeInsertBuilder:
         def handle(outcome: Any, error: BaseException | None) -> None:
             if error is None and outcome is not None:
                 target, stats = outcome
-                result = self._record(target, stats, attempts, mode)
-                log.warning(
-                    "lance_async: merge_insert committed version %d of %s, but the awaiting "
-                    "task was cancelled; see AsyncMergeInsertBuilder.last_result",
-                    result.version,
-                    self._dataset.uri,
-                    extra={"table": self._dataset.uri},
-                )
+                self._warn_cancelled(self._record(target, stats, attempts, mode))
 
         return handle
+
+    def _warn_cancelled(self, result: MergeResult) -> None:
+        log.warning(
+            "lance_async: merge_insert committed version %d of %s, but the awaiting "
+            "task was cancelled; see AsyncMergeInsertBuilder.last_result",
+            result.version,
+            self._dataset.uri,
+            extra={"table": self._dataset.uri},
+        )
 
     async def _run_pass(
         self,
@@ -432,11 +489,25 @@ class AsyncMergeInsertBuilder:
         raised even when the engine call returned.
         """
         guard = self._guard()
+        stop = guard.stop
+        assert stop is not None
+
+        async def stop_on_cancel() -> None:
+            try:
+                await anyio.sleep_forever()
+            finally:  # the awaiting task was cancelled: the engine's next batch stops it
+                stop.set()
+
         async with src.reader_plan() as plan:
             try:
-                result = await run_sync(
-                    lambda: work(guard.wrap(plan.data())), on_cancel_result=on_cancel_result
-                )
+                with unwrap_groups():
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(stop_on_cancel)
+                        result = await run_sync(
+                            lambda: work(guard.wrap(plan.data())),
+                            on_cancel_result=on_cancel_result,
+                        )
+                        tg.cancel_scope.cancel()
             except BaseException as exc:
                 guard.reraise(exc)
                 plan.reraise(exc)
@@ -446,20 +517,49 @@ class AsyncMergeInsertBuilder:
             return result
 
     async def _attempt(self, src: WriteSource, retries: int, attempts: int) -> MergeResult:
-        """One pass of the source through one engine merge."""
+        """One pass of the source through one engine merge.
+
+        A replayable source's merge (Lance's retries off: lance_async replays)
+        runs in two engine calls, the merge uncommitted and then its commit, so
+        a task cancelled before the commit commits nothing: its source stops
+        at the next batch (``PassGuard.stop``) and the engine's work is
+        dropped. The commit itself runs to its end, shielded, and is recorded.
+        """
         base = self._dataset.lance
         lock = self._serialize()
+        # pylance's uncommitted merge drops mark_sstables_as_compacted: compaction's
+        # merges (which mark) commit in the one call
+        marks = any(name == "mark_sstables_as_compacted" for name, _ in self._steps)
+        split = src.mode is SourceMode.REPLAYABLE and isinstance(lock, nullcontext) and not marks
 
         def work(data: Any) -> tuple[LanceDataset, Any] | None:
             if data is None:
                 return None  # no rows: nothing to merge, no empty version
             with lock:
                 target = base.checkout_version(base.latest_version)
+                if split:
+                    return target, self._build(target, retries).execute_uncommitted(data)
                 return target, self._build(target, retries).execute(data)
 
         outcome = await self._run_pass(
-            src, work, on_cancel_result=self._on_cancel(src.mode, attempts)
+            src, work, on_cancel_result=None if split else self._on_cancel(src.mode, attempts)
         )
+        if outcome is not None and split:
+            target, (txn, stats) = outcome
+            await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled: nothing committed
+
+            def commit() -> LanceDataset:
+                return LanceDataset.commit(target, txn, max_retries=max(retries, 20))
+
+            with anyio.CancelScope(shield=True):
+                committed = await run_sync(commit)
+                result = self._record(committed, stats, attempts, src.mode)
+            try:
+                await anyio.lowlevel.checkpoint_if_cancelled()
+            except anyio.get_cancelled_exc_class():
+                self._warn_cancelled(result)
+                raise
+            return result
         if outcome is None:
             log.info(
                 "lance_async: merge_insert into %s: the source held no rows; nothing was committed",

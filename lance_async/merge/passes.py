@@ -98,6 +98,28 @@ async def read_whole(src: WriteSource) -> pa.Table:
     return table
 
 
+async def read_keys(src: WriteSource, keys: Sequence[str]) -> pa.Table:
+    """The key columns of one pass of a source (read on a worker thread;
+    the other columns are dropped batch by batch)."""
+    names = list(keys)
+    in_memory = src.batches()
+    if in_memory is not None:
+        return pa.Table.from_batches(in_memory, schema=src.schema).select(names)
+    async with src.reader() as reader:
+
+        def drain() -> pa.Table:
+            parts = [pa.Table.from_batches([b]).select(names) for b in reader if b.num_rows]
+            schema = pa.schema([src.schema.field(n) for n in names])
+            return pa.concat_tables(parts) if parts else schema.empty_table()
+
+        return await run_sync(drain)
+
+
+class MergeStopped(Exception):
+    """Raised into the engine's read of a source when the awaiting task was
+    cancelled: the engine stops reading, and nothing is committed."""
+
+
 async def materialize(src: WriteSource) -> WriteSource:
     """Read a streamed or replayable source into memory (``keep_last`` needs every key)."""
     return await resolve_source(await read_whole(src))
@@ -112,10 +134,23 @@ class PassGuard:
     error is kept, since the engine turns it into text.
     """
 
-    def __init__(self, key_sets: Sequence[Sequence[str]], *, keep_empty: bool) -> None:
+    def __init__(
+        self,
+        key_sets: Sequence[Sequence[str]],
+        *,
+        keep_empty: bool,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.key_sets = [list(keys) for keys in key_sets]
         self.keep_empty = keep_empty
+        self.stop = stop
+        """Set from the loop when the merge's task is cancelled: the next batch
+        raises :class:`MergeStopped` into the engine."""
         self.error: BaseException | None = None
+
+    def _check_stop(self) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise MergeStopped("the merge was cancelled before its commit; nothing was committed")
 
     def wrap(self, data: pa.Table | pa.RecordBatchReader) -> Any:
         if isinstance(data, pa.Table):  # in memory: checked by _check_keys already
@@ -124,6 +159,7 @@ class PassGuard:
         first = None
         try:
             for batch in batches:
+                self._check_stop()
                 if batch.num_rows:
                     first = batch
                     break
@@ -140,6 +176,7 @@ class PassGuard:
         trackers = [KeyTracker(keys, what="the merge_insert source") for keys in self.key_sets]
         try:
             for batch in itertools.chain([first], rest):
+                self._check_stop()
                 if batch.num_rows:
                     for tracker in trackers:
                         tracker.add(batch)

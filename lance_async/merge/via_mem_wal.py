@@ -31,9 +31,10 @@ from typing import Any
 import pyarrow as pa
 
 from .._table import Table
-from ..errors import InvalidInputError, MergeShapeError, SchemaMismatchError
+from ..errors import InvalidInputError, MergeShapeError
 from ..memwal.acks import PutSummary
 from ..memwal.router import ShardRouter
+from ..memwal.sharding import read_sharding
 from ..memwal.writer import AsyncShardWriter
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
     "MemWalWriter",
     "check_join",
     "check_step",
-    "check_whole_rows",
     "check_writer",
     "mem_wal_kind",
     "put_via_mem_wal",
@@ -70,8 +70,9 @@ REFUSED: dict[str, str] = {
 }
 
 _ADVICE = (
-    "; leave out via_mem_wal() to merge into the base table (a new version), or upsert "
-    "through the MemWAL with when_matched_update_all().when_not_matched_insert_all()"
+    "; merge into the base table with via_base_table() (a new version; refused while the "
+    "MemWAL holds any of its keys), or upsert through the MemWAL with "
+    "when_matched_update_all().when_not_matched_insert_all()"
 )
 
 
@@ -185,25 +186,6 @@ def check_writer(writer: object, schema: pa.Schema) -> MemWalWriter | None:
     return writer
 
 
-def check_whole_rows(table: pa.Schema, source: pa.Schema) -> None:
-    """An upsert through the MemWAL puts whole rows: every column is needed.
-
-    Raises
-    ------
-    SchemaMismatchError
-        The source lacks a column of the table (a base-table merge would
-        keep the target's value; a MemWAL put cannot).
-    """
-    missing = [name for name in table.names if name not in source.names]
-    if missing:
-        raise SchemaMismatchError(
-            f"an upsert through the MemWAL puts whole rows, and the source lacks column "
-            f"{missing[0]!r}; pass every column, or merge into the base table (which keeps "
-            "the target's value of columns the source lacks)",
-            field=missing[0],
-        )
-
-
 async def put_via_mem_wal(
     dataset: Table, writer: MemWalWriter | None, kind: str, rows: pa.Table
 ) -> PutSummary:
@@ -215,7 +197,8 @@ async def put_via_mem_wal(
     Raises
     ------
     InvalidInputError
-        (no writer given) the table has no MemWAL, or its shards are manual.
+        (no writer given) the table has no MemWAL. A table with manual
+        shards is written through lance_async's default shard (as ``ingest``).
     WrongShardError
         A row of another shard sent to one shard's writer (nothing queued).
     ClosedError, WriterFailedError, FencedError, BackpressureTimeoutError
@@ -224,7 +207,14 @@ async def put_via_mem_wal(
     if writer is not None:
         return await _put(writer, kind, rows, dataset.primary_key)
     try:
-        router = await ShardRouter(dataset).__aenter__()
+        sharding = await read_sharding(dataset)
+        # a table with manual shards: lance_async's one default shard (as ingest writes it)
+        opened: MemWalWriter = (
+            ShardRouter(dataset)
+            if sharding.sharded
+            else AsyncShardWriter(dataset, sharding.default_shard())
+        )
+        router = await opened.__aenter__()
     except InvalidInputError as exc:
         raise InvalidInputError(
             f"merge_insert(...).via_mem_wal() cannot route these rows: {exc} "

@@ -206,16 +206,7 @@ class TableRegistry:
         stack = AsyncExitStack()
         try:
             for name, spec in self._specs.items():
-                storage = dict(spec.storage_options) if spec.storage_options else None
-                dataset = await open_dataset(spec.uri, storage_options=storage)
-                writer: AsyncShardWriter | ShardRouter | None = None
-                if spec.route:
-                    writer = dataset.mem_wal_writer(**dict(spec.writer_options))
-                elif spec.shard_id is not None:
-                    writer = dataset.mem_wal_writer(spec.shard_id, **dict(spec.writer_options))
-                if writer is not None:
-                    await stack.enter_async_context(writer)
-                self._open[name] = OpenTable(name, dataset, writer, spec)
+                self._open[name] = await _open_table(name, spec, stack)
         except BaseException:
             self._state = RegistryState.CLOSED
             await stack.aclose()  # writers shield their own flush and close
@@ -223,6 +214,37 @@ class TableRegistry:
         self._stack = stack
         self._state = RegistryState.OPEN
         return self
+
+    async def add_open(self, name: str, spec: TableSpec, stack: AsyncExitStack) -> OpenTable:
+        """Register and open a table while the registry is open (a table found
+        after startup); its writer's context goes on ``stack``, which the
+        caller closes in the task that entered it (writers own task groups).
+
+        Returns
+        -------
+        OpenTable
+            The table now served under ``name`` (the one open already when
+            ``name`` is taken).
+
+        Raises
+        ------
+        ClosedError
+            The registry is not open.
+        ValueError
+            An invalid name.
+        DatasetNotFoundError
+            ``spec.uri`` holds no dataset (nothing registered).
+        """
+        if self._state is not RegistryState.OPEN:
+            raise ClosedError(f"{self!r} is not open")
+        if name in self._open:
+            return self._open[name]
+        if not _NAME_RE.fullmatch(name) or ".." in name:
+            raise ValueError(f"invalid table name {name!r}")
+        table = await _open_table(name, spec, stack)
+        self._specs[name] = spec
+        self._open[name] = table
+        return table
 
     async def aclose(self) -> None:
         """Flush and close every writer (each flush is shielded). Safe twice.
@@ -267,6 +289,20 @@ class TableRegistry:
     def tables(self) -> list[OpenTable]:
         """Every open table, by name."""
         return [self._open[n] for n in sorted(self._open)]
+
+
+async def _open_table(name: str, spec: TableSpec, stack: AsyncExitStack) -> OpenTable:
+    """Open a table's dataset and, by its spec, its MemWAL writer (entered on ``stack``)."""
+    storage = dict(spec.storage_options) if spec.storage_options else None
+    dataset = await open_dataset(spec.uri, storage_options=storage)
+    writer: AsyncShardWriter | ShardRouter | None = None
+    if spec.route:
+        writer = dataset.mem_wal_writer(**dict(spec.writer_options))
+    elif spec.shard_id is not None:
+        writer = dataset.mem_wal_writer(spec.shard_id, **dict(spec.writer_options))
+    if writer is not None:
+        await stack.enter_async_context(writer)
+    return OpenTable(name, dataset, writer, spec)
 
 
 def lance_lifespan(

@@ -24,6 +24,7 @@ for no authentication (a server that only listens on loopback).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import pyarrow as pa
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, Security
+from fastapi import APIRouter, Depends, Query, Request, Response, Security
 from fastapi.params import Depends as DependsParam
 
 from .._args import INT64_MAX
@@ -241,12 +242,14 @@ def table_router(
         request: Request,
         table: TableDep,
         on: Annotated[list[str] | None, Query()] = None,
+        base_table: bool = False,
     ) -> Response:
-        """Upsert the body (one commit); answers the MergeResult."""
-        if table.writer is not None:
-            raise HTTPException(
-                409, f"table {table.name!r} takes writes through its MemWAL: POST .../ingest"
-            )
+        """Upsert the body; answers the MergeResult.
+
+        A table with a MemWAL takes it through the MemWAL (the server's own
+        writer), as every merge path does; ``base_table=true`` asks for the
+        base table (refused while the MemWAL holds any of the body's keys).
+        """
         dataset = table.dataset
         keys = list(on or dataset.primary_key)
         if not keys:
@@ -266,11 +269,20 @@ def table_router(
                 "out on= to join on the primary key"
             )
         required = list(dict.fromkeys([*keys, *(f.name for f in dataset.schema if not f.nullable)]))
+        writer = table.writer
+
+        def clauses(builder: Any) -> Any:
+            builder = builder.when_matched_update_all().when_not_matched_insert_all()
+            if base_table:
+                return builder.via_base_table()
+            return builder.via_mem_wal(writer) if writer is not None else builder
+
         async with upload(request, dataset.schema, required_columns=required) as body:
             result = await merge_body(
                 dataset,
                 body,
                 keys,
+                when=clauses,
                 conflict_retries=conflict_retries,
                 retry_timeout=retry_timeout,
                 spool_dir=spool_dir,
@@ -285,6 +297,7 @@ def table_router(
                 "num_attempts": result.num_attempts,
                 "source_mode": result.source_mode.value,
                 "version": result.version,
+                "mem_wal": None if result.mem_wal is None else dataclasses.asdict(result.mem_wal),
                 "body": {"format": stats.format, "bytes": stats.bytes_received, "rows": stats.rows},
             }
         )

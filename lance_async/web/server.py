@@ -5,28 +5,34 @@ Run it with ``lance-async serve --root DIR``. Needs the ``fastapi`` extra.
 Tables
 ------
 At startup every directory ``DIR/<name>.lance`` holding a Lance dataset is
-registered as table ``<name>``; tables created later need a restart. Names
-are resolved through that registry only, never as paths. A table whose MemWAL
+registered as table ``<name>``; a table created later is found when a
+request names it (or lists ``/tables``): the root is listed again, at most
+once a second. Names are resolved through that registry only, never as paths. A table whose MemWAL
 is initialized (``initialize_mem_wal``) gets a MemWAL writer: the routing
 writer when the MemWAL has a sharding spec (every row to its own shard), or
 lance_async's default shard of a table with manual shards; shard ids are
 stable, so a restart replays their WALs. It takes writes through ``/ingest``
-and serves reads from its LSM view. The other tables take writes through
-``/merge``. Run one server per directory (a second one would fence the
-first's writers). A local ``<name>.lance`` that is a link (or under one)
-whose real path leaves the root is not served (a warning says so); the
-others are opened by their real paths.
+and ``/merge`` (both into the MemWAL) and serves reads from its LSM view.
+The other tables take writes through ``/merge``. Run one server per
+directory (a second one would fence the first's writers). A local
+``<name>.lance`` that is a link (or under one) whose real path leaves the
+root is not served (a warning says so); the others are opened by their real
+paths.
 
 Endpoints
 ---------
-``POST /tables/{name}/merge?on=KEY``
+``POST /tables/{name}/merge?on=KEY[&base_table=true]``
     Reads the body (Arrow IPC stream, NDJSON or CSV) to its end into a spool
     (memory up to 4 MiB, then a temporary file), then merges the spool with
     one merge_insert (update matched rows, insert the rest; ``on`` defaults
     to the primary key, repeat it for composite keys; on a table with a
     primary key, any other ``on`` is a 422: it would insert a second row for
     a key the table holds) and answers the MergeResult as JSON. Conflicts replay the spool (see
-    :func:`lance_async.fastapi.merge_body`).
+    :func:`lance_async.fastapi.merge_body`). A table with a MemWAL takes the
+    merge through it, as every merge path does (``mem_wal`` in the answer;
+    ``base_table=true``: the base table, a 422 while the MemWAL holds any of
+    the body's keys). Columns the body lacks keep their stored values in
+    updated rows and are null in inserted ones.
 ``POST /tables/{name}/ingest``
     Reads the body to its end, checking every row and spooling it (memory
     up to 4 MiB, then a temporary file), then streams it into the table's
@@ -37,7 +43,8 @@ Endpoints
     Streams rows as NDJSON, or Arrow IPC with
     ``Accept: application/vnd.apache.arrow.stream`` (or ``format=arrow``);
     ``limit``, ``offset`` or ``batch_size`` past int64 is a 422.
-    Filters must be ``column <op> literal`` (repeat ``filter`` for AND)
+    Filters are comparisons ``column <op> literal`` combined with AND, OR,
+    NOT and parentheses (repeated ``filter`` parameters must all hold)
     unless the server runs with ``--allow-raw-sql``. On MemWAL tables the rows
     are the writer's LSM view (every acknowledged row); pylance 14 collects
     an LSM scan in the engine before it is streamed, so filter it.
@@ -90,22 +97,17 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import re
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any
 
-import pyarrow.fs as pafs
+import anyio
 from fastapi import FastAPI, Response
 
-from .._storage import filesystem, join
-from .._threads import ThreadLimits, run_sync, stream_limiter
-from ..dataset import open_dataset
-from ..errors import DatasetNotFoundError
-from ..memwal.compactor import CompactionPolicy
+from .._threads import ThreadLimits
 from .audit import install_audit_log
+from .discovery import Discovery, discover_tables, discovery_middleware
 from .handlers import install_error_handlers
 from .headlimits import head_limited_protocol
 from .limits import BodyLimits
@@ -118,105 +120,6 @@ from .settings import ServeSettings
 __all__ = ["create_app", "discover_tables", "main"]
 
 log = logging.getLogger("lance_async.web")
-
-_TABLE_DIR = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})\.lance")
-
-
-def _list_table_dirs(
-    root: str, storage_options: Mapping[str, str] | None = None
-) -> list[tuple[str, str]]:
-    """(name, uri) of every ``<name>.lance`` directory under a local or object-store root."""
-    fs, base = filesystem(root, storage_options)
-    selector = pafs.FileSelector(base, allow_not_found=False, recursive=False)
-    local = "://" not in root
-    real_root = os.path.realpath(root) if local else ""
-    found = []
-    for info in fs.get_file_info(selector):
-        match = _TABLE_DIR.fullmatch(info.base_name)
-        if match and ".." not in match.group(1) and info.type == pafs.FileType.Directory:
-            uri = join(root, info.base_name)
-            if local:
-                # links followed: a table must stay inside the root, and is
-                # opened by its real path, so a link changed later cannot
-                # move it out
-                real = os.path.realpath(uri)
-                if real == real_root or os.path.commonpath([real, real_root]) != real_root:
-                    log.warning(
-                        "lance_async.serve: %s leads out of the root (to %s); not served",
-                        uri,
-                        real,
-                        extra={"table": match.group(1)},
-                    )
-                    continue
-                uri = real
-            found.append((match.group(1), uri))
-    return sorted(found)
-
-
-async def discover_tables(
-    root: str | os.PathLike[str],
-    *,
-    writer_options: Mapping[str, Any] | None = None,
-    storage_options: Mapping[str, str] | None = None,
-) -> dict[str, TableSpec]:
-    """Find the tables under ``root`` (``<name>.lance`` directories).
-
-    Parameters
-    ----------
-    root : str or PathLike
-        A local directory or an object-store prefix (``s3://bucket/tables``).
-    writer_options : mapping, optional
-        ``TableSpec.writer_options`` of every MemWAL table found.
-    storage_options : mapping, optional
-        The object-store options of the root and its tables.
-
-    Returns
-    -------
-    dict of str to TableSpec
-        A MemWAL table with a sharding spec gets the routing writer
-        (``route=True``: every row to its own shard); one with manual shards
-        gets lance_async's default shard of the table (the one ``lance-async
-        ingest`` writes too, so their writes never split a key). Directories
-        that do not hold a dataset are skipped (with a warning).
-
-    Notes
-    -----
-    Lists the directory on a worker thread and opens each dataset with
-    :func:`lance_async.open_dataset`; never blocks the loop.
-    """
-    options = dict(storage_options) if storage_options else None
-    entries = await run_sync(
-        partial(_list_table_dirs, os.fspath(root), options), limiter=stream_limiter()
-    )
-    specs: dict[str, TableSpec] = {}
-    for name, path in entries:
-        try:
-            dataset = await open_dataset(path, storage_options=options)
-        except DatasetNotFoundError:
-            log.warning(
-                "lance_async.serve: %s holds no Lance dataset; skipped", path, extra={"table": path}
-            )
-            continue
-        if await dataset.mem_wal_index_details() is None:
-            specs[name] = TableSpec(path, storage_options=options)
-            continue
-        sharding = await dataset.sharding()
-        writing = dict(writer_options or {})
-        if sharding.sharded:
-            specs[name] = TableSpec(
-                path,
-                route=True,
-                writer_options={"compaction": CompactionPolicy(), **writing},
-                storage_options=options,
-            )
-        else:
-            specs[name] = TableSpec(
-                path,
-                shard_id=sharding.default_shard(),
-                writer_options=writing,
-                storage_options=options,
-            )
-    return specs
 
 
 def create_app(
@@ -351,8 +254,17 @@ def create_app(
                     registry.add(name, spec)
         async with open_registry(app):
             log.info("lance_async.serve: serving tables %s", registry.names)
-            yield
+            if discovery is None:
+                yield
+                return
+            async with anyio.create_task_group() as tg:
+                await tg.start(discovery.run)
+                yield
+                tg.cancel_scope.cancel()
 
+    discovery = (
+        None if root_dir is None else Discovery(root_dir, registry, writer_options, storage_options)
+    )
     docs_open = docs_access == "open" or (auth is None and docs_access != "off")
     app = FastAPI(
         title="lance_async example",
@@ -361,6 +273,8 @@ def create_app(
         redoc_url="/redoc" if docs_open else None,
         openapi_url="/openapi.json" if docs_open else None,
     )
+    if discovery is not None:  # tables created under the root after startup
+        app.add_middleware(discovery_middleware, discovery=discovery)
     install_body_guard(
         app, drain_bytes=body_limits.drain_bytes, drain_timeout=body_limits.drain_timeout
     )

@@ -396,9 +396,12 @@ def test_ingest_answers_after_the_durable_ack(tmp_path: Path) -> None:
             assert client.get("/tables/events/lookup/120").json()["row"]["name"] == "e120"
             listed = client.get("/tables/events/rows", params={"filter": "id>=100"})
             assert len(listed.text.splitlines()) == 50
-            # each table takes one kind of write
+            # a merge into a MemWAL table goes through its MemWAL (the one write rule)
             ipc = ipc_stream(kv_block(1, 1, 1))
-            assert merge(client, "events", ipc).status_code == 409
+            merged = merge(client, "events", ipc)
+            assert merged.status_code == 200, merged.text
+            assert merged.json()["mem_wal"]["rows"] == 1
+            assert client.get("/tables/events/lookup/1").json()["row"]["value"] == 1
             wrong = client.post("/tables/kv/ingest", content=ipc, headers={"content-type": IPC})
             assert wrong.status_code == 409
     finally:
@@ -648,9 +651,13 @@ def test_filters_are_parsed_not_passed_through(server: Server, strict: Server) -
     assert ids(server, "name = 'x'' OR ''1''=''1'") == (200, [])
     for bad in ("id > 1 OR 1=1", "1=1", "nosuch = 1", "id = abc", "id = 99999999999999999999"):
         assert ids(server, bad)[0] == 400, bad
-    # raw SQL only where the app enabled it
-    assert ids(server, "id < 2 OR id > 998")[0] == 400
-    assert ids(strict, "id < 2 OR id = 999") == (200, [0, 1, 999])
+    # AND / OR / NOT of comparisons are parsed (issue 26, case 8); anything else is
+    # raw SQL, only where the app enabled it, and the 400 says how to enable it
+    assert ids(server, "id < 2 OR (id > 997 AND id < 1000 AND NOT id = 998)") == (200, [0, 1, 999])
+    with server.client() as client:
+        refused = client.get("/tables/kv/rows", params={"filter": "id IN (1, 999)"})
+    assert refused.status_code == 400 and "--allow-raw-sql" in refused.json()["detail"]
+    assert ids(strict, "id IN (1, 999)") == (200, [1, 999])
     assert ids(strict, "id <<< 2")[0] == 400
 
 
@@ -1194,6 +1201,14 @@ def test_compile_filter_renders_safe_sql() -> None:
     with pytest.raises(FilterError):
         compile_filter(["id = 1"] * 17, schema)
     assert compile_filter(["id = 1 OR 1 = 1"], schema, allow_raw_sql=True) == "(id = 1 OR 1 = 1)"
+    # AND / OR / NOT of comparisons, rendered from the parse (issue 26, case 8)
+    assert compile_filter(["(id = 1 or id > 5) and not name = 'a b'", "ok = true"], schema) == (
+        "((`id` = 1 OR `id` > 5) AND (NOT (`name` = 'a b'))) AND `ok` = TRUE"
+    )
+    assert compile_filter("name = John Smith", schema) == "`name` = 'John Smith'"
+    for bad in ("id = 1 OR 1 = 1", "(id = 1", "id = 1 AND", "NOT", "(" * 20 + "id = 1" + ")" * 20):
+        with pytest.raises(FilterError, match="--allow-raw-sql"):
+            compile_filter(bad, schema)
 
 
 def test_error_statuses() -> None:
