@@ -53,6 +53,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._args import check_seconds
+
 __all__ = [
     "COMMIT_POLICIES",
     "ENGINE_WAL_BUFFER_SIZE",
@@ -214,6 +216,8 @@ class WriterConfig:
     max_queue_bytes, max_put_bytes : int
     linger : float
     close_timeout : float
+    storage_timeout : float or None
+        Seconds an engine call may wait on the store (None: the dataset's).
     engine : dict
         Keywords for the engine's ``mem_wal_writer``, as given.
     """
@@ -226,6 +230,7 @@ class WriterConfig:
     linger: float
     close_timeout: float
     engine: Mapping[str, Any]
+    storage_timeout: float | None = None
 
     @classmethod
     def from_options(
@@ -239,6 +244,7 @@ class WriterConfig:
         max_put_bytes: int = 64 * 1024 * 1024,
         linger: float = 0.0,
         close_timeout: float = 60.0,
+        storage_timeout: float | None = None,
         **engine: Any,
     ) -> WriterConfig:
         """Check a writer's keyword arguments (does not block).
@@ -268,6 +274,8 @@ class WriterConfig:
                 raise TypeError(f"{name} must be a number of seconds, got {seconds!r}")
             if not seconds >= 0 or (name == "linger" and not math.isfinite(seconds)):
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {seconds}")
+        if storage_timeout is not None:
+            storage_timeout = check_seconds("storage_timeout", storage_timeout, positive=True)
         return cls(
             policy,
             max_queue_rows,
@@ -277,6 +285,7 @@ class WriterConfig:
             float(linger),
             float(close_timeout),
             dict(engine),
+            storage_timeout,
         )
 
     def limits(self, memtable_rows: int) -> tuple[int, int]:

@@ -85,10 +85,10 @@ from .._args import check_batches
 from .._loop import LoopHandle, unwrap_groups
 from .._schema import TableFit, primary_key
 from .._threads import run_sync
-from ..errors import ClosedError, InvalidInputError, raise_mapped
+from ..errors import ClosedError, InvalidInputError
 from .accumulator import Accumulator, Kind
 from .acks import Ack, PutSummary
-from .committer import Committer, open_engine
+from .committer import Committer, start_engine
 from .mirror import MemtableMirror
 from .policy import WriterConfig
 from .reads import WriterReads
@@ -147,8 +147,9 @@ class AsyncShardWriter(WriterReads):
     linger : float
         Seconds to wait, from the first queued row, for a whole put's rows
         (Kafka's ``linger.ms``; default 0).
-    close_timeout : float
-        Seconds that closing may spend flushing (default 60).
+    close_timeout, storage_timeout : float
+        Seconds that closing may spend flushing (default 60); that an engine
+        call may wait on the store (default: the dataset's ``storage_timeout``).
     **lance_writer_kwargs
         Passed to ``LanceDataset.mem_wal_writer`` (``durable_write``,
         ``max_memtable_rows``, ``max_wal_flush_interval_ms``, ...).
@@ -173,6 +174,7 @@ class AsyncShardWriter(WriterReads):
         self.max_queue_bytes, self.max_put_bytes = config.max_queue_bytes, config.max_put_bytes
         self.max_queue_rows = self.max_put_rows = 0  # known once open (from the memtable)
         self.linger, self.close_timeout = config.linger, config.close_timeout
+        self.storage_timeout: float = config.storage_timeout or dataset.storage_timeout
         self.engine_options: dict[str, Any] = dict(config.engine)
         """The engine writer's keywords (once open: with what the policy added)."""
         self.durable_write = bool(self.engine_options.get("durable_write", True))
@@ -236,8 +238,8 @@ class AsyncShardWriter(WriterReads):
             ``initialize_mem_wal`` (see ``lance_async.memwal.retired``); or the
             engine refused: the MemWAL is not initialized, or an option is
             out of range.
-        OSError
-            Storage errors, unchanged.
+        StorageError
+            The store failed the open, or did not answer within ``storage_timeout``.
         """
         return await self._open(task_group)
 
@@ -249,12 +251,9 @@ class AsyncShardWriter(WriterReads):
         if not self._keys:
             raise InvalidInputError(f"{self!r}: {NO_KEY}")
         ds = self._dataset.lance
-        opener = partial(open_engine, ds, self.shard_id, config.engine)
-        try:
-            engine, memtable_rows, sharding, opened = await run_sync(partial(opener, config.policy))
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise_mapped(exc)
-            raise
+        engine, memtable_rows, sharding, opened = await start_engine(
+            ds, self.shard_id, config, self.storage_timeout, repr(self)
+        )
         self.sharding, self.engine_options = sharding, opened
         self.max_put_rows, self.max_queue_rows = config.limits(memtable_rows)
         self._acc = Accumulator.for_writer(
@@ -279,6 +278,8 @@ class AsyncShardWriter(WriterReads):
             mirror=MemtableMirror(
                 ds.uri, self.shard_id, self._table_schema, self._keys, self._dataset.storage_options
             ),
+            storage_timeout=self.storage_timeout,
+            probe=lambda: ds.tags.list(),
         )
         if task_group is None:
             self._tg = anyio.create_task_group()
