@@ -53,19 +53,24 @@ in the engine would keep the interpreter from exiting, and trio keeps a
 thread's limiter token until the thread ends. The library limiter's token is
 held by the waiting task, so it is given back at the deadline: an abandoned
 call counts in :func:`abandoned_calls` (and is logged when abandoned and
-when, if ever, it returns), never against the limiter.
+when, if ever, it returns), never against the limiter. An operation made of
+many engine calls (a compaction) gives them all a deadline at once with
+``with call_timeouts(seconds):`` (a context variable, as anyio's cancel
+scopes are): each call made inside without a ``timeout=`` of its own gets
+that one.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import contextvars
 import logging
 import math
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -81,6 +86,7 @@ __all__ = [
     "AbandonedCall",
     "ThreadLimits",
     "abandoned_calls",
+    "call_timeouts",
     "configure_threads",
     "engine_limiter",
     "reader_limiter",
@@ -230,8 +236,9 @@ async def run_sync(
         ``(None, StorageTimeoutError)``.
     timeout : float, optional
         Seconds to wait for ``func`` at most, cancellation included; then the
-        call is abandoned (see the module notes). None (the default): wait
-        for it however long it takes.
+        call is abandoned (see the module notes). None (the default): the
+        deadline of the enclosing :func:`call_timeouts`, if any, else wait
+        however long it takes.
     what : str
         What the call does, for the timeout's message and the log
         (``"the put of shard ..."``).
@@ -254,6 +261,8 @@ async def run_sync(
         when the caller was cancelled (after ``func`` finished, or after it
         was abandoned).
     """
+    if timeout is None:
+        timeout = _call_timeout.get()
     if timeout is not None:
         return await _run_bounded(
             func, limiter or engine_limiter(), on_cancel_result, timeout, what, on_late_result
@@ -296,6 +305,23 @@ def _hand_over(
 
 
 # -- calls with a deadline: abandoned, never waited on for ever ------------------------
+
+_call_timeout: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "lance_async.call_timeout", default=None
+)
+
+
+@contextlib.contextmanager
+def call_timeouts(seconds: float | None) -> Iterator[None]:
+    """Give every :func:`run_sync` call made inside (in this task, and in the
+    tasks it starts) a deadline of ``seconds`` each, unless it passes its own
+    ``timeout=``. None lifts it. Does not block.
+    """
+    token = _call_timeout.set(seconds)
+    try:
+        yield
+    finally:
+        _call_timeout.reset(token)
 
 
 @dataclass(frozen=True)
