@@ -258,3 +258,33 @@ async def test_a_fenced_writers_close_raises_fenced_error_durable_or_not(
         assert info.value.shard_id == shard
         assert first.state is la.WriterState.CLOSED
         await second.aclose()
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        pytest.param(Mode.error(403, "AccessDenied"), 77, id="403-exits-77"),
+        pytest.param(Mode.error(404, "NoSuchBucket"), 66, id="no-bucket-exits-66"),
+        pytest.param(Mode.error(503, "SlowDown"), 75, id="503-exits-75"),
+    ],
+)
+def test_the_command_exits_with_the_storage_errors_code(
+    store: FaultyStore, fault: Mode, code: int
+) -> None:
+    """The exit codes the README lists, from a real command on a failing store."""
+    from typer.testing import CliRunner
+
+    from lance_async.cli import app
+
+    uri = store.uri("cli")
+    anyio.run(
+        lambda: la.write_dataset(kv_table(range(3)), uri, storage_options=store.storage_options)
+    )
+    options = [f"--storage-option={k}={v}" for k, v in store.quick_options.items()]
+    runner = CliRunner()
+    assert runner.invoke(app, ["scan", uri, *options]).exit_code == 0
+    store.proxy.set(fault)
+    result = runner.invoke(app, ["scan", uri, *options])
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output and "LanceError(IO)" not in result.output
+    assert len(result.output.strip().splitlines()) == 1  # one line, as every error

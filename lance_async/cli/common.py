@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ..dataset import AsyncDataset
 
 __all__ = [
+    "EXIT_CODES",
     "EXTRAS",
     "STORAGE_OPTION",
     "Progress",
@@ -47,6 +48,7 @@ __all__ = [
     "count",
     "err",
     "escape",
+    "exit_code",
     "fail",
     "missing_extra",
     "number",
@@ -219,7 +221,9 @@ def _root(
     serve.
 
     Exit codes: 0 done, 1 bad data or a failure, 2 a bad argument (an unknown
-    option, column or file, no table at the URI).
+    option, column or file, no table at the URI); the table's store: 66 no such
+    bucket, 74 an I/O error or a full disk, 75 unavailable or timed out (retry),
+    77 permission denied.
     """
 
 
@@ -349,6 +353,26 @@ def _one_line(text: str) -> str:
     return shown if len(shown) <= _LONGEST else shown[: _LONGEST - 4] + " ..."
 
 
+#: Exit codes of the store's errors (the meanings of BSD's sysexits.h), most
+#: specific first; any other failure exits 1, a bad argument 2. The README's
+#: command-line section lists them.
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (errors.StoragePermissionError, 77),  # EX_NOPERM: fix the credentials or the policy
+    (errors.StorageNotFoundError, 66),  # EX_NOINPUT: the bucket (or a file) is not there
+    (errors.StorageUnavailableError, 75),  # EX_TEMPFAIL: throttled or down; retry later
+    (errors.StorageTimeoutError, 75),  # EX_TEMPFAIL: no answer within storage_timeout
+    (errors.StorageError, 74),  # EX_IOERR: a full disk, another failure of the store
+)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code a command's failure ``exc`` gets from :data:`EXIT_CODES`
+    (else 1); an engine error no layer typed is typed here first."""
+    if isinstance(exc, (OSError, ValueError, RuntimeError)):
+        exc = errors.map_engine_error(exc) or exc
+    return next((code for kind, code in EXIT_CODES if isinstance(exc, kind)), 1)
+
+
 def run_command(
     coro_fn: Callable[[], Coroutine[Any, Any, Any]], writes: Writes | None = None
 ) -> Any:
@@ -403,7 +427,7 @@ def report(exc: BaseException, writes: Writes | None = None) -> NoReturn:
         text = _one_line(str(exc)).split(" Deduplicate the rows", 1)[0]
         fail(f"{text} Deduplicate the rows, keeping one per key.")
     if isinstance(exc, (errors.LanceAsyncError, OSError, ValueError)):
-        fail(_one_line(str(exc)))
+        fail(_one_line(str(exc)), exit_code(exc))
     fail(f"{type(exc).__name__}: {_one_line(str(exc))}")  # a broker's refusal, and the like
 
 
