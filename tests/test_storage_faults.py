@@ -104,8 +104,18 @@ async def test_s3_refusing_every_request_fails_the_pending_ack_and_close_returns
             await writer.put(kv_table(range(100, 110)))  # acknowledged: durable
             store.proxy.set(Mode.error(403, "AccessDenied"))
             ack = await writer.send(kv_table(range(200, 210)))
-            with pytest.raises(la.StorageError) as info:
-                await ack
+            flushed: list[BaseException] = []
+
+            async def flush() -> None:  # queued behind the stuck put: fails with it
+                with pytest.raises(la.StorageError) as failed:
+                    await writer.flush()
+                flushed.append(failed.value)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(flush)
+                with pytest.raises(la.StorageError) as info:
+                    await ack
+            assert flushed == [info.value]
             assert store.proxy.count("error") > 0  # the engine met the refusal
             # the deadline gave up the put; a quick read of the store says why
             assert isinstance(info.value, la.StoragePermissionError), info.value
@@ -123,6 +133,45 @@ async def test_s3_refusing_every_request_fails_the_pending_ack_and_close_returns
     async with reopened.mem_wal_writer(shard):  # the next writer of the shard replays its WAL
         pass
     assert set(range(100, 110)) <= await _lsm_ids(reopened)  # acknowledged before: safe
+
+
+async def test_cancelling_a_writer_stuck_on_a_refusing_store_returns(store: FaultyStore) -> None:
+    """A task cancelled inside ``async with writer`` while the engine is stuck:
+    the block's exit closes the writer within the deadline and the pending
+    ack fails typed (the stuck thread is left behind)."""
+    ds = await _table(store, "cancelled")
+    with anyio.fail_after(HANG_GUARD):
+        with anyio.CancelScope() as scope:
+            async with ds.mem_wal_writer(str(uuid.uuid4()), storage_timeout=STORAGE_TIMEOUT) as w:
+                await w.put(kv_table(range(100, 110)))
+                store.proxy.set(Mode.error(403, "AccessDenied"))
+                ack = await w.send(kv_table(range(200, 210)))
+                await eventually(lambda: store.proxy.count("error") > 0, HANG_GUARD, "a refusal")
+                scope.cancel()
+                await anyio.sleep_forever()
+        assert scope.cancelled_caught
+        with pytest.raises(la.StorageError):
+            await ack
+    assert w.state is la.WriterState.CLOSED and w.stats().abandoned_calls == 1
+
+
+async def test_a_close_the_store_does_not_answer_raises_storage_timeout(
+    store: FaultyStore,
+) -> None:
+    """A non-durable writer's close writes its WAL; a store that swallows the
+    request makes close() raise StorageTimeoutError at the deadline."""
+    ds = await _table(store, "close")
+    writer = ds.mem_wal_writer(
+        str(uuid.uuid4()), durable_write=False, storage_timeout=STORAGE_TIMEOUT
+    )
+    with anyio.fail_after(HANG_GUARD):
+        await writer.__aenter__()
+        await writer.put(kv_table(range(100, 110)))  # accepted; durable only after close
+        store.proxy.set(Mode.black_hole())
+        with pytest.raises(la.StorageTimeoutError, match="closing"):
+            await writer.aclose()
+    assert writer.state is la.WriterState.CLOSED
+    assert writer.stats().abandoned_calls == 1
 
 
 async def test_a_bucket_that_vanished_fails_the_ack_as_not_found(
@@ -235,8 +284,7 @@ async def test_merges_and_compaction_raise_typed_storage_errors(store: FaultySto
         with pytest.raises(la.StorageTimeoutError):
             await impatient.compact_mem_wal()
         store.proxy.set(Mode.forward())
-    await ds.compact_mem_wal()
-    assert set(range(100, 130)) <= await _lsm_ids(ds)
+    assert set(range(100, 130)) <= await _lsm_ids(ds)  # nothing lost on the way
 
 
 @pytest.mark.parametrize("durable", [True, False])
@@ -260,18 +308,8 @@ async def test_a_fenced_writers_close_raises_fenced_error_durable_or_not(
         await second.aclose()
 
 
-@pytest.mark.parametrize(
-    ("fault", "code"),
-    [
-        pytest.param(Mode.error(403, "AccessDenied"), 77, id="403-exits-77"),
-        pytest.param(Mode.error(404, "NoSuchBucket"), 66, id="no-bucket-exits-66"),
-        pytest.param(Mode.error(503, "SlowDown"), 75, id="503-exits-75"),
-    ],
-)
-def test_the_command_exits_with_the_storage_errors_code(
-    store: FaultyStore, fault: Mode, code: int
-) -> None:
-    """The exit codes the README lists, from a real command on a failing store."""
+def test_the_command_exits_with_the_storage_errors_code(store: FaultyStore) -> None:
+    """A real command on a refusing store exits with the code the README lists."""
     from typer.testing import CliRunner
 
     from lance_async.cli import app
@@ -283,8 +321,28 @@ def test_the_command_exits_with_the_storage_errors_code(
     options = [f"--storage-option={k}={v}" for k, v in store.quick_options.items()]
     runner = CliRunner()
     assert runner.invoke(app, ["scan", uri, *options]).exit_code == 0
-    store.proxy.set(fault)
+    store.proxy.set(Mode.error(403, "AccessDenied"))
     result = runner.invoke(app, ["scan", uri, *options])
-    assert result.exit_code == code, result.output
+    assert result.exit_code == 77, result.output
     assert "Traceback" not in result.output and "LanceError(IO)" not in result.output
     assert len(result.output.strip().splitlines()) == 1  # one line, as every error
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (la.StoragePermissionError("refused"), 77),
+        (la.StorageNotFoundError("no bucket"), 66),
+        (la.StorageUnavailableError("503"), 75),
+        (la.StorageTimeoutError("silent"), 75),
+        (la.StorageFullError("full"), 74),
+        (la.StorageError("other"), 74),
+        (la.errors.FencedError("fenced"), 1),
+        # an engine error no layer typed is typed by the command itself
+        (OSError("Generic S3 error: ... Server returned non-2xx status code: 403 Forbidden"), 77),
+    ],
+)
+def test_every_storage_error_has_its_exit_code(error: BaseException, code: int) -> None:
+    from lance_async.cli.common import exit_code
+
+    assert exit_code(error) == code

@@ -218,6 +218,7 @@ class Committer:
         self._probe = probe
         self.abandoned_calls = 0
         """Engine calls abandoned at their deadline (each one's thread may still be stuck)."""
+        self._abandoned: StorageTimeoutError | None = None
         self.engine_puts = 0
         self.engine_deletes = 0
         self.rows = 0
@@ -296,6 +297,8 @@ class Committer:
                 )
             except StorageTimeoutError as exc:
                 self._noted(None, exc)
+                if failed:  # its acks failed already; closing it was a courtesy
+                    return
                 raise self.fail_writer(exc) from None
             except (OSError, ValueError, RuntimeError) as exc:
                 mapped = map_engine_error(exc)
@@ -308,6 +311,7 @@ class Committer:
         ``on_cancel_result``, and after a timeout)."""
         if isinstance(error, StorageTimeoutError):
             self.abandoned_calls += 1
+            self._abandoned = error
 
     async def _diagnose(self, timeout: StorageTimeoutError) -> LanceAsyncError:
         """After a timed-out call: the error a quick read of the store gets,
@@ -468,13 +472,20 @@ class Committer:
             elif batch is not None:
                 batches.append(batch)
         started = time.monotonic()
+        self._abandoned = None  # set by _noted if this call is abandoned while cancelled
         try:
             await self._engine_call(kind, batches)
         except anyio.get_cancelled_exc_class():
-            # run_sync let the engine call finish; its outcome is unknown to us
-            # only if the thread raised. Treat the rows as not written.
+            # run_sync let the engine call finish (or abandoned it at its
+            # deadline); its outcome is unknown to us. Treat the rows as not written.
+            stuck, self._abandoned = self._abandoned, None
+            error = (
+                self.fail_writer(stuck)
+                if stuck is not None
+                else ClosedError("the writer task was cancelled")
+            )
             for item in run:
-                self.fail_item(item, ClosedError("the writer task was cancelled"))
+                self.fail_item(item, error)
             raise
         except BaseException as exc:
             if isinstance(exc, StorageTimeoutError):
