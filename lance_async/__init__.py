@@ -57,6 +57,12 @@ if TYPE_CHECKING:  # the public names, once each
     from .errors import SourceConsumedError as SourceConsumedError
     from .errors import SourceError as SourceError
     from .errors import StaleCompactionError as StaleCompactionError
+    from .errors import StorageError as StorageError
+    from .errors import StorageFullError as StorageFullError
+    from .errors import StorageNotFoundError as StorageNotFoundError
+    from .errors import StoragePermissionError as StoragePermissionError
+    from .errors import StorageTimeoutError as StorageTimeoutError
+    from .errors import StorageUnavailableError as StorageUnavailableError
     from .errors import UnsupportedSourceError as UnsupportedSourceError
     from .errors import WriterFailedError as WriterFailedError
     from .errors import WrongEventLoopError as WrongEventLoopError

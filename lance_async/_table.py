@@ -52,6 +52,11 @@ class Table(Protocol):
     def version(self) -> int:
         """The version in hand."""
 
+    @property
+    def storage_timeout(self) -> float:
+        """Seconds an engine call on this table may wait on its store (writers'
+        and compaction's deadline)."""
+
     def advance(self, dataset: LanceDataset) -> None:
         """Move to ``dataset``, a newer version of this table (never backwards)."""
 

@@ -37,27 +37,60 @@ close what the call opened, or a commit can be logged -- and then the
 cancellation is delivered to the caller. No worker thread is left running on
 the caller's behalf, and the caller's outcome is knowable (see
 ``AsyncMergeInsertBuilder.last_result``).
+
+Calls with a deadline
+---------------------
+Some engine calls never return when the store refuses every request: pylance
+14's ``ShardWriter.put`` retries a refused or vanished bucket for ever. A call
+given ``timeout=`` is waited on for that many seconds at most, cancellation
+included (a cancelled caller still waits for the call, up to its deadline, so
+that a call about to finish hands its outcome over as above). At the deadline
+the call is *abandoned*: the caller gets
+:class:`~lance_async.errors.StorageTimeoutError` and the thread runs on,
+unwatched, until the engine returns (perhaps never). Such calls run on the
+library's own daemon threads, not on anyio's: an asyncio worker thread stuck
+in the engine would keep the interpreter from exiting, and trio keeps a
+thread's limiter token until the thread ends. The library limiter's token is
+held by the waiting task, so it is given back at the deadline: an abandoned
+call counts in :func:`abandoned_calls` (and is logged when abandoned and
+when, if ever, it returns), never against the limiter. An operation made of
+many engine calls (a compaction) gives them all a deadline at once with
+``with call_timeouts(seconds):`` (a context variable, as anyio's cancel
+scopes are): each call made inside without a ``timeout=`` of its own gets
+that one.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import contextvars
 import logging
+import math
+import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.to_thread
 from anyio.lowlevel import RunVar
 
+from ._loop import LoopHandle
+from .errors import StorageTimeoutError, raise_mapped
+
 __all__ = [
+    "DEFAULT_STORAGE_TIMEOUT",
+    "AbandonedCall",
     "ThreadLimits",
+    "abandoned_calls",
+    "call_timeouts",
     "configure_threads",
     "engine_limiter",
     "reader_limiter",
+    "run_engine",
     "run_sync",
     "stop_threads_at_loop_end",
     "stream_limiter",
@@ -67,6 +100,10 @@ __all__ = [
 
 T = TypeVar("T")
 log = logging.getLogger("lance_async.threads")
+
+DEFAULT_STORAGE_TIMEOUT = 60.0
+"""Seconds a call that waits on the store may take before it is abandoned
+(``storage_timeout`` of datasets and MemWAL writers)."""
 
 
 @dataclass
@@ -179,6 +216,9 @@ async def run_sync(
     *,
     limiter: anyio.CapacityLimiter | None = None,
     on_cancel_result: Callable[[T | None, BaseException | None], None] | None = None,
+    timeout: float | None = None,
+    what: str = "an engine call",
+    on_late_result: Callable[[T | None, BaseException | None], None] | None = None,
 ) -> T:
     """Run a blocking call on a worker thread and await its result.
 
@@ -186,14 +226,26 @@ async def run_sync(
     ----------
     func : callable
         A blocking callable with no arguments (use ``functools.partial`` or a
-        closure). It runs on an anyio worker thread, never on the loop.
+        closure). It runs on a worker thread, never on the loop.
     limiter : anyio.CapacityLimiter, optional
         Defaults to the library's engine limiter (see :func:`engine_limiter`).
     on_cancel_result : callable, optional
         Called on the loop with ``(result, None)`` or ``(None, error)`` when the
         awaiting task was cancelled while ``func`` ran, before the cancellation
         is re-raised. Use it to close what ``func`` opened or to record a
-        commit.
+        commit. With ``timeout``, a call abandoned at its deadline hands over
+        ``(None, StorageTimeoutError)``.
+    timeout : float, optional
+        Seconds to wait for ``func`` at most, cancellation included; then the
+        call is abandoned (see the module notes). None (the default): the
+        deadline of the enclosing :func:`call_timeouts`, if any, else wait
+        however long it takes.
+    what : str
+        What the call does, for the timeout's message and the log
+        (``"the put of shard ..."``).
+    on_late_result : callable, optional
+        With ``timeout``: called *on the worker thread* with the outcome of a
+        call that returns after it was abandoned (to close what it opened).
 
     Returns
     -------
@@ -202,10 +254,20 @@ async def run_sync(
 
     Raises
     ------
+    StorageTimeoutError
+        ``func`` did not return within ``timeout`` seconds (the caller was
+        not cancelled).
     BaseException
         Whatever ``func`` raised; the cancellation exception of the backend
-        when the caller was cancelled (after ``func`` finished).
+        when the caller was cancelled (after ``func`` finished, or after it
+        was abandoned).
     """
+    if timeout is None:
+        timeout = _call_timeout.get()
+    if timeout is not None:
+        return await _run_bounded(
+            func, limiter or engine_limiter(), on_cancel_result, timeout, what, on_late_result
+        )
     result: T | None = None
     error: BaseException | None = None
     try:
@@ -222,14 +284,252 @@ async def run_sync(
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()
         except anyio.get_cancelled_exc_class():
-            try:
-                on_cancel_result(result, error)
-            except Exception:  # pragma: no cover - clean-up must not mask cancel
-                log.exception("lance_async: clean-up after a cancelled call failed")
+            _hand_over(on_cancel_result, result, error)
             raise
     if error is not None:
         # A caller cancelled while the call ran gets its cancellation, not an
         # error the cancellation may have caused (a bridged source cut short).
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        raise error
+    return result  # type: ignore[return-value]
+
+
+def _hand_over(
+    callback: Callable[[T | None, BaseException | None], None],
+    result: T | None,
+    error: BaseException | None,
+) -> None:
+    try:
+        callback(result, error)
+    except Exception:  # pragma: no cover - clean-up must not mask cancel
+        log.exception("lance_async: clean-up after a cancelled call failed")
+
+
+# -- calls with a deadline: abandoned, never waited on for ever ------------------------
+
+_call_timeout: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "lance_async.call_timeout", default=None
+)
+
+
+async def run_engine(func: Callable[[], T], **options: Any) -> T:
+    """:func:`run_sync` for a call into the engine: its errors mapped to
+    lance_async's (:func:`~lance_async.errors.raise_mapped`; the original is
+    the ``__cause__``). The keywords are :func:`run_sync`'s."""
+    try:
+        return await run_sync(func, **options)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise_mapped(exc)
+        raise
+
+
+@contextlib.contextmanager
+def call_timeouts(seconds: float | None) -> Iterator[None]:
+    """Give every :func:`run_sync` call made inside (in this task, and in the
+    tasks it starts) a deadline of ``seconds`` each, unless it passes its own
+    ``timeout=``. None lifts it. Does not block.
+    """
+    token = _call_timeout.set(seconds)
+    try:
+        yield
+    finally:
+        _call_timeout.reset(token)
+
+
+@dataclass(frozen=True)
+class AbandonedCall:
+    """An engine call that did not return within its deadline and was left to run.
+
+    Attributes
+    ----------
+    what : str
+        What the call was doing (``"the put of shard ..."``).
+    timeout : float
+        Its deadline, in seconds.
+    started : float
+        When it started (``time.monotonic()``).
+    thread : str
+        The name of the thread it runs on.
+    """
+
+    what: str
+    timeout: float
+    started: float
+    thread: str
+
+
+class _Call(Generic[T]):
+    """One call with a deadline, shared by the waiting task and its thread."""
+
+    __slots__ = (
+        "abandoned",
+        "context",
+        "done",
+        "error",
+        "finished",
+        "func",
+        "lock",
+        "loop",
+        "on_late_result",
+        "result",
+        "started",
+        "thread",
+        "timeout",
+        "what",
+    )
+
+    def __init__(
+        self,
+        func: Callable[[], T],
+        what: str,
+        timeout: float,
+        on_late_result: Callable[[T | None, BaseException | None], None] | None,
+    ) -> None:
+        self.func = func
+        self.what = what
+        self.timeout = timeout
+        self.on_late_result = on_late_result
+        self.context = contextvars.copy_context()
+        self.loop = LoopHandle()
+        self.done = anyio.Event()
+        self.lock = threading.Lock()
+        self.result: T | None = None
+        self.error: BaseException | None = None
+        self.finished = self.abandoned = False
+        self.thread = ""
+        self.started = time.monotonic()
+
+    def run(self) -> None:
+        """Run the call (on a worker thread) and report its outcome."""
+        result: T | None = None
+        error: BaseException | None = None
+        self.thread = threading.current_thread().name
+        try:
+            result = self.context.run(self.func)
+        except BaseException as exc:  # handed to the waiting task (a panic included)
+            error = exc
+        with self.lock:
+            self.result, self.error, self.finished = result, error, True
+            abandoned = self.abandoned
+        if not abandoned:
+            self.loop.call_soon(self.done.set)
+            return
+        _forget(self)
+        log.warning(
+            "lance_async: %s returned %.1f s after it was abandoned (%s)",
+            self.what,
+            time.monotonic() - self.started,
+            f"error: {error}" if error is not None else "no error",
+        )
+        if self.on_late_result is not None:
+            try:
+                self.on_late_result(result, error)
+            except Exception:
+                log.exception("lance_async: clean-up after an abandoned call failed")
+
+    def abandon(self) -> bool:
+        """Abandon the call unless it has finished; True when it was abandoned."""
+        with self.lock:  # the thread's report sees either finished or the record
+            if self.finished:
+                return False
+            self.abandoned = True
+            with _abandoned_lock:
+                _abandoned[id(self)] = AbandonedCall(
+                    self.what, self.timeout, self.started, self.thread
+                )
+        log.warning(
+            "lance_async: %s did not return within %g s; its worker thread is abandoned "
+            "(it may be stuck in the engine for ever: a store that refuses every request)",
+            self.what,
+            self.timeout,
+        )
+        return True
+
+
+_abandoned_lock = threading.Lock()
+_abandoned: dict[int, AbandonedCall] = {}
+
+
+def _forget(call: _Call[Any]) -> None:
+    with _abandoned_lock:
+        _abandoned.pop(id(call), None)
+
+
+def abandoned_calls() -> list[AbandonedCall]:
+    """The calls abandoned at their deadline that have not returned yet
+    (in this process, every event loop). Does not block."""
+    with _abandoned_lock:
+        return list(_abandoned.values())
+
+
+#: Seconds an idle daemon worker waits for another call before it ends.
+_IDLE_SECONDS = 10.0
+_idle_lock = threading.Lock()
+_idle: list[queue.SimpleQueue[_Call[Any]]] = []
+
+
+def _worker(inbox: queue.SimpleQueue[_Call[Any]]) -> None:
+    while True:
+        try:
+            call = inbox.get(timeout=_IDLE_SECONDS)
+        except queue.Empty:
+            with _idle_lock:
+                if inbox in _idle:
+                    _idle.remove(inbox)
+                    return
+            continue  # taken meanwhile: a call is on its way
+        call.run()
+        with _idle_lock:
+            _idle.append(inbox)
+
+
+def _submit(call: _Call[Any]) -> None:
+    with _idle_lock:
+        inbox = _idle.pop() if _idle else None
+    if inbox is None:
+        inbox = queue.SimpleQueue()
+        threading.Thread(
+            target=_worker, args=(inbox,), name="lance_async-engine", daemon=True
+        ).start()
+    inbox.put(call)
+
+
+async def _run_bounded(
+    func: Callable[[], T],
+    limiter: anyio.CapacityLimiter,
+    on_cancel_result: Callable[[T | None, BaseException | None], None] | None,
+    timeout: float,
+    what: str,
+    on_late_result: Callable[[T | None, BaseException | None], None] | None,
+) -> T:
+    if not (timeout >= 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
+    async with limiter:  # held by this task: given back at the deadline, whatever the thread
+        call = _Call(func, what, timeout, on_late_result)
+        _submit(call)
+        # Shielded: a cancelled caller still waits, up to the deadline.
+        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + timeout):
+            await call.done.wait()
+        abandoned = call.abandon()
+    error: BaseException | None
+    if abandoned:
+        result, error = (
+            None,
+            StorageTimeoutError(
+                f"{what} did not return within {timeout:g} s (storage_timeout); the store "
+                "refuses or does not answer. Its worker thread is abandoned"
+            ),
+        )
+        error.timeout = timeout
+    else:
+        result, error = call.result, call.error
+    if on_cancel_result is not None:
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except anyio.get_cancelled_exc_class():
+            _hand_over(on_cancel_result, result, error)
+            raise
+    if error is not None:
         await anyio.lowlevel.checkpoint_if_cancelled()
         raise error
     return result  # type: ignore[return-value]

@@ -34,6 +34,12 @@ The tree::
     │   └── StaleCompactionError    another compaction merged those generations first
     ├── WriterFailedError           a MemWAL shard writer broke; every pending ack fails
     │   └── FencedError             another writer claimed the shard (a newer epoch)
+    ├── StorageError                the object store (or disk) failed a request
+    │   ├── StoragePermissionError  refused: credentials or policy (HTTP 401/403)
+    │   ├── StorageNotFoundError    the bucket (or an object the table needs) is not there
+    │   ├── StorageUnavailableError throttled, 5xx, connection refused (.retryable)
+    │   ├── StorageFullError        no space left on the device (or quota)
+    │   └── StorageTimeoutError     no answer within storage_timeout (.retryable)
     ├── ResourceExhaustedError      the engine's memory pool ran out (size it: configure_memory)
     ├── BackpressureTimeoutError    no room in a writer's queue before the timeout
     ├── PayloadTooLargeError        a message or body passed a size limit (HTTP 413)
@@ -44,12 +50,20 @@ bodies, authentication) live with them, in :mod:`lance_async.web.errors`,
 and derive from the same base.
 
 Engine errors are mapped in one place, :func:`map_engine_error`: by exception
-type first (``lance.commit.CommitConflictError``), by message text only where
-pylance 14 gives nothing else (``OSError("Invalid user input: ...")``). The
-original engine exception is always kept as ``__cause__``.
+type first (``lance.commit.CommitConflictError``; ``PermissionError``,
+``TimeoutError``, ENOSPC...), by message text only where pylance 14 gives
+nothing else (``OSError("Invalid user input: ...")``; an object store's
+refusal is a plain ``OSError`` whose text holds the HTTP status and the
+store's code: ``_faults.py`` reads it). The original engine exception is
+always kept as ``__cause__``. :class:`FencedError` is only ever a real fence
+(a newer writer epoch), :class:`DatasetNotFoundError` only the store
+answering that no table is at the path; a store that refuses, fails, fills
+up or does not answer is a :class:`StorageError`, whatever called it.
 """
 
 from __future__ import annotations
+
+from ._faults import storage_fault, strip_engine_prefix
 
 __all__ = [
     "BackpressureTimeoutError",
@@ -72,6 +86,12 @@ __all__ = [
     "SourceConsumedError",
     "SourceError",
     "StaleCompactionError",
+    "StorageError",
+    "StorageFullError",
+    "StorageNotFoundError",
+    "StoragePermissionError",
+    "StorageTimeoutError",
+    "StorageUnavailableError",
     "UnsupportedSourceError",
     "WriterFailedError",
     "WrongEventLoopError",
@@ -263,10 +283,15 @@ class StaleCompactionError(ConflictError):
 
 
 class WriterFailedError(LanceAsyncError):
-    """A MemWAL shard writer hit an error it cannot recover from (an I/O error,
-    a failed WAL flush). Every pending and later ack fails with this error.
-    Close the writer and open a new one on the same shard: the WAL replays
-    every row that was acknowledged."""
+    """A MemWAL shard writer hit an error it cannot recover from. Every pending
+    and later ack fails with this error. Close the writer and open a new one
+    on the same shard: the WAL replays every row that was acknowledged.
+
+    A writer failed by its store (refused, unreachable, full, no answer
+    within ``storage_timeout``) fails its acks with the
+    :class:`StorageError` that says which instead; the writer is failed all
+    the same (``state`` is ``FAILED``) and the same advice holds.
+    """
 
 
 class FencedError(WriterFailedError):
@@ -289,6 +314,75 @@ class FencedError(WriterFailedError):
     def __init__(self, message: str, *, shard_id: str | None = None) -> None:
         super().__init__(message)
         self.shard_id = shard_id
+
+
+class StorageError(LanceAsyncError):
+    """The object store (or the local disk) failed a request: opening a table,
+    a merge, a read, a MemWAL put, flush or close, a compaction. A MemWAL
+    writer that meets one is failed (state ``FAILED``; every pending and
+    later ack fails with this error): rows acknowledged before are safe in
+    the WAL; close it and open a new writer once the store is back. This
+    class itself is a failure none of the subclasses names.
+
+    Attributes
+    ----------
+    retryable : bool
+        True when the same call may succeed later unchanged.
+    status : int or None
+        The HTTP status the store answered, when there was one.
+    code : str or None
+        The store's error code (``"AccessDenied"``, ``"NoSuchBucket"``, ...).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class StoragePermissionError(StorageError):
+    """The store refused the request (HTTP 401 / 403, a local "permission
+    denied"). A retry does not help: fix the credentials (``storage_options``
+    or the ``AWS_*`` / ``GOOGLE_*`` / ``AZURE_*`` variables) or the policy."""
+
+
+class StorageNotFoundError(StorageError):
+    """The bucket (``what == "bucket"``), or an object the table needs
+    (``"object"``), is not in the store. A missing *table* is
+    :class:`DatasetNotFoundError` instead."""
+
+    what: str = "object"
+
+
+class StorageUnavailableError(StorageError):
+    """The store is throttling (429, 503 ``SlowDown``), failing (5xx) or
+    refusing connections, after the engine's own retries. Retry later."""
+
+    retryable = True
+
+
+class StorageFullError(StorageError):
+    """No space left on the device holding the table (or its quota). Free
+    space; a MemWAL writer's acknowledged rows are safe (reopen to replay)."""
+
+
+class StorageTimeoutError(StorageError):
+    """A call that waits on the store did not return within its deadline
+    (``storage_timeout`` of a writer or a dataset).
+
+    pylance retries some requests for ever (a MemWAL put whose WAL write is
+    refused, a bucket that vanished); lance_async stops waiting at the
+    deadline and leaves the call's worker thread behind (logged; counted in
+    ``WriterStats.abandoned_calls``). Retryable: the store may come back.
+
+    Attributes
+    ----------
+    timeout : float or None
+        The deadline that passed, in seconds.
+    """
+
+    retryable = True
+    timeout: float | None = None
 
 
 class WrongShardError(InvalidInputError):
@@ -342,13 +436,36 @@ def _message(exc: BaseException) -> str:
     return str(exc).split(", /home/runner", 1)[0].split(", src/", 1)[0]
 
 
+#: The error of each kind of storage failure (``_faults.Fault.kind``).
+_STORAGE: dict[str, type[StorageError]] = {
+    "permission": StoragePermissionError,
+    "bucket": StorageNotFoundError,
+    "object": StorageNotFoundError,
+    "unavailable": StorageUnavailableError,
+    "full": StorageFullError,
+    "timeout": StorageTimeoutError,
+}
+
+
+def _storage_error(exc: BaseException, text: str, message: str) -> StorageError | None:
+    """The typed storage error ``exc`` is (see ``_faults``), or None."""
+    fault = storage_fault(exc, text)
+    if fault is None:
+        return None
+    error = _STORAGE[fault.kind](fault.describe(message), status=fault.status, code=fault.code)
+    if isinstance(error, StorageNotFoundError):
+        error.what = fault.kind
+    return error
+
+
 def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     """Translate a pylance exception into the lance_async error it means.
 
     Parameters
     ----------
     exc : BaseException
-        An exception raised by a pylance call.
+        An exception raised by a pylance call (or by a pyarrow filesystem
+        call on the table's files).
 
     Returns
     -------
@@ -358,24 +475,31 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
 
     Notes
     -----
-    Mapping by type comes first: ``lance.commit.CommitConflictError`` becomes
-    :class:`ConflictError` with its ``retryable`` flag. pylance 14 raises plain
-    ``OSError`` for the rest, so a few message prefixes are recognised, each
-    covered by a test: "Writer fenced" (:class:`FencedError`), "Failed to
-    claim shard" (a lost race to open a shard; retryable), "Invalid user
-    input" (bad rows, but also "ShardWriter is already closed"), "Failed to
-    read batches" (a batch whose own schema says non-nullable holds nulls),
-    "Too many concurrent writers" (retries exhausted inside Lance;
-    retryable), "Incompatible transaction" (a concurrent overwrite or
-    similar; not retryable), "Dataset at path ... was
-    not found", "Append with different schema" (a
-    :class:`SchemaMismatchError`), "Dataset already exists" (mode="create"
-    over a dataset), "Resources exhausted" (a :class:`ResourceExhaustedError`
-    that says how to size the pool), "Ref not found" / "Version not found"
-    (a tag or version that does not exist: :class:`DatasetNotFoundError`),
-    "Ref conflict" (a tag that exists already: :class:`InvalidInputError`),
-    "Stale SSTable compaction" (a compaction that lost the race:
-    :class:`StaleCompactionError`).
+    By type first: ``lance.commit.CommitConflictError`` becomes
+    :class:`ConflictError` with its ``retryable`` flag. pylance 14 raises
+    plain ``OSError`` / ``ValueError`` for the rest, so the text is read
+    (without the engine's ``LanceError(IO): `` prefixes), each form covered
+    by a test:
+
+    * A store's refusal or failure, by the exception's type and errno first
+      (see ``_faults.storage_fault``): a :class:`StorageError` subclass.
+    * "Writer fenced (persistence failure)": the WAL could not be written;
+      the storage error that says why (:class:`StorageFullError` for "No
+      space left on device"), else a plain :class:`StorageError`. Any other
+      "Writer fenced" is a real fence: :class:`FencedError`.
+    * "Failed to claim shard" (a lost race to open a shard; retryable),
+      "Invalid user input" (bad rows, but also "ShardWriter is already
+      closed"), "Failed to read batches" (a batch whose own schema says
+      non-nullable holds nulls), "Too many concurrent writers" (retries
+      exhausted inside Lance; retryable), "Incompatible transaction" (a
+      concurrent overwrite or similar; not retryable), "Dataset at path ...
+      was not found" (the store answered: no table there), "Append with
+      different schema" (a :class:`SchemaMismatchError`), "Dataset already
+      exists" (mode="create" over a dataset), "Resources exhausted" (a
+      :class:`ResourceExhaustedError` that says how to size the pool), "Ref
+      not found" / "Version not found" (a tag or version that does not
+      exist: :class:`DatasetNotFoundError`), "Ref conflict" (a tag that
+      exists already: :class:`InvalidInputError`).
     """
     from lance.commit import CommitConflictError as _LanceConflict
 
@@ -387,14 +511,26 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
         )
     if not isinstance(exc, (OSError, ValueError, RuntimeError)):
         return None
-    text = str(exc)
+    text = strip_engine_prefix(str(exc))
+    message = strip_engine_prefix(_message(exc))
+    if text.startswith("Writer fenced (persistence failure)"):
+        cause = _storage_error(exc, text, message)
+        if cause is not None:
+            return cause
+        return StorageError(
+            f"the shard writer could not write its WAL: {message}. Rows acknowledged before "
+            "are safe; open a new writer on the shard (it replays the WAL)"
+        )
     if text.startswith("Writer fenced"):
         return FencedError(
-            f"the shard writer was fenced: another writer claimed the shard ({_message(exc)})"
+            f"the shard writer was fenced: another writer claimed the shard ({message})"
         )
+    storage = _storage_error(exc, text, message)
+    if storage is not None:
+        return storage
     if "Failed to claim shard" in text:
         return ConflictError(
-            f"another writer claimed the shard at the same moment: {_message(exc)}", retryable=True
+            f"another writer claimed the shard at the same moment: {message}", retryable=True
         )
     if "ShardWriter is already closed" in text:
         return ClosedError("the MemWAL shard writer is closed; open a new one")
@@ -403,16 +539,16 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
             f"another compaction already merged these generations: {_message(exc)}"
         )
     if text.startswith("Invalid user input"):
-        return InvalidInputError(f"the engine rejected the input: {_message(exc)}")
+        return InvalidInputError(f"the engine rejected the input: {message}")
     if text.startswith("Failed to read batches"):
-        return InvalidInputError(f"the engine could not read the batches: {_message(exc)}")
+        return InvalidInputError(f"the engine could not read the batches: {message}")
     if text.startswith("Append with different schema"):
         return SchemaMismatchError(
-            f"the rows do not fit the dataset they are appended to: {_message(exc)}"
+            f"the rows do not fit the dataset they are appended to: {message}"
         )
     if text.startswith("Dataset already exists"):
         return InvalidInputError(
-            f"{_message(exc)}; write with mode='append' or mode='overwrite', or to another path"
+            f"{message}; write with mode='append' or mode='overwrite', or to another path"
         )
     if text.startswith("Resources exhausted"):
         from ._memory import memory_limits
@@ -420,20 +556,20 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
         pool = memory_limits().pool_bytes
         where = f"{pool:,} bytes" if pool is not None else "the engine's default"
         return ResourceExhaustedError(
-            f"the engine's memory pool ({where}) ran out: {_message(exc).splitlines()[0]}; "
+            f"the engine's memory pool ({where}) ran out: {message.splitlines()[0]}; "
             "nothing was committed. Raise it with lance_async.configure_memory(pool_bytes=...) "
             "(or LANCE_MEM_POOL_SIZE, in bytes), or write in smaller pieces "
             "(for a merge: smaller sources, or use_index(False))",
             pool_bytes=pool,
         )
     if "Too many concurrent writers" in text:
-        return ConflictError(f"commit conflict: {_message(exc)}", retryable=True)
+        return ConflictError(f"commit conflict: {message}", retryable=True)
     if text.startswith("Incompatible transaction"):
-        return ConflictError(f"commit conflict no retry can cure: {_message(exc)}", retryable=False)
+        return ConflictError(f"commit conflict no retry can cure: {message}", retryable=False)
     if text.startswith(("Ref not found", "Version not found")):
-        return DatasetNotFoundError(f"{_message(exc)}; list them with versions() or tags.list()")
+        return DatasetNotFoundError(f"{message}; list them with versions() or tags.list()")
     if text.startswith("Ref conflict"):
-        return InvalidInputError(f"{_message(exc)}; move an existing tag with tags.update()")
+        return InvalidInputError(f"{message}; move an existing tag with tags.update()")
     if "was not found" in text and ("Dataset at path" in text or "Not found" in text):
         where = text.split("Dataset at path ", 1)[-1].split(" was not found", 1)[0]
         return DatasetNotFoundError(

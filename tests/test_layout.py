@@ -19,6 +19,7 @@ PACKAGE = "lance_async"
 #: whose name is a prefix of it (most specific first).
 LAYERS: list[tuple[str, int]] = [
     ("lance_async.errors", 0),
+    ("lance_async._faults", 0),
     ("lance_async._threads", 0),
     ("lance_async._loop", 0),
     ("lance_async._schema", 0),

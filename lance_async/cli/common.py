@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..dataset import AsyncDataset
 
 __all__ = [
+    "EXIT_CODES",
     "EXTRAS",
     "STORAGE_OPTION",
     "Progress",
@@ -41,6 +42,7 @@ __all__ = [
     "dead_letter_hook",
     "err",
     "escape",
+    "exit_code",
     "fail",
     "main",
     "missing_extra",
@@ -89,7 +91,9 @@ def _root(
     serve.
 
     Exit codes: 0 done, 1 bad data or a failure, 2 a bad argument (an unknown
-    option, column or file, no table at the URI), 130 interrupted.
+    option, column or file, no table at the URI), 130 interrupted; the table's
+    store: 66 no such bucket, 74 an I/O error or a full disk, 75 unavailable or
+    timed out (retry), 77 permission denied.
     """
 
 
@@ -250,6 +254,26 @@ def _one_line(text: str) -> str:
     return shown if len(shown) <= _LONGEST else shown[: _LONGEST - 4] + " ..."
 
 
+#: Exit codes of the store's errors (the meanings of BSD's sysexits.h), most
+#: specific first; any other failure exits 1, a bad argument 2. The README's
+#: command-line section lists them.
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (errors.StoragePermissionError, 77),  # EX_NOPERM: fix the credentials or the policy
+    (errors.StorageNotFoundError, 66),  # EX_NOINPUT: the bucket (or a file) is not there
+    (errors.StorageUnavailableError, 75),  # EX_TEMPFAIL: throttled or down; retry later
+    (errors.StorageTimeoutError, 75),  # EX_TEMPFAIL: no answer within storage_timeout
+    (errors.StorageError, 74),  # EX_IOERR: a full disk, another failure of the store
+)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code a command's failure ``exc`` gets from :data:`EXIT_CODES`
+    (else 1); an engine error no layer typed is typed here first."""
+    if isinstance(exc, (OSError, ValueError, RuntimeError)):
+        exc = errors.map_engine_error(exc) or exc
+    return next((code for kind, code in EXIT_CODES if isinstance(exc, kind)), 1)
+
+
 def run_command(
     coro_fn: Callable[[], Coroutine[Any, Any, Any]], writes: Writes | None = None
 ) -> Any:
@@ -307,7 +331,7 @@ def report(exc: BaseException, writes: Writes | None = None) -> NoReturn:
         text = _one_line(str(exc)).split(" Deduplicate the rows", 1)[0]
         fail(f"{text} Deduplicate the rows, keeping one per key.")
     if isinstance(exc, (errors.LanceAsyncError, OSError, ValueError)):
-        fail(_one_line(str(exc)))
+        fail(_one_line(str(exc)), exit_code(exc))
     fail(f"{type(exc).__name__}: {_one_line(str(exc))}")  # a broker's refusal, and the like
 
 
@@ -327,8 +351,12 @@ def _credentials_hint(exc: BaseException) -> str | None:
     """One line for an object store that found no credentials (the engine
     says it over several nested lines), or None for any other failure."""
     text = str(exc)
-    if not isinstance(exc, (errors.LanceAsyncError, OSError)) or not _CREDENTIALS.search(text):
+    if not isinstance(exc, (errors.LanceAsyncError, OSError, ValueError)):
         return None
+    if not _CREDENTIALS.search(text):
+        return None
+    if getattr(exc, "status", None) is not None:
+        return None  # the store answered (a 403 to credentials it was given): not missing
     found = _STORE_URI.search(text)
     uri = found.group(0) if found else "the object store"
     scheme = found.group(1)[:2] if found else "s3"
@@ -580,7 +608,13 @@ async def open_table(uri: str, storage: Sequence[str] | None) -> AsyncDataset:
     """:func:`lance_async.open_dataset` with the command's ``--storage-option`` values."""
     from ..dataset import open_dataset
 
-    return await open_dataset(uri, storage_options=parse_storage_options(storage))
+    try:
+        return await open_dataset(uri, storage_options=parse_storage_options(storage))
+    except (OSError, ValueError) as exc:
+        hint = _credentials_hint(exc)
+        if hint is not None:  # the table's URI said once, not the engine's nested lines
+            fail(hint.replace("the object store", uri, 1), 2)
+        raise
 
 
 async def require_mem_wal(ds: AsyncDataset, uri: str, hint: str = "") -> None:

@@ -21,9 +21,10 @@ from typing import TypeVar, cast
 import pyarrow as pa
 from lance.dataset import LanceDataset
 
+from .._args import check_seconds
 from .._schema import primary_key
 from .._table import Table
-from .._threads import run_sync
+from .._threads import DEFAULT_STORAGE_TIMEOUT, run_sync
 from ..errors import raise_mapped
 from ..lsm.reader import LsmReader
 
@@ -55,13 +56,27 @@ class DatasetCore:
         The object-store options it was opened with; every file lance_async
         reads itself (MemWAL manifests, generations) is read with them, and
         so is the dataset when it is used as a source.
+    storage_timeout : float
+        Seconds a call that waits on the store may take before it is given
+        up (see :attr:`storage_timeout`; default 60).
     """
 
     def __init__(
-        self, dataset: LanceDataset, *, storage_options: Mapping[str, str] | None = None
+        self,
+        dataset: LanceDataset,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        storage_timeout: float = DEFAULT_STORAGE_TIMEOUT,
     ) -> None:
         self._ds = dataset
         self._storage_options = dict(storage_options) if storage_options else None
+        self.storage_timeout = check_seconds("storage_timeout", storage_timeout, positive=True)
+        """Seconds a call that waits on the store may take before lance_async
+        stops waiting and raises :class:`~lance_async.StorageTimeoutError`:
+        opening the table, and every engine call of its MemWAL writers (the
+        default of their own ``storage_timeout``). pylance 14 retries some
+        requests for ever (a MemWAL put on a store that refuses every
+        request); the call's thread is then left behind (logged)."""
         self._schema_of: tuple[LanceDataset, int, pa.Schema, list[str]] | None = None
         self.lsm = LsmReader(cast("Table", self))
         """The LSM reads of this table: base, flushed generations and every
@@ -73,7 +88,9 @@ class DatasetCore:
 
     def _new(self: D, dataset: LanceDataset) -> D:
         """Another object of this class over ``dataset``, with the same options."""
-        return type(self)(dataset, storage_options=self._storage_options)
+        return type(self)(
+            dataset, storage_options=self._storage_options, storage_timeout=self.storage_timeout
+        )
 
     # -- identity (no I/O) --------------------------------------------------
     @property

@@ -35,12 +35,12 @@ import lance
 import pyarrow as pa
 from lance.dataset import LanceDataset
 
-from .._args import check_int
+from .._args import check_int, check_seconds
 from .._schema import describe_difference
-from ..errors import DatasetNotFoundError, SchemaMismatchError
+from .._threads import DEFAULT_STORAGE_TIMEOUT, run_sync
+from ..errors import DatasetNotFoundError, SchemaMismatchError, map_engine_error
 from ..sources import WriteSource, coerce_source
 from ..sources.kinds import LanceDatasetSource
-from ._core import engine_call
 from .maintenance import MaintenanceMixin
 from .memwal import MemWalMixin
 from .reads import ReadsMixin
@@ -117,6 +117,7 @@ async def open_dataset(
     *,
     version: int | str | None = None,
     storage_options: Mapping[str, str] | None = None,
+    storage_timeout: float = DEFAULT_STORAGE_TIMEOUT,
     **options: Any,
 ) -> AsyncDataset:
     """Open a Lance dataset without blocking the loop.
@@ -129,6 +130,10 @@ async def open_dataset(
         A version number or tag; default the latest.
     storage_options : dict, optional
         Passed to pylance.
+    storage_timeout : float
+        Seconds the open, and each engine call of the dataset's MemWAL
+        writers, may wait on the store before it is given up (default 60;
+        see :attr:`AsyncDataset.storage_timeout`).
     **options
         Other ``lance.dataset`` arguments (``commit_lock``, caches, ...).
 
@@ -139,12 +144,18 @@ async def open_dataset(
     Raises
     ------
     DatasetNotFoundError
-        No dataset at ``uri``, or no such version.
+        The store answered that no dataset (or no such version) is at ``uri``.
+    StorageError
+        The store refused (:class:`StoragePermissionError`), has no such
+        bucket (:class:`StorageNotFoundError`), is unavailable
+        (:class:`StorageUnavailableError`, retryable) or did not answer
+        within ``storage_timeout`` (:class:`StorageTimeoutError`).
     ValueError, TypeError
-        A version number below 1 (at the call).
+        A version number below 1, a ``storage_timeout`` not > 0 (at the call).
     """
     if version is not None and not isinstance(version, str):
         check_int("version", version, minimum=1)
+    check_seconds("storage_timeout", storage_timeout, positive=True)
     path = os.fspath(uri)
 
     def work() -> LanceDataset:
@@ -156,22 +167,23 @@ async def open_dataset(
         )
 
     try:
-        return AsyncDataset(await engine_call(work), storage_options=storage_options)
-    except DatasetNotFoundError as exc:
-        if version is not None and await anyio.Path(path, "_versions").is_dir():
+        opened = await run_sync(work, timeout=storage_timeout, what=f"opening {path!r}")
+    except (OSError, ValueError, RuntimeError) as exc:
+        mapped = map_engine_error(exc)
+        if isinstance(mapped, DatasetNotFoundError):
+            if version is not None and await anyio.Path(path, "_versions").is_dir():
+                raise DatasetNotFoundError(
+                    f"the Lance dataset at {path!r} has no version {version!r}"
+                ) from exc
             raise DatasetNotFoundError(
-                f"the Lance dataset at {path!r} has no version {version!r}"
-            ) from exc.__cause__
-        raise DatasetNotFoundError(
-            f"no Lance dataset at {path!r}; check the path or create it with write_dataset"
-        ) from exc.__cause__
-    except (OSError, ValueError) as exc:
-        text = str(exc)
-        if "not found" in text.lower() or "LanceError(IO)" in text or "Not a directory" in text:
-            raise DatasetNotFoundError(
-                f"no Lance dataset at {path!r} ({text.split(', /home/runner', 1)[0]})"
+                f"no Lance dataset at {path!r}; check the path or create it with write_dataset"
             ) from exc
+        if mapped is not None:
+            raise mapped from exc
+        if "Not a directory" in str(exc):  # a file, not a table's folder
+            raise DatasetNotFoundError(f"no Lance dataset at {path!r} (it is a file)") from exc
         raise
+    return AsyncDataset(opened, storage_options=storage_options, storage_timeout=storage_timeout)
 
 
 async def write_dataset(
@@ -180,6 +192,7 @@ async def write_dataset(
     *,
     mode: str = "create",
     schema: pa.Schema | None = None,
+    storage_timeout: float = DEFAULT_STORAGE_TIMEOUT,
     **lance_kwargs: Any,
 ) -> AsyncDataset:
     """Write a source to a Lance dataset, streaming it from the source.
@@ -196,6 +209,9 @@ async def write_dataset(
         Schema of the rows (and of a new dataset: put primary-key metadata
         here). Materialized inputs are converted to it losslessly; streams
         are checked against it batch by batch.
+    storage_timeout : float
+        The returned dataset's :attr:`~AsyncDataset.storage_timeout` (default
+        60; the write itself streams for as long as the source lasts).
     **lance_kwargs
         Passed to ``lance.write_dataset`` (``max_rows_per_file``,
         ``data_storage_version``, ``storage_options``, ...).
@@ -217,5 +233,10 @@ async def write_dataset(
     BaseException
         Whatever the source raised, as itself (nothing is committed).
     """
+    check_seconds("storage_timeout", storage_timeout, positive=True)
     written = await write_source(source, uri, mode=mode, schema=schema, lance_kwargs=lance_kwargs)
-    return AsyncDataset(written, storage_options=lance_kwargs.get("storage_options"))
+    return AsyncDataset(
+        written,
+        storage_options=lance_kwargs.get("storage_options"),
+        storage_timeout=storage_timeout,
+    )

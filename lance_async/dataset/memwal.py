@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from .._args import check_int, check_seconds
+from .._threads import call_timeouts
+from ..errors import raise_mapped
 from ..lsm.reader import LsmMethods
 from ..memwal import retired
 from ..memwal.check import ShardCheck, check_shards
@@ -177,18 +179,30 @@ class MemWalMixin(LsmMethods, DatasetCore):
         See :func:`lance_async.memwal.compact_mem_wal` for the parameters, the
         result and the errors.
 
+        Each engine call of the compaction may wait on the store for
+        :attr:`storage_timeout` seconds at most (then it is given up; what
+        was committed before stays committed and consistent).
+
         Raises
         ------
         ValueError, TypeError
             ``chunk_rows`` or ``max_generations`` below 1 (at the call).
+        StorageError
+            The store refused or failed a request, or an engine call did not
+            return within ``storage_timeout`` (:class:`StorageTimeoutError`).
         """
         check_int("chunk_rows", chunk_rows, minimum=1)
         if max_generations is not None:
             check_int("max_generations", max_generations, minimum=1)
-        return await compact_mem_wal(
-            self._facade(),
-            shard_ids,
-            chunk_rows=chunk_rows,
-            optimize_indices=optimize_indices,
-            max_generations=max_generations,
-        )
+        try:
+            with call_timeouts(self.storage_timeout):
+                return await compact_mem_wal(
+                    self._facade(),
+                    shard_ids,
+                    chunk_rows=chunk_rows,
+                    optimize_indices=optimize_indices,
+                    max_generations=max_generations,
+                )
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise_mapped(exc)
+            raise

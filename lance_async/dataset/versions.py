@@ -232,4 +232,4 @@ class VersionsMixin(DatasetCore):
         clone = await engine_call(
             lambda: getattr(self._ds, how)(path, ref, storage_options=store, **options)
         )
-        return type(self)(clone, storage_options=store)
+        return type(self)(clone, storage_options=store, storage_timeout=self.storage_timeout)

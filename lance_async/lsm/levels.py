@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from .._schema import NO_KEY
 from .._table import Table
-from .._threads import run_sync
+from .._threads import run_engine
 from ..errors import InvalidInputError
 from .keyindex import KeyIndex, key_codes
 from .memtable import MemPart, MemtableMirror
@@ -470,7 +470,7 @@ async def _open(
             done = (work(view),) if work is not None and view is not None else None
             return newer, snaps, view, done
 
-        newer, snaps, found, done = await run_sync(discover)
+        newer, snaps, found, done = await run_engine(discover)
         if newer is not None:
             table.advance(newer)
         if found is not None:
@@ -492,15 +492,15 @@ async def _open(
         gens = []
         for generation, path in snap.sstables:  # one generation per hop: cancellable
             gens.append(
-                await run_sync(
+                await run_engine(
                     partial(
                         load_generation, read.uri, snap.shard_id, generation, path, keys,
                         read.options,
                     )
                 )
             )
-        shards.append(await run_sync(partial(resolve_shard, read.uri, snap, keys, gens)))
-    return await run_sync(partial(read.finish, base, base.schema, snaps, shards)), None
+        shards.append(await run_engine(partial(resolve_shard, read.uri, snap, keys, gens)))
+    return await run_engine(partial(read.finish, base, base.schema, snaps, shards)), None
 
 
 class _Read:
@@ -582,4 +582,4 @@ async def read_view(
     view, done = await _open(table, None, mirrors, work)
     if done is not None:
         return done[0]
-    return await run_sync(partial(work, view))  # generations had to be read first
+    return await run_engine(partial(work, view))  # generations had to be read first

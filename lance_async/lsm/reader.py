@@ -22,6 +22,12 @@ to one accumulator.
   :meth:`LsmReader.point_lookups` is the batch form.
 * :meth:`LsmReader.vector_search` ranks each level's own nearest live rows
   (``vector.py``).
+
+Every engine call of a read has the table's ``storage_timeout`` (a store
+that does not answer fails the read with
+:class:`~lance_async.errors.StorageTimeoutError`), and the engine's errors
+reach the caller mapped (a refusing store is a
+:class:`~lance_async.errors.StorageError`), as on the write side.
 """
 
 from __future__ import annotations
@@ -38,8 +44,8 @@ from .._filters import check_filter
 from .._metrics import record_lookup, record_scan
 from .._schema import NO_KEY
 from .._table import Table
-from .._threads import run_sync
-from ..errors import InvalidInputError, SchemaMismatchError, raise_mapped
+from .._threads import call_timeouts, run_engine
+from ..errors import InvalidInputError, SchemaMismatchError
 from ..sources.streams import AsyncBatchStream
 from .keyvalues import key_columns
 from .levels import open_view, read_view
@@ -131,7 +137,8 @@ class LsmReader:
         """Each live shard's flushed generations and where its WAL tail starts
         (see :func:`~lance_async.lsm.snapshots.shard_snapshots`)."""
         self._memtables()
-        return await shard_snapshots(self._table)
+        with call_timeouts(self._table.storage_timeout):
+            return await shard_snapshots(self._table)
 
     def scan(
         self,
@@ -201,7 +208,8 @@ class LsmReader:
             read_size, max_rows = batch_size * -(-SLICED_BELOW // batch_size), batch_size
 
         async def prepare() -> Callable[[], Any]:
-            view = await open_view(table, snaps, memtables())
+            with call_timeouts(table.storage_timeout):
+                view = await open_view(table, snaps, memtables())
             return partial(
                 scan_view,
                 view,
@@ -223,10 +231,11 @@ class LsmReader:
         snapshots: list[ShardSnapshot] | None = None,
     ) -> tuple[pa.Table, np.ndarray]:
         answer = partial(lookup_view, probe=probe, columns=columns)
-        if snapshots is None:
-            return await read_view(self._table, answer, self._memtables())
-        view = await open_view(self._table, snapshots, self._memtables())
-        return await run_sync(partial(answer, view))
+        with call_timeouts(self._table.storage_timeout):
+            if snapshots is None:
+                return await read_view(self._table, answer, self._memtables())
+            view = await open_view(self._table, snapshots, self._memtables())
+            return await run_engine(partial(answer, view))
 
     def _coalescer(self) -> LookupCoalescer:
         return coalescer_for(self, lambda: LookupCoalescer(self._lookup_batch))
@@ -385,7 +394,8 @@ class LsmReader:
         snaps = self._snapshots(snapshots)
         self._memtables()
         record_lookup(self._table.uri, f"{self._path}-vector")
-        view = await open_view(self._table, snaps, self._memtables())
+        with call_timeouts(self._table.storage_timeout):
+            view = await open_view(self._table, snaps, self._memtables())
         work = partial(
             search_view,
             view,
@@ -398,11 +408,8 @@ class LsmReader:
             columns=columns,
             metric=metric,
         )
-        try:
-            return await run_sync(work)
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise_mapped(exc)
-            raise
+        with call_timeouts(self._table.storage_timeout):
+            return await run_engine(work)
 
     async def unflushed_rows(self) -> dict[str, int]:
         """Rows (puts and deletes) each live shard holds in its WAL tail:
@@ -424,7 +431,8 @@ class LsmReader:
                 for s in snaps
             }
 
-        return await run_sync(count)
+        with call_timeouts(table.storage_timeout):
+            return await run_engine(count)
 
     def lookup_stats(self) -> CoalescerStats:
         """What this reader's point-lookup coalescer did in this event loop (does not block)."""

@@ -26,7 +26,7 @@ from typing import Any
 from lance.mem_wal import ShardSnapshot as LanceShardSnapshot
 
 from .._table import Table
-from .._threads import run_sync
+from .._threads import run_engine
 from . import manifest as _manifest
 
 __all__ = [
@@ -211,7 +211,7 @@ async def shard_snapshots(
     """
     ids = list(shard_ids) if shard_ids is not None else None
     options = table.storage_options
-    newer, snaps = await run_sync(
+    newer, snaps = await run_engine(
         partial(discover_latest, table.lance, table.uri, ids, include_compacted, options)
     )
     if newer is not None:

@@ -7,17 +7,27 @@ makes one engine call per run on a worker thread, and settles the run's acks.
 * A run the engine rejects as bad input is retried item by item, so exactly
   the bad items fail and the writer stays usable.
 * Any other engine error is fatal: the writer fails, and every pending and
-  later ack fails with one :class:`~lance_async.WriterFailedError`.
+  later ack fails with one :class:`~lance_async.WriterFailedError` (a
+  :class:`~lance_async.errors.StorageError` when the store failed it).
 * Engine calls hold the writer's *gate* (an ``anyio.Lock``), so the LSM
   reads can plan while no put can seal another memtable.
 * A memtable is never left unflushed for long: when it has held rows for
   ``max_memtable_age`` seconds and no put is running, the engine writer is
   closed (which flushes the memtable to a generation) and opened again, so
   compaction does not wait for a quiet process to stop.
+* Every engine call has a deadline, ``storage_timeout``: pylance 14's put
+  retries for ever when the store refuses every request, so a call still
+  running at its deadline is abandoned (``_threads.run_sync``), the writer
+  fails with :class:`~lance_async.errors.StorageTimeoutError` -- or, when a
+  quick probe of the store gets an answer, with the error that answer means
+  (:class:`~lance_async.errors.StoragePermissionError` for a 403) -- and the
+  engine writer the stuck call holds is never closed (closing would wait on
+  it). Rows acknowledged before are in the WAL.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections import deque
@@ -30,19 +40,23 @@ import pyarrow as pa
 
 from .._metrics import record_settled, track_queue
 from .._schema import TableFit
-from .._threads import run_sync
+from .._threads import DEFAULT_STORAGE_TIMEOUT, run_sync
 from ..errors import (
     ClosedError,
     FencedError,
     InvalidInputError,
+    LanceAsyncError,
+    StorageError,
+    StorageTimeoutError,
     WriterFailedError,
     map_engine_error,
+    raise_mapped,
 )
 from ..lsm.manifest import read_shard_manifest
 from ..lsm.memtable import MemtableMirror
 from ..lsm.snapshots import retired_shards
 from .accumulator import Accumulator, BatchAck, Entry, Item, Kind
-from .policy import CommitPolicy, engine_options
+from .policy import CommitPolicy, WriterConfig, engine_options
 from .sharding import Sharding, sharding_of
 
 __all__ = [
@@ -52,6 +66,7 @@ __all__ = [
     "OpenedEngine",
     "open_engine",
     "settle_replayed",
+    "start_engine",
 ]
 
 log = logging.getLogger("lance_async.memwal")
@@ -60,6 +75,8 @@ LATENCY_SAMPLES = 20_000
 """Ack latencies kept for the percentiles of :class:`~lance_async.WriterStats`."""
 DEFAULT_MAX_MEMTABLE_ROWS = 100_000
 """pylance 14's default ``max_memtable_rows``."""
+PROBE_TIMEOUT = 5.0
+"""Seconds the probe of the store after a timed-out call may take at most."""
 
 
 def settle_replayed(engine: Any, reopen: Callable[[], Any]) -> Any:
@@ -158,6 +175,51 @@ def open_engine(
     )
 
 
+async def start_engine(
+    ds: Any,
+    shard_id: str,
+    config: WriterConfig,
+    timeout: float,
+    describe: str,
+    storage_options: Mapping[str, str] | None = None,
+) -> OpenedEngine:
+    """:func:`open_engine` on a worker thread, within ``timeout`` seconds.
+
+    An open still running at the deadline is abandoned
+    (:class:`~lance_async.StorageTimeoutError`); should it return later, the
+    engine writer it opened is closed on its thread, so nobody holds it
+    (its claim of the shard stays: a writer opened since is fenced).
+
+    Raises
+    ------
+    LanceAsyncError
+        The engine's errors, mapped (:func:`~lance_async.errors.map_engine_error`);
+        :class:`InvalidInputError` as :func:`open_engine`.
+    OSError, ValueError, RuntimeError
+        An engine error with no lance_async meaning, unchanged.
+    """
+    try:
+        return await run_sync(
+            partial(open_engine, ds, shard_id, config.engine, config.policy, storage_options),
+            timeout=timeout,
+            what=f"opening {describe}",
+            on_late_result=_close_late,
+        )
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise_mapped(exc)
+        raise
+
+
+def _close_late(opened: OpenedEngine | None, error: BaseException | None) -> None:
+    """An open abandoned at its deadline returned after all: close its engine
+    writer (on its worker thread)."""
+    if opened is not None:
+        try:
+            opened.engine.close()
+        except Exception as exc:  # the store is still failing; nobody uses this writer
+            log.debug("lance_async: closing a writer opened too late: %s", exc)
+
+
 class Committer:
     """Runs one shard writer's engine calls and settles their acks.
 
@@ -186,6 +248,12 @@ class Committer:
         The table's, to read the shard manifest's epoch after a reopen.
     uri : str
         The table's URI.
+    storage_timeout : float
+        Seconds each engine call may take (see the module notes).
+    probe : callable, optional
+        A quick blocking read of the store (one listing: the table's tags),
+        made after a call timed out to tell a refusing store from a silent
+        one.
     """
 
     def __init__(
@@ -203,6 +271,8 @@ class Committer:
         max_memtable_age: float | None = None,
         storage_options: Mapping[str, str] | None = None,
         uri: str = "",
+        storage_timeout: float = DEFAULT_STORAGE_TIMEOUT,
+        probe: Callable[[], object] | None = None,
     ) -> None:
         self.engine = engine
         self.mirror = mirror
@@ -225,7 +295,12 @@ class Committer:
         self._describe = describe
         self.scope = anyio.CancelScope()
         self.done = anyio.Event()
-        self.failure: WriterFailedError | None = None
+        self.failure: LanceAsyncError | None = None
+        self.storage_timeout = storage_timeout
+        self._probe = probe
+        self.abandoned_calls = 0
+        """Engine calls abandoned at their deadline (each one's thread may still be stuck)."""
+        self._abandoned: StorageTimeoutError | None = None
         self.engine_puts = 0
         self.engine_deletes = 0
         self.rows = 0
@@ -258,12 +333,17 @@ class Committer:
         """Drain the queue, stop the task, close the engine writer.
 
         Shielded from cancellation; the drain is bounded by ``timeout``
-        seconds, after which the task is cancelled and what is left fails.
+        seconds, after which the task is cancelled and what is left fails
+        (the call in flight, if any, ends within its ``storage_timeout``).
+        Closing the engine writer (which flushes its WAL) is bounded by
+        ``storage_timeout``; it is skipped when an abandoned call still holds
+        the engine writer.
 
         Raises
         ------
         LanceAsyncError
-            Closing the engine failed (mapped; the writer is failed).
+            Closing the engine failed (mapped; the writer is failed):
+            :class:`StorageTimeoutError` when it did not return in time.
         """
         self.age_scope.cancel()
 
@@ -284,14 +364,60 @@ class Committer:
                 log.warning("lance_async: %s did not drain within close_timeout", self._describe())
                 self.scope.cancel()
                 await self.done.wait()
+            if self.abandoned_calls:
+                log.warning(
+                    "lance_async: %s is not closed: an abandoned engine call still holds it",
+                    self._describe(),
+                )
+                return
             try:
                 async with self.gate:  # an age flush in progress finishes first
-                    await run_sync(close_engine)
+                    await run_sync(
+                        close_engine,
+                        timeout=self.storage_timeout,
+                        what=f"closing {self._describe()}",
+                        on_cancel_result=self._noted,
+                    )
+            except StorageTimeoutError as exc:
+                self._noted(None, exc)
+                if failed:  # its acks failed already; closing it was a courtesy
+                    return
+                raise self.fail_writer(exc) from None
             except (OSError, ValueError, RuntimeError) as exc:
                 mapped = map_engine_error(exc)
                 if mapped is None or isinstance(mapped, FencedError):
                     raise self.fail_writer(exc) from exc
                 raise mapped from exc
+
+    def _noted(self, result: object, error: BaseException | None) -> None:
+        """Count an engine call abandoned at its deadline (``run_sync``'s
+        ``on_cancel_result``, and after a timeout)."""
+        if isinstance(error, StorageTimeoutError):
+            self.abandoned_calls += 1
+            self._abandoned = error
+
+    async def _diagnose(self, timeout: StorageTimeoutError) -> LanceAsyncError:
+        """After a timed-out call: the error a quick read of the store gets,
+        when it is a refusal the engine kept retrying (a 403, a bucket
+        gone), else ``timeout`` itself."""
+        if self._probe is None:
+            return timeout
+        try:
+            await run_sync(
+                self._probe,
+                timeout=min(PROBE_TIMEOUT, self.storage_timeout),
+                what=f"a probe of the store of {self._describe()}",
+            )
+        except (OSError, ValueError, RuntimeError) as exc:
+            mapped = map_engine_error(exc)
+            if isinstance(mapped, StorageError) and not isinstance(mapped, StorageTimeoutError):
+                found = copy.copy(mapped)
+                found.args = (f"{timeout}; the store answers: {mapped}",)
+                found.__cause__ = exc
+                return found
+        except StorageTimeoutError:
+            pass
+        return timeout
 
     # -- settling ---------------------------------------------------------------
     def fail_item(self, item: Entry, error: BaseException) -> None:
@@ -333,11 +459,14 @@ class Committer:
             self._acc.release(rows, nbytes)
         record_settled(self._shard_id, run, now)
 
-    def fail_writer(self, exc: BaseException) -> WriterFailedError:
-        """Mark the writer failed (once); returns the error every ack gets."""
+    def fail_writer(self, exc: BaseException) -> LanceAsyncError:
+        """Mark the writer failed (once); returns the error every ack gets:
+        a :class:`FencedError` for a real fence, the :class:`StorageError`
+        for a store that failed it, else a :class:`WriterFailedError`."""
         if self.failure is None:
-            failure: WriterFailedError
-            if isinstance(exc, FencedError) or isinstance(map_engine_error(exc), FencedError):
+            failure: LanceAsyncError
+            mapped = map_engine_error(exc)
+            if isinstance(mapped, FencedError):
                 failure = FencedError(
                     f"{self._describe()} was fenced: another writer claimed shard "
                     f"{self._shard_id} (a newer writer epoch). Rows acknowledged before the "
@@ -345,13 +474,20 @@ class Committer:
                     "acknowledged after it. Close this writer and leave the shard to its owner",
                     shard_id=self._shard_id,
                 )
+            elif isinstance(mapped, StorageError):
+                failure = copy.copy(mapped)
+                failure.args = (
+                    f"{self._describe()} failed and cannot write any more: {mapped}. Rows "
+                    "acknowledged before are safe in the WAL: close it and open a new writer "
+                    "on the shard once the store is back",
+                )
             else:
                 failure = WriterFailedError(
                     f"{self._describe()} failed and cannot write any more: {exc}. Close it and "
                     "open a new writer on the same shard; acknowledged rows are replayed from "
                     "the WAL"
                 )
-            failure.__cause__ = exc
+            failure.__cause__ = exc if mapped is not exc else exc.__cause__
             self.failure = failure
             self._on_failure()
             self._acc.wake_senders()
@@ -378,7 +514,12 @@ class Committer:
             return engine.stats(), memtable
 
         async with self.gate:  # the engine writer is read inside: an age flush may replace it
-            self.engine_stats, self.memtable_stats = await run_sync(partial(work, self.engine))
+            self.engine_stats, self.memtable_stats = await run_sync(
+                partial(work, self.engine),
+                timeout=self.storage_timeout,
+                what=f"the {kind.name.lower()} of {self._describe()}",
+                on_cancel_result=self._noted,
+            )
             self._note_memtable()
 
     def _note_memtable(self) -> None:
@@ -434,7 +575,12 @@ class Committer:
             return fresh, claimed_epoch(uri, shard_id, options), fresh.memtable_stats()
 
         with anyio.CancelScope(shield=True):  # the old engine is closed: keep the new one
-            fresh, epoch, stats = await run_sync(work)
+            fresh, epoch, stats = await run_sync(
+                work,
+                timeout=self.storage_timeout,
+                what=f"flushing the memtable of {self._describe()}",
+                on_cancel_result=self._noted,
+            )
         self.engine = fresh
         self.memtable_stats = stats
         self.dirty_since = None
@@ -445,12 +591,12 @@ class Committer:
 
     async def _execute(self, run: list[Entry]) -> None:
         kind = run[0].kind
-        if kind is Kind.FLUSH:
-            self._settle(run, 0)
-            return
-        if self.failure is not None:
+        if self.failure is not None:  # a flush too: what came before it failed
             for item in run:
                 self.fail_item(item, self.failure)
+            return
+        if kind is Kind.FLUSH:
+            self._settle(run, 0)
             return
         outcome = await self._try_engine(kind, run)
         if outcome is None:
@@ -475,15 +621,25 @@ class Committer:
             elif batch is not None:
                 batches.append(batch)
         started = time.monotonic()
+        self._abandoned = None  # set by _noted if this call is abandoned while cancelled
         try:
             await self._engine_call(kind, batches)
         except anyio.get_cancelled_exc_class():
-            # run_sync let the engine call finish; its outcome is unknown to us
-            # only if the thread raised. Treat the rows as not written.
+            # run_sync let the engine call finish (or abandoned it at its
+            # deadline); its outcome is unknown to us. Treat the rows as not written.
+            stuck, self._abandoned = self._abandoned, None
+            error = (
+                self.fail_writer(stuck)
+                if stuck is not None
+                else ClosedError("the writer task was cancelled")
+            )
             for item in run:
-                self.fail_item(item, ClosedError("the writer task was cancelled"))
+                self.fail_item(item, error)
             raise
         except BaseException as exc:
+            if isinstance(exc, StorageTimeoutError):
+                self._noted(None, exc)
+                exc = await self._diagnose(exc)
             mapped = map_engine_error(exc)
             if isinstance(mapped, InvalidInputError):
                 self.failed_puts += 1

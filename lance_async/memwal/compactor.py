@@ -38,7 +38,7 @@ from anyio.abc import TaskGroup
 from .._loop import unwrap_groups
 from .._storage import filesystem
 from .._table import Table
-from .._threads import run_sync
+from .._threads import call_timeouts, run_sync
 from ..errors import ClosedError, ConflictError, LanceAsyncError
 from ..lsm.snapshots import ShardSnapshot, shard_snapshots
 from .compaction import CompactionResult, compact_shard, optimize_after, table_lock
@@ -267,7 +267,8 @@ class Compactor:
                 wait = self.policy.interval
                 while True:
                     try:
-                        await self.run_once()
+                        with call_timeouts(self._dataset.storage_timeout):  # each engine call
+                            await self.run_once()
                         wait = self.policy.interval
                     except (LanceAsyncError, OSError) as exc:
                         wait = min(wait * 2, self.policy.max_backoff)

@@ -53,6 +53,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._args import check_seconds
+
 __all__ = [
     "COMMIT_POLICIES",
     "ENGINE_WAL_BUFFER_SIZE",
@@ -217,6 +219,8 @@ class WriterConfig:
     max_memtable_age : float or None
         Seconds after which a memtable holding rows is flushed to a
         generation even if it is not full (None: only when full or closed).
+    storage_timeout : float or None
+        Seconds an engine call may wait on the store (None: the dataset's).
     engine : dict
         Keywords for the engine's ``mem_wal_writer``, as given.
     """
@@ -230,6 +234,7 @@ class WriterConfig:
     close_timeout: float
     max_memtable_age: float | None
     engine: Mapping[str, Any]
+    storage_timeout: float | None = None
 
     @classmethod
     def from_options(
@@ -244,6 +249,7 @@ class WriterConfig:
         linger: float = 0.0,
         close_timeout: float = 60.0,
         max_memtable_age: float | None = 60.0,
+        storage_timeout: float | None = None,
         **engine: Any,
     ) -> WriterConfig:
         """Check a writer's keyword arguments (does not block).
@@ -282,6 +288,8 @@ class WriterConfig:
                     f"max_memtable_age must be a finite number of seconds > 0, got "
                     f"{max_memtable_age}"
                 )
+        if storage_timeout is not None:
+            storage_timeout = check_seconds("storage_timeout", storage_timeout, positive=True)
         return cls(
             policy,
             max_queue_rows,
@@ -292,6 +300,7 @@ class WriterConfig:
             float(close_timeout),
             None if max_memtable_age is None else float(max_memtable_age),
             dict(engine),
+            storage_timeout,
         )
 
     def limits(self, memtable_rows: int) -> tuple[int, int]:

@@ -50,6 +50,9 @@ class WriterStats:
         Queue entries handed to the writer task so far: one per send of one
         batch (or of rows that fit one put), per ``send_many`` group that
         fits one put, per piece of a larger send, per delete and flush.
+    abandoned_calls : int
+        Engine calls given up at their ``storage_timeout`` (their threads
+        were left behind, perhaps stuck in the engine; each is logged).
     """
 
     state: WriterState
@@ -67,6 +70,7 @@ class WriterStats:
     engine: dict[str, Any] = field(default_factory=dict)
     memtable: dict[str, Any] = field(default_factory=dict)
     entries: int = 0
+    abandoned_calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,4 +130,5 @@ def collect_stats(state: WriterState, acc: Any, com: Any) -> WriterStats:
         engine=dict(com.engine_stats) if com else {},
         memtable=dict(com.memtable_stats) if com else {},
         entries=acc.entries if acc else 0,
+        abandoned_calls=com.abandoned_calls if com else 0,
     )

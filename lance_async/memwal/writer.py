@@ -92,12 +92,12 @@ from .._loop import LoopHandle, unwrap_groups
 from .._schema import NO_KEY, TableFit, primary_key
 from .._table import Table
 from .._threads import run_sync
-from ..errors import ClosedError, InvalidInputError, LanceAsyncError, raise_mapped
+from ..errors import ClosedError, InvalidInputError, LanceAsyncError
 from ..lsm.memtable import MemtableMirror
 from ..lsm.reader import LsmMethods, LsmReader
 from .accumulator import Accumulator, Kind
 from .acks import Ack, PutSummary
-from .committer import Committer, open_engine
+from .committer import Committer, start_engine
 from .policy import WriterConfig
 from .sharding import Sharding
 from .stats import WriterState, WriterStats, collect_stats
@@ -150,8 +150,9 @@ class AsyncShardWriter(LsmMethods):
     linger : float
         Seconds to wait, from the first queued row, for a whole put's rows
         (Kafka's ``linger.ms``; default 0).
-    close_timeout : float
-        Seconds that closing may spend flushing (default 60).
+    close_timeout, storage_timeout : float
+        Seconds that closing may spend flushing (default 60); that an engine
+        call may wait on the store (default: the dataset's ``storage_timeout``).
     **lance_writer_kwargs
         Passed to ``LanceDataset.mem_wal_writer`` (``durable_write``,
         ``max_memtable_rows``, ``max_wal_flush_interval_ms``, ...).
@@ -176,6 +177,7 @@ class AsyncShardWriter(LsmMethods):
         self.max_queue_bytes, self.max_put_bytes = config.max_queue_bytes, config.max_put_bytes
         self.max_queue_rows = self.max_put_rows = 0  # known once open (from the memtable)
         self.linger, self.close_timeout = config.linger, config.close_timeout
+        self.storage_timeout: float = config.storage_timeout or dataset.storage_timeout
         self.engine_options: dict[str, Any] = dict(config.engine)
         """The engine writer's keywords (once open: with what the policy added)."""
         self.durable_write = bool(self.engine_options.get("durable_write", True))
@@ -241,8 +243,8 @@ class AsyncShardWriter(LsmMethods):
             ``initialize_mem_wal`` (see ``lance_async.memwal.retired``); or the
             engine refused: the MemWAL is not initialized, or an option is
             out of range.
-        OSError
-            Storage errors, unchanged.
+        StorageError
+            The store failed the open, or did not answer within ``storage_timeout``.
         """
         return await self._open(task_group)
 
@@ -255,13 +257,9 @@ class AsyncShardWriter(LsmMethods):
             raise InvalidInputError(f"{self!r}: {NO_KEY}")
         ds = self._dataset.lance
         options = self._dataset.storage_options
-        try:
-            opened = await run_sync(
-                partial(open_engine, ds, self.shard_id, config.engine, config.policy, options)
-            )
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise_mapped(exc)
-            raise
+        opened = await start_engine(
+            ds, self.shard_id, config, self.storage_timeout, repr(self), options
+        )
         self.sharding, self.engine_options = opened.sharding, opened.options
         sharding = opened.sharding
         self.max_put_rows, self.max_queue_rows = config.limits(opened.memtable_rows)
@@ -291,6 +289,8 @@ class AsyncShardWriter(LsmMethods):
             max_memtable_age=config.max_memtable_age,
             storage_options=options,
             uri=str(ds.uri),
+            storage_timeout=self.storage_timeout,
+            probe=lambda: ds.tags.list(),
         )
         if task_group is None:
             self._tg = anyio.create_task_group()

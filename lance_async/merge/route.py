@@ -40,7 +40,7 @@ import anyio
 import pyarrow as pa
 
 from .._table import Table
-from .._threads import run_sync
+from .._threads import run_engine
 from ..errors import InvalidInputError, SchemaMismatchError
 from ..lsm.reader import LsmReader
 from ..lsm.snapshots import shard_snapshots
@@ -83,7 +83,7 @@ async def choose_route(dataset: Table, requested: str, *, marks: bool = False) -
         latest = ds.checkout_version(ds.latest_version) if ds.latest_version != ds.version else ds
         return latest.mem_wal_index_details() is not None
 
-    if not await run_sync(has_mem_wal):
+    if not await run_engine(has_mem_wal):
         return "base"
     return "checked_base" if requested == "base" else "mem_wal"
 
@@ -166,7 +166,7 @@ async def check_base_keys(dataset: Table, keys: pa.Table) -> None:
         )
         return both.group_by(keys.column_names).aggregate([])
 
-    found = await run_sync(held)
+    found = await run_engine(held)
     if found.num_rows:
         shown = ", ".join(str(row) for row in found.slice(0, _SHOWN).to_pylist())
         more = f" and {found.num_rows - _SHOWN:,} more" if found.num_rows > _SHOWN else ""
@@ -213,7 +213,7 @@ async def whole_rows(dataset: Table, rows: pa.Table) -> pa.Table:
         ]
         return pa.Table.from_arrays(columns, names=schema.names)
 
-    table = await run_sync(join)
+    table = await run_engine(join)
     for name in missing:
         if not schema.field(name).nullable and table.column(name).null_count:
             raise SchemaMismatchError(
