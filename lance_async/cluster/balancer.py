@@ -188,6 +188,10 @@ class LeaseBalancer:
         members.add(table.member)
         self.members = len(members)
         share = math.ceil(self.num_partitions / self.members)
+        # read every round, not only under the share: a table that observes
+        # expiry on its own clock (NATS) then starts the clock of a dead
+        # holder's leases while the holder still counts as a member
+        holders = await table.holders(range(self.num_partitions))
         if len(self.owned) > share:
             p = max(self.owned)
             log.info(
@@ -202,7 +206,6 @@ class LeaseBalancer:
             await table.release(p)
             return
         if len(self.owned) < share:
-            holders = await table.holders(range(self.num_partitions))
             now = time.monotonic()
             free = [
                 p

@@ -105,6 +105,10 @@ class WorkerStats:
     member : str
     partitions : list of int
         Partitions owned now.
+    owned_messages : dict of str to int
+        Messages acknowledged per partition owned now (the partition number
+        as a string key, so the stats serialize as JSON), since this worker
+        took it.
     messages, rows : int
         Messages acknowledged and rows written (durable) since the start.
     dead_letters : int
@@ -117,6 +121,7 @@ class WorkerStats:
 
     member: str
     partitions: list[int] = field(default_factory=list)
+    owned_messages: dict[str, int] = field(default_factory=dict)
     messages: int = 0
     rows: int = 0
     dead_letters: int = 0
@@ -320,6 +325,7 @@ class Worker:
         return WorkerStats(
             member=s.member,
             partitions=sorted(self._running),
+            owned_messages={str(p): r.stats.messages for p, r in sorted(self._running.items())},
             messages=finished_messages,
             rows=finished_rows,
             dead_letters=s.dead_letters,
@@ -330,7 +336,16 @@ class Worker:
         )
 
     def stop(self) -> None:
-        """Stop cleanly: hand every partition back (drained), then return from :meth:`run`."""
+        """Stop cleanly: hand every partition back (drained), then return from :meth:`run`.
+
+        Fetching ends at once on every partition (a fetch in progress is
+        interrupted), so nothing read after the stop is acknowledged here:
+        the next owners read it. Does not block.
+        """
+        for running in self._running.values():
+            running.stop.set()
+            if running.guard is not None:
+                running.guard.interrupt()
         self._coordinator.stop()
 
     async def __aenter__(self) -> Worker:
@@ -467,8 +482,8 @@ class Worker:
             outcome, error = found, exc
         finally:
             running.done.set()
-        if self._running.get(partition) is not running:
-            return  # revoked (handed back or lost): the balancer did it
+        if self._running.get(partition) is not running or running.stop.is_set():
+            return  # revoked, or being handed back: the balancer does the rest
         # it ended by itself: give the partition up at once, the worker goes on
         if outcome == "fenced":
             log.warning(
