@@ -172,7 +172,13 @@ async def open_partitioned(
             raise typer.BadParameter(
                 "a NATS feed is nats://HOST:PORT/STREAM/SUBJECT (subjects SUBJECT.0..N-1)"
             )
-        nc = await nats.connect(f"nats://{parsed.netloc}", connect_timeout=3)
+        # a worker waits for its broker as long as it takes: reconnect for ever, soon
+        nc = await nats.connect(
+            f"nats://{parsed.netloc}",
+            connect_timeout=3,
+            reconnect_time_wait=0.5,
+            max_reconnect_attempts=-1,
+        )
         stream, subject = path
         subjects = NatsPartitions(nc, stream, subject, group, partitions, ack_wait=ack_wait)
         await subjects.ensure_stream()

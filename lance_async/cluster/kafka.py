@@ -275,14 +275,23 @@ class KafkaCoordinator:
                 self._ready_event(p).set()
 
     async def _revoked(self, partitions: set[int]) -> None:
-        assert self._on_revoke is not None
-        for p in sorted(partitions & self._assigned):
+        """Revoke partitions together: their drains overlap, so a rebalance
+        waits for the slowest one, not for their sum (the group's rebalance
+        timeout bounds the callback)."""
+        on_revoke = self._on_revoke
+        assert on_revoke is not None
+
+        async def revoke(p: int) -> None:
             lost = p in self._dropped
             try:
-                await self._on_revoke(p, lost)
+                await on_revoke(p, lost)
             finally:
                 self._assigned.discard(p)
                 self._ready.pop(p, None)
                 queue = self._queues.pop(p, None)
                 if queue is not None:
                     queue.close()
+
+        async with anyio.create_task_group() as tg:
+            for p in sorted(partitions & self._assigned):
+                tg.start_soon(revoke, p)
