@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -420,8 +421,7 @@ async def test_three_workers_under_chaos_stay_live_and_lose_nothing(
         for proc in workers.procs.values():
             proc.send_signal(signal.SIGTERM)
         codes = {
-            m: await anyio.to_thread.run_sync(lambda p=p: p.wait(60))
-            for m, p in workers.procs.items()
+            m: await anyio.to_thread.run_sync(partial(p.wait, 60)) for m, p in workers.procs.items()
         }
     finally:
         workers.kill_everything()
