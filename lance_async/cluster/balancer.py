@@ -8,9 +8,10 @@ Every ``interval`` seconds it
    expired and was taken): the partition is revoked at once, ``lost=True``;
 3. counts the live members and computes the fair share ``ceil(N / members)``;
 4. over its share, hands one partition back: revokes it (the worker drains
-   and closes what it runs for it) and only then releases the lease; under
-   it, takes free or expired leases (in random order) up to the share, and
-   assigns each once taken.
+   and closes what it runs for it) and only then releases the lease (and
+   starts the next round at once while still over); under it, takes free
+   or expired leases (in random order) up to the share, and assigns each
+   once taken.
 
 Amazon KCL balances a stream's shards over its workers the same way (a lease
 table, fair shares, taking expired leases). Take-over after a worker dies
@@ -203,7 +204,9 @@ class LeaseBalancer:
             async with self._keeping_alive():  # its drain and the others' acks go on
                 await self._revoke(p, False)
             self.owned.discard(p)
-            await table.release(p)
+            await table.release(p)  # announced: the member under its share takes it now
+            if len(self.owned) > share:
+                self._wake_up()  # the next one at once, not a whole interval later
             return
         if len(self.owned) < share:
             now = time.monotonic()

@@ -20,7 +20,9 @@ margin below the ``ttl`` after which others may take it.
 A worker that stops cleanly says so: :meth:`LeaseTable.leave` removes its
 member key and every release announces itself, so the others, which
 :meth:`LeaseTable.watch` for such notices, balance at once instead of
-waiting for the leaver's keys to expire (a lease ``ttl``).
+waiting for the leaver's keys to expire (a lease ``ttl``); a new member's
+first heartbeat is announced the same way, so the others hand it its share
+at once.
 
 Two implementations:
 
@@ -105,8 +107,8 @@ class LeaseTable(Protocol):
         ...
 
     async def watch(self, wake: Callable[[], None]) -> None:
-        """Call ``wake()`` whenever another member left or released a lease;
-        run until cancelled (broker errors are retried, never raised)."""
+        """Call ``wake()`` whenever a member joined or left, or a lease was
+        released; run until cancelled (broker errors are retried, never raised)."""
         ...
 
     async def aclose(self) -> None:
@@ -193,7 +195,10 @@ class RedisLeaseTable(_LocalLeases):
         return max(1, int(self.ttl * 1000))
 
     async def heartbeat(self) -> None:
-        await self._client.set(f"{self._prefix}:member:{self.member}", b"1", px=self._ttl_ms)
+        key = f"{self._prefix}:member:{self.member}"
+        if await self._client.set(key, b"1", px=self._ttl_ms, get=True) is None:
+            # a new member (or one back after its key expired): the others rebalance now
+            await self._client.publish(self.channel, f"join {self.member}".encode())
 
     async def members(self) -> set[str]:
         out: set[str] = set()
@@ -415,8 +420,8 @@ class NatsLeaseTable(_LocalLeases):
         await self._kv.delete(f"member.{self.member}")
 
     async def watch(self, wake: Callable[[], None]) -> None:
-        """Watch the bucket: a lease emptied or a member deleted wakes. Our
-        own heartbeats flow through the same watch, so a watch that saw
+        """Watch the bucket: a lease emptied, a member deleted or a new member
+        wakes. Our own heartbeats flow through the same watch, so a watch that saw
         nothing for three heartbeat periods is dead (a restarted server) and
         is made again."""
         import nats.errors
@@ -424,6 +429,7 @@ class NatsLeaseTable(_LocalLeases):
         from ..feeds._common import broker_errors
 
         quiet = self.ttl  # three heartbeats at the default interval (ttl / 3)
+        members: set[str] = set()
         errors: tuple[type[BaseException], ...] = (*broker_errors(), nats.errors.Error)
         while True:
             watcher = None
@@ -437,10 +443,13 @@ class NatsLeaseTable(_LocalLeases):
                     if entry is None:
                         continue  # the marker after the current values
                     gone = entry.operation in ("DEL", "PURGE")
-                    if (entry.key.startswith("member.") and gone) or (
+                    member = entry.key.startswith("member.")
+                    if (member and (gone or entry.key not in members)) or (
                         entry.key.startswith("lease.") and (gone or not entry.value)
                     ):
-                        wake()
+                        wake()  # a member left or came, or a lease was given up
+                    if member:
+                        (members.discard if gone else members.add)(entry.key)
             except errors as exc:
                 log.debug("lance_async: watching the lease bucket: %r", exc)
                 await anyio.sleep(self.ttl / 3)
