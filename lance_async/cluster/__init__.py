@@ -18,6 +18,9 @@ One module per job (imports run down this list):
     each; hands them over cleanly; stops acknowledging when fenced.
 ``repartition.py``
     :class:`RepartitionWriter`: a feed's rows republished to their partitions.
+``claim.py``
+    :class:`~lance_async.cluster.claim.TableClaim`: one claim per table in the
+    broker, so a second ``lance-async ingest`` refuses instead of fencing.
 
 ``docs/sharding.md`` is the design: invariants, assignment, hand-over,
 fencing, offsets, what to configure and what it costs.

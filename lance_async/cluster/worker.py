@@ -620,7 +620,7 @@ class Worker:
                 extra=self._fields(),
             )
             self._fatal = error
-            self._coordinator.stop()
+            self.stop()
         return 0.0 if count == 1 else min(BACKOFF * 2 ** (count - 2), MAX_BACKOFF)
 
     def _progress(self, running: _Running, partition: int, stats: IngestStats) -> None:
