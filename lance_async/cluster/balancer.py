@@ -210,10 +210,14 @@ class LeaseBalancer:
             return
         if len(self.owned) < share:
             now = time.monotonic()
+            # a lease held under our own name that we do not own is an earlier
+            # life's (killed, restarted under the same name): ours to take back
             free = [
                 p
                 for p, holder in holders.items()
-                if holder is None and p not in self.owned and self._cooldown.get(p, 0.0) <= now
+                if holder in (None, table.member)
+                and p not in self.owned
+                and self._cooldown.get(p, 0.0) <= now
             ]
             random.shuffle(free)
             for p in free:

@@ -146,6 +146,12 @@ class WorkerStats:
         return self.rows / self.seconds if self.seconds else 0.0
 
 
+class _LeaseExpired(FencedError):
+    """This worker's lease on a partition may have expired (it could not renew
+    it in time): it acknowledges nothing more. Unlike an engine fence, no
+    one is known to have the shard: the partition may be taken back at once."""
+
+
 class _LeaseGuard:
     """A partition's feed that fetches and acknowledges only while the lease
     is valid, and whose fetch in progress ends at once when the partition is
@@ -175,7 +181,7 @@ class _LeaseGuard:
 
     def _check(self) -> None:
         if not self._valid():
-            raise FencedError(
+            raise _LeaseExpired(
                 f"partition {self._partition} may have a new owner (this worker's lease on it "
                 "expired or was lost): nothing more is acknowledged",
                 shard_id=self._shard,
@@ -581,6 +587,20 @@ class Worker:
         if self._running.get(partition) is not running or running.stop.is_set():
             return  # revoked, or being handed back: the balancer does the rest
         # it ended by itself: give the partition up at once, the worker goes on
+        if (
+            outcome == "fenced"
+            and error is not None
+            and all(isinstance(e, _LeaseExpired) for e in _leaves(error))
+        ):
+            log.warning(
+                "lance_async worker %s: partition %d: %s",
+                self.member,
+                partition,
+                error,
+                extra=self._fields(partition),
+            )
+            coordinator.drop(partition)  # taken back at once if no one else has it
+            return
         if outcome == "fenced":
             log.warning(
                 "lance_async worker %s: partition %d fenced: %s",

@@ -289,17 +289,21 @@ class Stalls:
     longest: float = 0.0
     window: tuple[float, float] = (0.0, 0.0)
     since: float = field(default_factory=time.monotonic)
-    acked: int = -1
+    last: dict[int, int] = field(default_factory=dict)
     samples: int = 0
     failed: int = 0
 
     def sample(self, positions: dict[int, tuple[int, int]]) -> None:
+        """Progress: a partition's acknowledged position moved since the last
+        sample (compared partition by partition: a NATS durable made anew
+        by a take-over starts its count again)."""
         now = time.monotonic()
-        acked = sum(a for a, _ in positions.values())
         pending = sum(p for _, p in positions.values())
         self.samples += 1
-        if acked > self.acked or pending == 0:
-            self.acked, self.since = acked, now
+        moved = any(self.last.get(p, -1) != acked for p, (acked, _) in positions.items())
+        self.last = {p: acked for p, (acked, _) in positions.items()}
+        if moved or pending == 0:
+            self.since = now
         self._note(now)
 
     def missed(self) -> None:

@@ -186,3 +186,26 @@ async def test_a_clean_stop_hands_over_without_waiting_for_the_ttl(leases: Facto
         assert a.members == 2 and b.members == 1
         b.stop()
     assert owners == {}
+
+
+async def test_regression_a_worker_restarted_under_its_name_takes_its_leases_back(
+    leases: Factory,
+) -> None:
+    """A worker killed and started again under the same name finds leases
+    held in its name that it does not own: it takes them back in its first
+    round, instead of taking them for someone else's (on NATS, where no
+    server expires a key, they stayed unconsumed for as long as it lived)."""
+    earlier = leases("w", 60.0)
+    assert await earlier.acquire(0) and await earlier.acquire(1)
+
+    async def assign(p: int) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def revoke(p: int, lost: bool) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    again = LeaseBalancer(leases("w", 60.0), 2, on_assign=assign, on_revoke=revoke)
+    async with anyio.create_task_group() as tg:
+        await tg.start(again.run)  # after its first round
+        assert again.owned == {0, 1}
+        again.stop()
