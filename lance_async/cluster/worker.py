@@ -30,11 +30,9 @@ not partition by the table's buckets) is never written to the wrong shard:
 it goes to the dead-letter hook (default: logged and counted), then is
 acknowledged.
 
-A message with the header ``lance-op: delete`` (:data:`DELETE`; a Redis entry
-field beside ``data``) deletes its rows by key instead of writing them: each
-JSON object needs the key column(s) only. Puts and deletes of a partition
-reach its shard in feed order (Debezium's ``__op`` and Kafka's tombstones
-are the same idea, carried in the message).
+A message with the header ``lance-op: delete`` (:data:`DELETE`) deletes its
+rows by key instead of writing them, in feed order with the puts
+(``messages.py``).
 """
 
 from __future__ import annotations
@@ -49,17 +47,17 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import pyarrow as pa
-import pyarrow.compute as pc
 from anyio.abc import TaskGroup
 
 from .._loop import unwrap_groups
-from ..errors import DecodeError, FencedError, InvalidInputError, LanceAsyncError
-from ..feeds.base import DeadLetter, Feed, IngestStats, Message, decode_json, ingest
+from ..errors import FencedError, InvalidInputError, LanceAsyncError
+from ..feeds.base import DeadLetter, Feed, IngestStats, Message, ingest
 from ..memwal.compactor import CompactionPolicy, Compactor
 from ..memwal.writer import AsyncShardWriter
 from .balancer import Coordinator, LeaseCoordinator
 from .feeds import PartitionedFeed
 from .leases import LeaseTable
+from .messages import DELETE, PartitionWriter, partition_decoder
 from .partitions import Partitioner
 
 if sys.version_info < (3, 11):  # pragma: no cover - anyio brings the backport
@@ -69,10 +67,6 @@ if TYPE_CHECKING:
     from ..dataset import AsyncDataset
 
 __all__ = ["DELETE", "Worker", "WorkerStats", "partition_outcome"]
-
-#: The message header that makes a message's rows deletes by key: ``{"lance-op": "delete"}``.
-DELETE: tuple[str, str] = ("lance-op", "delete")
-_OP_COLUMN = "__lance_async_delete"
 
 #: Seconds before a failed partition is taken again, doubled per failure in a
 #: row (the first retry is at once), up to :data:`MAX_BACKOFF`.
@@ -213,60 +207,6 @@ class _LeaseGuard:
 
     async def aclose(self) -> None:
         await self._feed.aclose()
-
-
-def _is_delete(message: Message) -> bool:
-    value = message.headers.get(DELETE[0]) if message.headers else None
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    return value == DELETE[1]
-
-
-def _runs(messages: Sequence[Message]) -> list[tuple[bool, list[Message]]]:
-    """Consecutive messages of one kind (delete or not), in order."""
-    out: list[tuple[bool, list[Message]]] = []
-    for m in messages:
-        delete = _is_delete(m)
-        if out and out[-1][0] == delete:
-            out[-1][1].append(m)
-        else:
-            out.append((delete, [m]))
-    return out
-
-
-class _PartitionWriter:
-    """A partition's shard writer as :func:`~lance_async.feeds.ingest` sees it:
-    a micro-batch with deletes (an op column, see ``_decoder``) becomes puts
-    and deletes in feed order; one without is sent as it is."""
-
-    def __init__(self, writer: AsyncShardWriter, keys: list[str]) -> None:
-        self._writer = writer
-        self._keys = keys
-        self.schema = writer.schema
-
-    async def send(self, table: pa.Table) -> Any:
-        if _OP_COLUMN not in table.column_names:
-            return await self._writer.send(table)
-        flags = table.column(_OP_COLUMN).to_pylist()
-        pending: Any = None
-        start = 0
-        for end in range(1, len(flags) + 1):
-            if end < len(flags) and flags[end] == flags[start]:
-                continue
-            rows = table.slice(start, end - start)
-            if flags[start]:
-                if pending is not None:
-                    await pending  # the puts before it, durable (or failed) first
-                    pending = None
-                keys = rows.select(self._keys)
-                await self._writer.delete(keys)  # durable when it returns
-            else:
-                rows = rows.drop_columns([_OP_COLUMN]).cast(self.schema)
-                if pending is not None:
-                    await pending
-                pending = await self._writer.send(rows)
-            start = end
-        return pending  # None: everything in it is durable already
 
 
 @dataclass
@@ -462,57 +402,8 @@ class Worker:
 
     # -- partitions ---------------------------------------------------------------------
     def _decoder(self, partition: int) -> Callable[[Sequence[Message], pa.Schema], pa.Table]:
-        partitioner = self._partitioner
-        assert partitioner is not None
-        keys = self._dataset.primary_key
-        column = partitioner.sharding.column
-        key_schema = pa.schema(
-            [f for f in self._dataset.schema if f.name in keys or f.name == column]
-        )
-
-        def check(table: pa.Table) -> None:
-            for batch in table.to_batches():
-                values = partitioner.partitions(batch)
-                foreign = pc.not_equal(values, partition)
-                if pc.any(foreign).as_py():
-                    other = pc.filter(values, foreign)[0].as_py()
-                    raise DecodeError(
-                        f"a row of partition {other} came on partition {partition}: the "
-                        "producer did not partition rows by the table's buckets "
-                        "(lance_async.cluster.Partitioner); not written"
-                    )
-
-        def decode(messages: Sequence[Message], schema: pa.Schema) -> pa.Table:
-            if not any(_is_delete(m) for m in messages):
-                table = decode_json(messages, schema)
-                if table.num_rows:
-                    check(table)
-                return table
-            # runs of puts and of deletes, in feed order, in one table with an op column
-            wide = pa.schema([f.with_nullable(True) for f in schema])
-            parts: list[pa.Table] = []
-            for delete, run in _runs(messages):
-                part = decode_json(run, key_schema if delete else schema)
-                if not part.num_rows:
-                    continue
-                check(part)
-                columns = [
-                    part.column(f.name)
-                    if f.name in part.column_names
-                    else pa.nulls(part.num_rows, f.type)
-                    for f in wide
-                ]
-                flags = pa.array([delete] * part.num_rows, pa.bool_())
-                parts.append(
-                    pa.Table.from_arrays(
-                        [*columns, flags], schema=wide.append(pa.field(_OP_COLUMN, pa.bool_()))
-                    )
-                )
-            if not parts:
-                return schema.empty_table()
-            return pa.concat_tables(parts)
-
-        return decode
+        assert self._partitioner is not None
+        return partition_decoder(self._partitioner, self._dataset.primary_key, partition)
 
     async def _dead(self, message: Message, error: BaseException) -> None:
         self._stats.dead_letters += 1
@@ -570,7 +461,7 @@ class Worker:
             with running.scope:
                 await ingest(
                     guarded,
-                    _PartitionWriter(running.writer, self._dataset.primary_key),  # type: ignore[arg-type]
+                    PartitionWriter(running.writer, self._dataset.primary_key),  # type: ignore[arg-type]
                     decode=self._decoder(partition),
                     dead_letter=self._dead,
                     stop=running.stop,
