@@ -154,12 +154,22 @@ async def open_partitioned(
             raise typer.BadParameter(
                 "a NATS feed is nats://HOST:PORT/STREAM/SUBJECT (subjects SUBJECT.0..N-1)"
             )
-        nc = await nats.connect(f"nats://{parsed.netloc}", connect_timeout=3)
+        # a worker waits for its broker as long as it takes: reconnect for ever, soon
+        nc = await nats.connect(
+            f"nats://{parsed.netloc}",
+            connect_timeout=3,
+            reconnect_time_wait=0.5,
+            max_reconnect_attempts=-1,
+        )
         stream, subject = path
         subjects = NatsPartitions(nc, stream, subject, group, partitions, ack_wait=ack_wait)
         await subjects.ensure_stream()
+        # lease requests time out within a balancing interval: a server that
+        # restarts does not hold a round for the default 5 s per request
         bucket = await NatsLeaseTable.bucket(
-            nc.jetstream(), f"lance-async-leases-{group}-{stream}", ttl
+            nc.jetstream(timeout=min(5.0, max(0.5, ttl / 4))),
+            f"lance-async-leases-{group}-{stream}",
+            ttl,
         )
         return LeaseCoordinator(subjects, NatsLeaseTable(bucket, member, ttl)), nc.close
     if parsed.scheme == "kafka":

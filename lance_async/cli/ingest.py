@@ -31,6 +31,7 @@ from .common import (
     writer_options,
 )
 from .inputs import ROWS_FORMAT, check_format, check_source, format_of, with_csv_line
+from .worker import exclusive_ingest
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -211,7 +212,8 @@ def ingest_cmd(
                     with anyio.CancelScope(shield=True):
                         await feed.aclose()
 
-    target, stats, outstanding = run_command(run, writes)
+    # one ingest per table and broker: a second refuses (exit 2) before it fences anything
+    target, stats, outstanding = run_command(exclusive_ingest(source, table_uri, run), writes)
     out.print(
         f"ingested {count(stats.rows, 'row')} from "
         f"{count(stats.messages, 'chunk' if is_file else 'message')} into "

@@ -1,8 +1,11 @@
 """The scale-out commands: ``worker`` (one of N replicas ingesting a partitioned feed) and
-``repartition`` (a feed's rows republished to their partitions)."""
+``repartition`` (a feed's rows republished to their partitions); and the table claim
+that keeps a second ``ingest`` (or an ingest and workers) from fencing each other
+(:func:`exclusive_ingest`, ``lance_async.cluster.claim``)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -10,7 +13,8 @@ import signal
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import typer
@@ -23,6 +27,7 @@ from .common import (
     app,
     dead_letter_hook,
     err,
+    fail,
     number,
     open_table,
     out,
@@ -35,7 +40,39 @@ from .inputs import check_source
 if TYPE_CHECKING:
     from ..cluster import Worker, WorkerStats
 
-__all__ = ["repartition", "worker"]
+__all__ = ["exclusive_ingest", "repartition", "worker"]
+
+T = TypeVar("T")
+
+
+def exclusive_ingest(
+    source: str, table_uri: str, run: Callable[[], Coroutine[Any, Any, T]]
+) -> Callable[[], Coroutine[Any, Any, T]]:
+    """``run`` wrapped in the table's claim in the broker of ``source``.
+
+    For ``lance-async ingest`` of a Redis or NATS feed: the claim is taken
+    before anything is opened (a NATS durable taken over, a shard claimed);
+    held by another live ingest or by workers, the command stops at once
+    with one line naming ``lance-async worker``, exit 2, having fenced and
+    written nothing. A file or standard input needs no claim: ``run`` is
+    returned as it is.
+    """
+    if not source.startswith(("redis://", "rediss://", "nats://")):
+        return run
+
+    async def claimed() -> T:
+        import socket
+
+        from ..cluster.claim import TableClaim, TableClaimedError
+
+        holder = f"ingest {socket.gethostname()}-{os.getpid()}"
+        try:
+            async with TableClaim.open(source, table_uri, holder):
+                return await run()
+        except TableClaimedError as exc:
+            fail(str(exc), 2)
+
+    return claimed
 
 
 def _line(stats: WorkerStats, recent: float | None = None) -> str:
@@ -219,32 +256,44 @@ def worker(
             ds = await open_table(table_uri, storage_option)
             await require_mem_wal(ds, table_uri, " --num-buckets N")
             partitions = (await Partitioner.for_dataset(ds)).num_partitions
-            coordinator, close = await open_partitioned(
-                feed, group, name, partitions, lease_ttl, ack_wait
-            )
-            try:
-                w = Worker(
-                    ds,
-                    coordinator=coordinator,
-                    writer_options=options,
-                    compaction=CompactionPolicy(),
-                    dead_letter=hook,
+            async with contextlib.AsyncExitStack() as stack:
+                if feed.startswith(("redis://", "rediss://", "nats://")):
+                    # one group of workers per table and broker; an ingest there refuses
+                    from ..cluster.claim import TableClaim, TableClaimedError
+
+                    try:
+                        await stack.enter_async_context(
+                            TableClaim.open(feed, table_uri, f"worker {group}")
+                        )
+                    except TableClaimedError as exc:
+                        fail(str(exc), 2)
+                coordinator, close = await open_partitioned(
+                    feed, group, name, partitions, lease_ttl, ack_wait
                 )
-                gc.freeze()  # start-up objects out of the collector's way (README, GC)
-                running.append(w)
-                if stats_interval > 0:
-                    tg.start_soon(report, w)
-                if health_port is not None:
-                    tg.start_soon(_health, health_port, w, export)
-                err.print(
-                    f"worker {name}: {partitions} partitions in group {group!r}", markup=False
-                )
-                stats = await w.run()
-                tg.cancel_scope.cancel()
-                return stats
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await close()
+                try:
+                    w = Worker(
+                        ds,
+                        coordinator=coordinator,
+                        writer_options=options,
+                        compaction=CompactionPolicy(),
+                        dead_letter=hook,
+                    )
+                    gc.freeze()  # start-up objects out of the collector's way (README, GC)
+                    running.append(w)
+                    if stats_interval > 0:
+                        tg.start_soon(report, w)
+                    if health_port is not None:
+                        tg.start_soon(_health, health_port, w, export)
+                    err.print(
+                        f"worker {name}: {partitions} partitions in group {group!r}",
+                        markup=False,
+                    )
+                    stats = await w.run()
+                    tg.cancel_scope.cancel()
+                    return stats
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await close()
         return None  # stopped during start-up
 
     stats = run_command(run)

@@ -13,11 +13,17 @@ One module per job (imports run down this list):
     Partitioned feeds (one stream or subject per partition) and publishers.
 ``kafka.py``
     :class:`KafkaCoordinator`: a Kafka consumer group assigns the partitions.
+``messages.py``
+    What a partition's messages become: rows checked against the partition,
+    deletes by header, in feed order.
 ``worker.py``
     :class:`Worker`: owns partitions, one shard writer and one ingest loop
     each; hands them over cleanly; stops acknowledging when fenced.
 ``repartition.py``
     :class:`RepartitionWriter`: a feed's rows republished to their partitions.
+``claim.py``
+    :class:`~lance_async.cluster.claim.TableClaim`: one claim per table in the
+    broker, so a second ``lance-async ingest`` refuses instead of fencing.
 
 ``docs/sharding.md`` is the design: invariants, assignment, hand-over,
 fencing, offsets, what to configure and what it costs.
@@ -29,6 +35,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .balancer import Coordinator, LeaseBalancer, LeaseCoordinator
+from .claim import TableClaim, TableClaimedError
 from .feeds import (
     KafkaPublisher,
     NatsPartitions,
@@ -40,12 +47,13 @@ from .feeds import (
 )
 from .leases import LeaseTable, NatsLeaseTable, RedisLeaseTable
 from .partitions import Partitioner
-from .worker import Worker, WorkerStats
+from .worker import DELETE, Worker, WorkerStats
 
 if TYPE_CHECKING:
     from .kafka import KafkaCoordinator as KafkaCoordinator
 
 __all__ = [
+    "DELETE",
     "Coordinator",
     "KafkaCoordinator",
     "KafkaPublisher",
@@ -61,6 +69,8 @@ __all__ = [
     "RedisLeaseTable",
     "RedisPartitions",
     "RedisPublisher",
+    "TableClaim",
+    "TableClaimedError",
     "Worker",
     "WorkerStats",
 ]

@@ -8,15 +8,30 @@ Every ``interval`` seconds it
    expired and was taken): the partition is revoked at once, ``lost=True``;
 3. counts the live members and computes the fair share ``ceil(N / members)``;
 4. over its share, hands one partition back: revokes it (the worker drains
-   and closes what it runs for it) and only then releases the lease; under
-   it, takes free or expired leases (in random order) up to the share, and
-   assigns each once taken.
+   and closes what it runs for it) and only then releases the lease (and
+   starts the next round at once while still over); under it, takes free
+   or expired leases (in random order) up to the share, and assigns each
+   once taken.
 
 Amazon KCL balances a stream's shards over its workers the same way (a lease
 table, fair shares, taking expired leases). Take-over after a worker dies
 takes at most ``ttl + interval`` seconds. ``on_assign`` and ``on_revoke``
 run in the balancer's task, one at a time, so a partition is never assigned
 and revoked at once.
+
+The owned set is exactly what is consumed:
+
+* a partition whose work ended (fenced, failed, or returned) is given up
+  with :meth:`LeaseBalancer.drop`; the drop wakes the balancer, which
+  revokes and releases it in a round that starts at once (and may take it
+  again in the same round, when it is free and under the share). A drop
+  stays recorded until a round has handled it, whatever that round awaits
+  meanwhile;
+* a round does not wait for the next tick when something changed
+  elsewhere: :meth:`LeaseTable.watch` wakes it when another member left or
+  released a lease, so a clean stop of one worker is a hand-over at once
+  (the leaver leaves the member set first, then releases each partition as
+  soon as it is drained), not after the leaver's keys expire.
 """
 
 from __future__ import annotations
@@ -25,6 +40,7 @@ import contextlib
 import logging
 import math
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
@@ -86,51 +102,79 @@ class LeaseBalancer:
         self.lost = 0
         self._stopping = False
         self._dropped: set[int] = set()
+        self._cooldown: dict[int, float] = {}
+        self._wake: anyio.Event | None = None  # made in run(): an event belongs to a loop
 
     def valid(self, partition: int) -> bool:
         """Whether this worker may still act as ``partition``'s owner."""
         return partition in self.owned and self.table.valid(partition)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Balance until cancelled or :meth:`stop` is called; then revoke and
-        release every partition held (shielded).
+        """Balance until cancelled or :meth:`stop` is called; then leave the
+        group and revoke and release every partition held (shielded).
 
         Reports started (``task_status``) after the first round, so a worker
         started with ``tg.start`` owns its first partitions when it returns.
+        Rounds run every ``interval`` seconds (with 20 % jitter), and at once
+        after a :meth:`drop`, a :meth:`stop`, or a notice that another member
+        left or released a lease (:meth:`LeaseTable.watch`).
         """
         started = False
+        self._wake = anyio.Event()
         try:
-            while not self._stopping:
-                try:
-                    await self.round()
-                except broker_errors() as exc:
-                    # the broker is unreachable: leases we hold run out by themselves
-                    # (acks are refused once they may have), and the next round retries
-                    log.error("lance_async: a balancing round failed: %r; retrying", exc)
-                if not started:
-                    task_status.started()
-                    started = True
-                await anyio.sleep(self.interval * random.uniform(0.8, 1.2))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.table.watch, self._wake_up)
+                while not self._stopping:
+                    try:
+                        await self.round()
+                    except broker_errors() as exc:
+                        # the broker is unreachable: leases we hold run out by themselves
+                        # (acks are refused once they may have), and the next round retries
+                        log.error("lance_async: a balancing round failed: %r; retrying", exc)
+                    if not started:
+                        task_status.started()
+                        started = True
+                    await self._pause(self.interval * random.uniform(0.8, 1.2))
+                tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await self.release_all()
 
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when woken (a drop, a stop, a notice)."""
+        wake = self._wake
+        assert wake is not None
+        if not wake.is_set():
+            with anyio.move_on_after(seconds):
+                await wake.wait()
+        self._wake = anyio.Event()
+
+    def _wake_up(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
     def stop(self) -> None:
-        """End :meth:`run` after the current round (it then releases everything)."""
+        """End :meth:`run` at once (after the round in progress, if any): it
+        then leaves the group and hands every partition back."""
         self._stopping = True
+        self._wake_up()
 
     async def round(self) -> None:
         """One balancing round (see the module notes)."""
         self.rounds += 1
         table = self.table
         await table.heartbeat()
-        for p in sorted(self._dropped & self.owned):
+        # each drop is forgotten only as it is handled: one arriving while a
+        # revoke below is awaited stays for the next round (which it wakes)
+        for p in sorted(self._dropped):
+            self._dropped.discard(p)
+            if p not in self.owned:
+                continue  # revoked meanwhile (lost, or handed back)
             self.owned.discard(p)
             try:
                 await self._revoke(p, True)
             finally:
                 await table.release(p)
-        self._dropped.clear()
         for p in sorted(self.owned):
             if not await table.renew(p):
                 log.warning(
@@ -145,6 +189,10 @@ class LeaseBalancer:
         members.add(table.member)
         self.members = len(members)
         share = math.ceil(self.num_partitions / self.members)
+        # read every round, not only under the share: a table that observes
+        # expiry on its own clock (NATS) then starts the clock of a dead
+        # holder's leases while the holder still counts as a member
+        holders = await table.holders(range(self.num_partitions))
         if len(self.owned) > share:
             p = max(self.owned)
             log.info(
@@ -156,11 +204,21 @@ class LeaseBalancer:
             async with self._keeping_alive():  # its drain and the others' acks go on
                 await self._revoke(p, False)
             self.owned.discard(p)
-            await table.release(p)
+            await table.release(p)  # announced: the member under its share takes it now
+            if len(self.owned) > share:
+                self._wake_up()  # the next one at once, not a whole interval later
             return
         if len(self.owned) < share:
-            holders = await table.holders(range(self.num_partitions))
-            free = [p for p, holder in holders.items() if holder is None and p not in self.owned]
+            now = time.monotonic()
+            # a lease held under our own name that we do not own is an earlier
+            # life's (killed, restarted under the same name): ours to take back
+            free = [
+                p
+                for p, holder in holders.items()
+                if holder in (None, table.member)
+                and p not in self.owned
+                and self._cooldown.get(p, 0.0) <= now
+            ]
             random.shuffle(free)
             for p in free:
                 if len(self.owned) >= share or self._stopping:
@@ -177,6 +235,7 @@ class LeaseBalancer:
                             extra={"partition": p},
                         )
                         self.owned.discard(p)
+                        self._cooldown[p] = time.monotonic() + self.interval
                         await table.release(p)
                     except BaseException:
                         self.owned.discard(p)
@@ -185,18 +244,35 @@ class LeaseBalancer:
                         raise
 
     async def release_all(self) -> None:
-        """Revoke and release every partition held (a clean shutdown).
+        """Leave the group, then revoke and release every partition held (a
+        clean shutdown).
 
-        The partitions drain together, and their leases are renewed while
-        they do, so a drain never outlives the right to acknowledge it.
+        Leaving first lets the others count one member fewer at once (they
+        take each partition as soon as it is released, told by the release
+        itself). The partitions drain together, each released as soon as it
+        is drained, and their leases are renewed while they do, so a drain
+        never outlives the right to acknowledge it. Broker errors are logged,
+        not raised: leases not released expire by themselves.
         """
+        try:
+            await self.table.leave()
+        except broker_errors() as exc:
+            log.warning("lance_async: leaving the group: %r (the member key expires)", exc)
 
         async def release(p: int) -> None:
             try:
                 await self._revoke(p, False)
             finally:
                 self.owned.discard(p)
-                await self.table.release(p)
+                try:
+                    await self.table.release(p)
+                except broker_errors() as exc:
+                    log.warning(
+                        "lance_async: releasing partition %d: %r (its lease expires)",
+                        p,
+                        exc,
+                        extra={"partition": p},
+                    )
 
         async with self._keeping_alive(), anyio.create_task_group() as tg:
             for p in sorted(self.owned):
@@ -223,11 +299,25 @@ class LeaseBalancer:
             finally:
                 tg.cancel_scope.cancel()
 
-    def drop(self, partition: int) -> None:
-        """Give up ``partition`` at the next round (its work failed or was
-        fenced): it is revoked (``lost=True``) and its lease released, so
-        another worker -- or this one, later -- takes it over."""
+    def drop(self, partition: int, *, fenced: bool = False, retry_after: float = 0.0) -> None:
+        """Give up ``partition`` now (its work failed, was fenced, or ended).
+
+        A round starts at once (or right after the one in progress): the
+        partition is revoked (``lost=True``) and its lease released, so
+        another worker -- or this one, in the same round when it is still
+        free -- takes it over. This worker does not take it again for
+        ``retry_after`` seconds (a partition that keeps failing is not
+        restarted in a loop), nor for one ``interval`` after a fence (the
+        fencer holds the lease, or is about to). Does not block.
+        """
         self._dropped.add(partition)
+        if fenced:
+            retry_after = max(retry_after, self.interval)
+        if retry_after > 0:
+            self._cooldown[partition] = time.monotonic() + retry_after
+        else:
+            self._cooldown.pop(partition, None)
+        self._wake_up()
 
 
 class Coordinator(Protocol):
@@ -253,8 +343,9 @@ class Coordinator(Protocol):
         """Whether this member may still acknowledge ``partition``'s messages."""
         ...
 
-    def drop(self, partition: int) -> None:
-        """Give up ``partition`` (its work failed or was fenced)."""
+    def drop(self, partition: int, *, fenced: bool = False, retry_after: float = 0.0) -> None:
+        """Give up ``partition`` at once (its work failed, was ``fenced`` or
+        ended); take it again no sooner than ``retry_after`` seconds from now."""
         ...
 
     def stop(self) -> None:
@@ -303,10 +394,10 @@ class LeaseCoordinator:
         """True while the lease is held and not near its end."""
         return self._balancer is not None and self._balancer.valid(partition)
 
-    def drop(self, partition: int) -> None:
-        """Release the partition at the next round."""
+    def drop(self, partition: int, *, fenced: bool = False, retry_after: float = 0.0) -> None:
+        """Revoke and release the partition at once (see :meth:`LeaseBalancer.drop`)."""
         if self._balancer is not None:
-            self._balancer.drop(partition)
+            self._balancer.drop(partition, fenced=fenced, retry_after=retry_after)
 
     def stop(self) -> None:
         """Hand every partition back, then end :meth:`run`."""

@@ -25,7 +25,7 @@ ends). Kafka partitions are assigned by the consumer group instead (see
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol
 
 from ..feeds.base import Feed
@@ -60,11 +60,19 @@ class PartitionedFeed(Protocol):
 
 class Publisher(Protocol):
     """Publishes payloads to partitions; each call resolves once the broker
-    acknowledged (stored) the payload."""
+    acknowledged (stored) the payload.
+
+    ``headers`` travel with the payload (Redis: fields of the entry beside
+    ``data``; NATS and Kafka: message headers). A worker reads one:
+    ``{"lance-op": "delete"}`` (:data:`~lance_async.cluster.worker.DELETE`)
+    makes the message's rows deletes by key.
+    """
 
     num_partitions: int
 
-    def publish(self, partition: int, payload: bytes) -> Awaitable[Any]:
+    def publish(
+        self, partition: int, payload: bytes, headers: Mapping[str, str] | None = None
+    ) -> Awaitable[Any]:
         """Publish ``payload`` to ``partition``; await the result for the broker's ack."""
         ...
 
@@ -146,10 +154,13 @@ class RedisPublisher:
         self.num_partitions = num_partitions
         self._owns = owns_client
 
-    def publish(self, partition: int, payload: bytes) -> Awaitable[Any]:
+    def publish(
+        self, partition: int, payload: bytes, headers: Mapping[str, str] | None = None
+    ) -> Awaitable[Any]:
         if not 0 <= partition < self.num_partitions:
             raise ValueError(f"partition {partition} is not in 0..{self.num_partitions - 1}")
-        result: Awaitable[Any] = self._client.xadd(f"{self.key}:{partition}", {"data": payload})
+        fields: dict[str, Any] = {"data": payload, **(headers or {})}
+        result: Awaitable[Any] = self._client.xadd(f"{self.key}:{partition}", fields)
         return result
 
     async def aclose(self) -> None:
@@ -247,10 +258,14 @@ class NatsPublisher:
         self.num_partitions = num_partitions
         self._owns = owns_client
 
-    def publish(self, partition: int, payload: bytes) -> Awaitable[Any]:
+    def publish(
+        self, partition: int, payload: bytes, headers: Mapping[str, str] | None = None
+    ) -> Awaitable[Any]:
         if not 0 <= partition < self.num_partitions:
             raise ValueError(f"partition {partition} is not in 0..{self.num_partitions - 1}")
-        result: Awaitable[Any] = self._js.publish(f"{self.subject}.{partition}", payload)
+        result: Awaitable[Any] = self._js.publish(
+            f"{self.subject}.{partition}", payload, headers=dict(headers) if headers else None
+        )
         return result
 
     async def aclose(self) -> None:
@@ -282,11 +297,16 @@ class KafkaPublisher:
         self.num_partitions = num_partitions
         self._owns = owns_producer
 
-    def publish(self, partition: int, payload: bytes) -> Awaitable[Any]:
+    def publish(
+        self, partition: int, payload: bytes, headers: Mapping[str, str] | None = None
+    ) -> Awaitable[Any]:
         if not 0 <= partition < self.num_partitions:
             raise ValueError(f"partition {partition} is not in 0..{self.num_partitions - 1}")
         result: Awaitable[Any] = self._producer.send_and_wait(
-            self.topic, payload, partition=partition
+            self.topic,
+            payload,
+            partition=partition,
+            headers=[(k, v.encode()) for k, v in headers.items()] if headers else None,
         )
         return result
 

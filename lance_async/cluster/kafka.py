@@ -20,11 +20,19 @@ dispatcher hands each record to its partition's queue, read by that
 partition's ingest loop. A member paused past its session timeout finds its
 commits refused by the group (a new generation) and its puts fenced by the
 next owner's writer epoch.
+
+A partition whose work ended while the group still assigns it here (a
+failure that is not a fence: the broker connection of its writer's store,
+say) is restarted in place, after the back-off the worker asks for: revoked,
+rewound to its committed offset, and assigned again. A fenced partition is
+not: a fence means the group gave it to another member, and the rebalance
+that follows revokes it here.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -110,17 +118,28 @@ class KafkaCoordinator:
         self._stop = anyio.Event()
         self._dropped: set[int] = set()
         self._ready: dict[int, anyio.Event] = {}
+        self._restarts: dict[int, float] = {}  # partition -> monotonic time to restart it
+        self._restart_wake: anyio.Event | None = None
+        self._changing: anyio.Lock | None = None  # rebalances and restarts, one at a time
 
     # -- the Coordinator protocol ---------------------------------------------------
     def valid(self, partition: int) -> bool:
         """True while the group has ``partition`` assigned to this member."""
         return partition in self._assigned and partition not in self._dropped
 
-    def drop(self, partition: int) -> None:
-        """Stop acknowledging ``partition`` (its shard was fenced, or its work
-        failed). A fence means the group moved it already: the rebalance that
-        follows revokes it here (``lost=True``)."""
+    def drop(self, partition: int, *, fenced: bool = False, retry_after: float = 0.0) -> None:
+        """Stop acknowledging ``partition`` at once.
+
+        ``fenced``: the group moved it already, and the rebalance that
+        follows revokes it here (``lost=True``). Otherwise (its work failed or
+        ended) it is restarted in place after ``retry_after`` seconds, if the
+        group still assigns it here then. Does not block.
+        """
         self._dropped.add(partition)
+        if not fenced:
+            self._restarts[partition] = time.monotonic() + retry_after
+            if self._restart_wake is not None:
+                self._restart_wake.set()
 
     def stop(self) -> None:
         """Leave the group cleanly: every partition is drained and committed."""
@@ -140,13 +159,15 @@ class KafkaCoordinator:
 
         class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             async def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
-                await coordinator._revoked({tp.partition for tp in revoked})
-                await coordinator._feed._on_revoked(set(revoked))
+                async with coordinator._lock():
+                    await coordinator._revoked({tp.partition for tp in revoked})
+                    await coordinator._feed._on_revoked(set(revoked))
 
             async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
                 assigned = set(assigned)
-                coordinator._feed._on_assigned(assigned)
-                await coordinator._assigned_now({tp.partition for tp in assigned})
+                async with coordinator._lock():
+                    coordinator._feed._on_assigned(assigned)
+                    await coordinator._assigned_now({tp.partition for tp in assigned})
 
         self._on_assign, self._on_revoke = on_assign, on_revoke
         self._consumer.subscribe([self._topic], listener=Listener())
@@ -162,6 +183,7 @@ class KafkaCoordinator:
                 )
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._dispatch)
+                tg.start_soon(self._restarter)
                 await self._stop.wait()
                 tg.cancel_scope.cancel()
         finally:
@@ -172,6 +194,45 @@ class KafkaCoordinator:
                 await self._consumer.stop()
 
     # -- internals --------------------------------------------------------------------
+    def _lock(self) -> anyio.Lock:
+        if self._changing is None:
+            self._changing = anyio.Lock()
+        return self._changing
+
+    async def _restarter(self) -> None:
+        """Restart dropped, unfenced partitions still assigned here, when due."""
+        while True:
+            self._restart_wake = anyio.Event()
+            now = time.monotonic()
+            due = sorted(p for p, at in self._restarts.items() if at <= now)
+            if not due:
+                wait = min(self._restarts.values(), default=now + 60.0) - now
+                with anyio.move_on_after(wait):
+                    await self._restart_wake.wait()
+                continue
+            for p in due:
+                del self._restarts[p]
+                async with self._lock():
+                    if p in self._assigned and p in self._dropped:
+                        await self._restart(p)
+
+    async def _restart(self, partition: int) -> None:
+        """Revoke ``partition`` here, rewind it to its committed offset, assign it again."""
+        from aiokafka import TopicPartition
+
+        log.info("lance_async: restarting partition %d in place", partition)
+        tp = TopicPartition(self._topic, partition)
+        await self._revoked({partition})
+        await self._feed._on_revoked({tp})  # what was acknowledged is committed
+        if tp not in self._consumer.assignment():
+            return  # the group moved it meanwhile
+        committed = await self._consumer.committed(tp)
+        if committed is None:
+            await self._consumer.seek_to_beginning(tp)
+        else:
+            self._consumer.seek(tp, committed)
+        await self._assigned_now({partition})
+
     def _ready_event(self, partition: int) -> anyio.Event:
         event = self._ready.get(partition)
         if event is None:
@@ -214,14 +275,23 @@ class KafkaCoordinator:
                 self._ready_event(p).set()
 
     async def _revoked(self, partitions: set[int]) -> None:
-        assert self._on_revoke is not None
-        for p in sorted(partitions & self._assigned):
+        """Revoke partitions together: their drains overlap, so a rebalance
+        waits for the slowest one, not for their sum (the group's rebalance
+        timeout bounds the callback)."""
+        on_revoke = self._on_revoke
+        assert on_revoke is not None
+
+        async def revoke(p: int) -> None:
             lost = p in self._dropped
             try:
-                await self._on_revoke(p, lost)
+                await on_revoke(p, lost)
             finally:
                 self._assigned.discard(p)
                 self._ready.pop(p, None)
                 queue = self._queues.pop(p, None)
                 if queue is not None:
                     queue.close()
+
+        async with anyio.create_task_group() as tg:
+            for p in sorted(partitions & self._assigned):
+                tg.start_soon(revoke, p)

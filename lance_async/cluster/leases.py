@@ -17,26 +17,35 @@ can take its lease: :meth:`LeaseTable.valid` is true only until ``safety``
 (0.6) of the ttl has passed since the last successful renewal was *sent*, a
 margin below the ``ttl`` after which others may take it.
 
+A worker that stops cleanly says so: :meth:`LeaseTable.leave` removes its
+member key and every release announces itself, so the others, which
+:meth:`LeaseTable.watch` for such notices, balance at once instead of
+waiting for the leaver's keys to expire (a lease ``ttl``); a new member's
+first heartbeat is announced the same way, so the others hand it its share
+at once.
+
 Two implementations:
 
 :class:`RedisLeaseTable`
     ``SET key holder NX PX ttl`` to take, a Lua compare-and-``PEXPIRE`` to
     renew, a Lua compare-and-``DEL`` to release; Redis's own clock expires
-    keys. Members are keys with a TTL.
+    keys. Members are keys with a TTL. Releases and departures are published
+    on the channel ``<prefix>:changes`` (pub/sub).
 :class:`NatsLeaseTable`
     A JetStream key-value bucket. Taking is ``create`` (or a revision-checked
     ``update`` of an expired lease); renewing is a revision-checked
     ``update``. There is no per-key TTL in NATS 2.9, so expiry is observed
     as KCL does it: a lease (or member) whose revision has not changed for
     ``ttl`` seconds of the observer's own clock is expired. No clocks need
-    to agree.
+    to agree. A release empties the lease and a departure deletes the member
+    key; watchers see both in the bucket's own change feed (a KV watch).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -91,6 +100,15 @@ class LeaseTable(Protocol):
 
     def valid(self, partition: int) -> bool:
         """Whether this member may still act as the partition's owner (local)."""
+        ...
+
+    async def leave(self) -> None:
+        """Stop counting as a live member now (a clean stop), and tell the others."""
+        ...
+
+    async def watch(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` whenever a member joined or left, or a lease was
+        released; run until cancelled (broker errors are retried, never raised)."""
         ...
 
     async def aclose(self) -> None:
@@ -168,11 +186,19 @@ class RedisLeaseTable(_LocalLeases):
         return f"{self._prefix}:lease:{partition}"
 
     @property
+    def channel(self) -> str:
+        """The pub/sub channel on which releases and departures are announced."""
+        return f"{self._prefix}:changes"
+
+    @property
     def _ttl_ms(self) -> int:
         return max(1, int(self.ttl * 1000))
 
     async def heartbeat(self) -> None:
-        await self._client.set(f"{self._prefix}:member:{self.member}", b"1", px=self._ttl_ms)
+        key = f"{self._prefix}:member:{self.member}"
+        if await self._client.set(key, b"1", px=self._ttl_ms, get=True) is None:
+            # a new member (or one back after its key expired): the others rebalance now
+            await self._client.publish(self.channel, f"join {self.member}".encode())
 
     async def members(self) -> set[str]:
         out: set[str] = set()
@@ -214,7 +240,31 @@ class RedisLeaseTable(_LocalLeases):
 
     async def release(self, partition: int) -> None:
         self._held.pop(partition, None)
-        await self._release(keys=[self._lease(partition)], args=[self.member])
+        if await self._release(keys=[self._lease(partition)], args=[self.member]):
+            await self._client.publish(self.channel, f"release {partition}".encode())
+
+    async def leave(self) -> None:
+        await self._client.delete(f"{self._prefix}:member:{self.member}")
+        await self._client.publish(self.channel, f"leave {self.member}".encode())
+
+    async def watch(self, wake: Callable[[], None]) -> None:
+        from ..feeds._common import broker_errors
+
+        while True:
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                async for _message in pubsub.listen():
+                    wake()
+            except broker_errors() as exc:  # a restarted server: subscribe again
+                log.debug("lance_async: watching %s: %r", self.channel, exc)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await pubsub.aclose()
+                    except broker_errors():
+                        pass
+            await anyio.sleep(self.ttl / 3)
 
     async def aclose(self) -> None:
         if self._owns:
@@ -365,6 +415,51 @@ class NatsLeaseTable(_LocalLeases):
             await self._kv.update(f"lease.{partition}", b"", last=held.revision)
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError):
             log.debug("lance_async: the lease on partition %d was lost already", partition)
+
+    async def leave(self) -> None:
+        await self._kv.delete(f"member.{self.member}")
+
+    async def watch(self, wake: Callable[[], None]) -> None:
+        """Watch the bucket: a lease emptied, a member deleted or a new member
+        wakes. Our own heartbeats flow through the same watch, so a watch that saw
+        nothing for three heartbeat periods is dead (a restarted server) and
+        is made again."""
+        import nats.errors
+
+        from ..feeds._common import broker_errors
+
+        quiet = self.ttl  # three heartbeats at the default interval (ttl / 3)
+        members: set[str] = set()
+        errors: tuple[type[BaseException], ...] = (*broker_errors(), nats.errors.Error)
+        while True:
+            watcher = None
+            try:
+                watcher = await self._kv.watchall()
+                while True:
+                    try:
+                        entry = await watcher.updates(timeout=quiet)
+                    except nats.errors.TimeoutError:
+                        break  # nothing, not even our heartbeat: watch again
+                    if entry is None:
+                        continue  # the marker after the current values
+                    gone = entry.operation in ("DEL", "PURGE")
+                    member = entry.key.startswith("member.")
+                    if (member and (gone or entry.key not in members)) or (
+                        entry.key.startswith("lease.") and (gone or not entry.value)
+                    ):
+                        wake()  # a member left or came, or a lease was given up
+                    if member:
+                        (members.discard if gone else members.add)(entry.key)
+            except errors as exc:
+                log.debug("lance_async: watching the lease bucket: %r", exc)
+                await anyio.sleep(self.ttl / 3)
+            finally:
+                if watcher is not None:
+                    with anyio.CancelScope(shield=True):
+                        try:
+                            await watcher.stop()
+                        except errors:
+                            pass
 
     async def aclose(self) -> None:
         await anyio.lowlevel.checkpoint()

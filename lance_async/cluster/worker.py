@@ -14,15 +14,31 @@ no more fetches, the acks in flight settled and sent, the writer closed
 (its lease expired and was taken, or the shard was fenced) is stopped at
 once, acknowledging nothing more.
 
+A partition's work ends the partition, never the worker: whatever its
+ingest loop ends with -- a fence (one :class:`~lance_async.FencedError`, or
+an exception group of them when the sender and the acker both saw it), a
+failure, or an unexpected return -- the partition is given up at once
+(``Coordinator.drop``) and the worker goes on with the others; a failed
+partition may be taken again after a back-off that doubles with each
+failure in a row. The worker ends with an error only when it can do
+nothing: ``max_failures`` partition failures in a row with no message
+acknowledged in between (the last failure is raised, after every other
+partition was handed back).
+
 A message whose rows do not all belong to its partition (a producer that did
 not partition by the table's buckets) is never written to the wrong shard:
 it goes to the dead-letter hook (default: logged and counted), then is
 acknowledged.
+
+A message with the header ``lance-op: delete`` (:data:`DELETE`) deletes its
+rows by key instead of writing them, in feed order with the puts
+(``messages.py``).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,27 +47,55 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import pyarrow as pa
-import pyarrow.compute as pc
 from anyio.abc import TaskGroup
 
 from .._loop import unwrap_groups
-from ..errors import DecodeError, FencedError, InvalidInputError, LanceAsyncError
-from ..feeds._common import broker_errors
-from ..feeds.base import DeadLetter, Feed, IngestStats, Message, decode_json, ingest
+from ..errors import FencedError, InvalidInputError, LanceAsyncError
+from ..feeds.base import DeadLetter, Feed, IngestStats, Message, ingest
 from ..memwal.compactor import CompactionPolicy, Compactor
 from ..memwal.writer import AsyncShardWriter
 from .balancer import Coordinator, LeaseCoordinator
 from .feeds import PartitionedFeed
 from .leases import LeaseTable
+from .messages import DELETE, PartitionWriter, partition_decoder
 from .partitions import Partitioner
+
+if sys.version_info < (3, 11):  # pragma: no cover - anyio brings the backport
+    from exceptiongroup import BaseExceptionGroup
 
 if TYPE_CHECKING:
     from ..dataset import AsyncDataset
 
-__all__ = ["Worker", "WorkerStats"]
+__all__ = ["DELETE", "Worker", "WorkerStats", "partition_outcome"]
 
-#: What a partition's ingest may fail with without taking the worker down.
-PARTITION_FAILURES: tuple[type[BaseException], ...] = (LanceAsyncError, *broker_errors())
+#: Seconds before a failed partition is taken again, doubled per failure in a
+#: row (the first retry is at once), up to :data:`MAX_BACKOFF`.
+BACKOFF = 0.5
+MAX_BACKOFF = 30.0
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside ``exc``, exception groups flattened (nested too)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def partition_outcome(exc: BaseException) -> str | None:
+    """How a partition's ingest ended, from what it raised.
+
+    ``"fenced"``: every error in it (an exception group flattened) is a
+    :class:`~lance_async.FencedError`; ``"failed"``: every error is an
+    ``Exception``; ``None``: something else (a cancellation from outside,
+    ``KeyboardInterrupt``), which must propagate.
+    """
+    leaves = _leaves(exc)
+    if all(isinstance(e, FencedError) for e in leaves):
+        return "fenced"
+    if all(isinstance(e, Exception) for e in leaves):
+        return "failed"
+    return None
+
 
 log = logging.getLogger("lance_async.cluster")
 
@@ -65,6 +109,10 @@ class WorkerStats:
     member : str
     partitions : list of int
         Partitions owned now.
+    owned_messages : dict of str to int
+        Messages acknowledged per partition owned now (the partition number
+        as a string key, so the stats serialize as JSON), since this worker
+        took it.
     messages, rows : int
         Messages acknowledged and rows written (durable) since the start.
     dead_letters : int
@@ -77,6 +125,7 @@ class WorkerStats:
 
     member: str
     partitions: list[int] = field(default_factory=list)
+    owned_messages: dict[str, int] = field(default_factory=dict)
     messages: int = 0
     rows: int = 0
     dead_letters: int = 0
@@ -91,19 +140,42 @@ class WorkerStats:
         return self.rows / self.seconds if self.seconds else 0.0
 
 
-class _LeaseGuard:
-    """A partition's feed that fetches and acknowledges only while the lease is valid."""
+class _LeaseExpired(FencedError):
+    """This worker's lease on a partition may have expired (it could not renew
+    it in time): it acknowledges nothing more. Unlike an engine fence, no
+    one is known to have the shard: the partition may be taken back at once."""
 
-    def __init__(self, feed: Feed, valid: Callable[[], bool], partition: int, shard: str) -> None:
+
+class _LeaseGuard:
+    """A partition's feed that fetches and acknowledges only while the lease
+    is valid, and whose fetch in progress ends at once when the partition is
+    handed back (what it would have returned is delivered again to the next
+    owner: nothing of it was acknowledged)."""
+
+    def __init__(
+        self,
+        feed: Feed,
+        valid: Callable[[], bool],
+        partition: int,
+        shard: str,
+        stop: anyio.Event | None = None,
+    ) -> None:
         self._feed = feed
         self._valid = valid
         self._partition = partition
         self._shard = shard
+        self._stop = stop
+        self._fetching: anyio.CancelScope | None = None
         self._batch_ack = getattr(feed, "ack_batch", None)
+
+    def interrupt(self) -> None:
+        """End a fetch in progress now (it returns no message)."""
+        if self._fetching is not None:
+            self._fetching.cancel()
 
     def _check(self) -> None:
         if not self._valid():
-            raise FencedError(
+            raise _LeaseExpired(
                 f"partition {self._partition} may have a new owner (this worker's lease on it "
                 "expired or was lost): nothing more is acknowledged",
                 shard_id=self._shard,
@@ -115,7 +187,15 @@ class _LeaseGuard:
 
     async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
         self._check()
-        return await self._feed.fetch(max_messages, timeout)
+        if self._stop is not None and self._stop.is_set():
+            return []
+        with anyio.CancelScope() as scope:
+            self._fetching = scope
+            try:
+                return await self._feed.fetch(max_messages, timeout)
+            finally:
+                self._fetching = None
+        return []  # interrupted: handed back
 
     async def ack_batch(self, messages: Sequence[Message]) -> None:
         self._check()
@@ -137,6 +217,7 @@ class _Running:
     done: anyio.Event
     scope: anyio.CancelScope
     stats: IngestStats = field(default_factory=IngestStats)
+    guard: _LeaseGuard | None = None
 
 
 class Worker:
@@ -175,12 +256,19 @@ class Worker:
         shards at every pass). Default None: no compaction here (run
         ``lance-async compact`` or a Compactor elsewhere); ``lance-async
         worker`` passes ``CompactionPolicy()``.
+    max_failures : int
+        Partition failures in a row, with no message acknowledged by any
+        partition in between, after which the worker gives up (default 10;
+        fences and lost leases are hand-overs, not failures).
 
     Raises
     ------
     InvalidInputError
         On :meth:`run`: the table is not bucket-sharded (or unsharded), or
         its buckets differ from the feed's partitions.
+    Exception
+        On :meth:`run`: the last partition failure, once ``max_failures``
+        came in a row (every partition is handed back first).
     """
 
     def __init__(
@@ -197,7 +285,10 @@ class Worker:
         dead_letter: DeadLetter | None = None,
         drain_timeout: float = 10.0,
         compaction: CompactionPolicy | None = None,
+        max_failures: int = 10,
     ) -> None:
+        if max_failures < 1:
+            raise ValueError(f"max_failures must be >= 1, got {max_failures}")
         if coordinator is None:
             if feeds is None or leases is None:
                 raise TypeError("a Worker needs feeds and leases, or a coordinator")
@@ -219,6 +310,10 @@ class Worker:
         self._tg: TaskGroup | None = None
         self._started = time.monotonic()
         self._stats = WorkerStats(member=coordinator.member)
+        self.max_failures = max_failures
+        self._failures = 0  # partition failures in a row, no ack in between
+        self._partition_failures: dict[int, int] = {}
+        self._fatal: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"<Worker {self.member} partitions={sorted(self._running)}>"
@@ -240,6 +335,7 @@ class Worker:
         return WorkerStats(
             member=s.member,
             partitions=sorted(self._running),
+            owned_messages={str(p): r.stats.messages for p, r in sorted(self._running.items())},
             messages=finished_messages,
             rows=finished_rows,
             dead_letters=s.dead_letters,
@@ -250,7 +346,16 @@ class Worker:
         )
 
     def stop(self) -> None:
-        """Stop cleanly: hand every partition back (drained), then return from :meth:`run`."""
+        """Stop cleanly: hand every partition back (drained), then return from :meth:`run`.
+
+        Fetching ends at once on every partition (a fetch in progress is
+        interrupted), so nothing read after the stop is acknowledged here:
+        the next owners read it. Does not block.
+        """
+        for running in self._running.values():
+            running.stop.set()
+            if running.guard is not None:
+                running.guard.interrupt()
         self._coordinator.stop()
 
     async def __aenter__(self) -> Worker:
@@ -287,6 +392,8 @@ class Worker:
                     if compactor is not None:
                         await compactor.aclose()
                 tg.cancel_scope.cancel()  # nothing of ours is left running
+        if self._fatal is not None:
+            raise self._fatal
         return self.stats()
 
     def _owned(self) -> list[str]:
@@ -295,25 +402,8 @@ class Worker:
 
     # -- partitions ---------------------------------------------------------------------
     def _decoder(self, partition: int) -> Callable[[Sequence[Message], pa.Schema], pa.Table]:
-        partitioner = self._partitioner
-        assert partitioner is not None
-
-        def decode(messages: Sequence[Message], schema: pa.Schema) -> pa.Table:
-            table = decode_json(messages, schema)
-            if table.num_rows:
-                for batch in table.to_batches():
-                    values = partitioner.partitions(batch)
-                    foreign = pc.not_equal(values, partition)
-                    if pc.any(foreign).as_py():
-                        other = pc.filter(values, foreign)[0].as_py()
-                        raise DecodeError(
-                            f"a row of partition {other} came on partition {partition}: the "
-                            "producer did not partition rows by the table's buckets "
-                            "(lance_async.cluster.Partitioner); not written"
-                        )
-            return table
-
-        return decode
+        assert self._partitioner is not None
+        return partition_decoder(self._partitioner, self._dataset.primary_key, partition)
 
     async def _dead(self, message: Message, error: BaseException) -> None:
         self._stats.dead_letters += 1
@@ -334,12 +424,16 @@ class Worker:
         assert self._partitioner is not None and self._tg is not None
         shard = self._partitioner.shard_of(partition)
         writer = self._dataset.mem_wal_writer(shard, **self._writer_options)
-        await writer.open(self._tg)  # claims the shard: a stale writer is fenced
         try:
-            feed = await self._coordinator.open_partition(partition)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await writer.aclose()
+            await writer.open(self._tg)  # claims the shard: a stale writer is fenced
+            try:
+                feed = await self._coordinator.open_partition(partition)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await writer.aclose()
+                raise
+        except Exception as exc:
+            self._failed(partition, exc, "starting")
             raise
         running = _Running(feed, writer, anyio.Event(), anyio.Event(), anyio.CancelScope())
         self._running[partition] = running
@@ -355,44 +449,95 @@ class Worker:
 
     async def _ingest(self, partition: int, running: _Running) -> None:
         coordinator = self._coordinator
-        guarded = _LeaseGuard(
-            running.feed, lambda: coordinator.valid(partition), partition, running.writer.shard_id
+        guarded = running.guard = _LeaseGuard(
+            running.feed,
+            lambda: coordinator.valid(partition),
+            partition,
+            running.writer.shard_id,
+            running.stop,
         )
+        outcome, error = "ended", None
         try:
             with running.scope:
                 await ingest(
                     guarded,
-                    running.writer,
+                    PartitionWriter(running.writer, self._dataset.primary_key),  # type: ignore[arg-type]
                     decode=self._decoder(partition),
                     dead_letter=self._dead,
                     stop=running.stop,
-                    on_progress=partial(self._progress, running),
+                    on_progress=partial(self._progress, running, partition),
                     **self._ingest_options,  # type: ignore[arg-type]
                 )
-        except FencedError as exc:
+        except BaseException as exc:
+            found = partition_outcome(exc)
+            if found is None:
+                raise  # cancelled from outside: the worker is going away
+            outcome, error = found, exc
+        finally:
+            running.done.set()
+        if self._running.get(partition) is not running or running.stop.is_set():
+            return  # revoked, or being handed back: the balancer does the rest
+        # it ended by itself: give the partition up at once, the worker goes on
+        if (
+            outcome == "fenced"
+            and error is not None
+            and all(isinstance(e, _LeaseExpired) for e in _leaves(error))
+        ):
+            log.warning(
+                "lance_async worker %s: partition %d: %s",
+                self.member,
+                partition,
+                error,
+                extra=self._fields(partition),
+            )
+            coordinator.drop(partition)  # taken back at once if no one else has it
+            return
+        if outcome == "fenced":
             log.warning(
                 "lance_async worker %s: partition %d fenced: %s",
                 self.member,
                 partition,
-                exc,
+                error,
                 extra=self._fields(partition),
             )
-            coordinator.drop(partition)
-        except PARTITION_FAILURES as exc:
-            log.error(
-                "lance_async worker %s: partition %d failed: %r",
-                self.member,
-                partition,
-                exc,
-                extra=self._fields(partition),
-            )
-            coordinator.drop(partition)
-        finally:
-            running.done.set()
+            coordinator.drop(partition, fenced=True)
+            return
+        if error is None:
+            error = RuntimeError(f"the ingest of partition {partition} returned by itself")
+        retry_after = self._failed(partition, error, "running")
+        coordinator.drop(partition, retry_after=retry_after)
 
-    @staticmethod
-    def _progress(running: _Running, stats: IngestStats) -> None:
+    def _failed(self, partition: int, error: BaseException, doing: str) -> float:
+        """Count a partition failure; give up after ``max_failures`` in a
+        row. Returns the back-off before the partition is taken again."""
+        self._failures += 1
+        count = self._partition_failures.get(partition, 0) + 1
+        self._partition_failures[partition] = count
+        log.error(
+            "lance_async worker %s: partition %d failed while %s (%d in a row): %r",
+            self.member,
+            partition,
+            doing,
+            self._failures,
+            error,
+            extra=self._fields(partition),
+        )
+        if self._failures >= self.max_failures and self._fatal is None:
+            log.error(
+                "lance_async worker %s: %d partition failures in a row and no message "
+                "acknowledged in between: giving up",
+                self.member,
+                self._failures,
+                extra=self._fields(),
+            )
+            self._fatal = error
+            self.stop()
+        return 0.0 if count == 1 else min(BACKOFF * 2 ** (count - 2), MAX_BACKOFF)
+
+    def _progress(self, running: _Running, partition: int, stats: IngestStats) -> None:
         running.stats = stats
+        self._failures = 0
+        self._partition_failures.pop(partition, None)
 
     async def _revoke(self, partition: int, lost: bool) -> None:
         running = self._running.pop(partition, None)
@@ -404,6 +549,8 @@ class Worker:
                 running.scope.cancel()  # acks are refused already: stop at once
             else:
                 running.stop.set()  # drain: settle and acknowledge what is in flight
+                if running.guard is not None:
+                    running.guard.interrupt()  # no waiting out a fetch
             with anyio.move_on_after(self.drain_timeout):
                 await running.done.wait()
             if not running.done.is_set():

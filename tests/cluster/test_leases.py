@@ -24,7 +24,8 @@ def anyio_backend() -> str:
     return "asyncio"  # redis.asyncio and nats-py run on asyncio only
 
 
-Factory = Callable[[str], Any]
+Factory = Callable[..., Any]
+"""``factory(member, ttl=TTL)``: a lease table of the group for ``member``."""
 
 
 @pytest.fixture(params=["redis", "nats"])
@@ -37,7 +38,11 @@ async def leases(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
 
         client = redis.asyncio.Redis.from_url("redis://127.0.0.1:6379")
         prefix = f"lance_async:test:leases:{group}"
-        yield lambda member: RedisLeaseTable(client, prefix, member, TTL)
+
+        def redis_table(member: str, ttl: float = TTL) -> RedisLeaseTable:
+            return RedisLeaseTable(client, prefix, member, ttl)
+
+        yield redis_table
         async for key in client.scan_iter(match=f"{prefix}:*"):
             await client.delete(key)
         await client.aclose()
@@ -48,7 +53,11 @@ async def leases(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
         nc = await nats.connect("nats://127.0.0.1:4222")
         js = nc.jetstream()
         bucket = await NatsLeaseTable.bucket(js, f"lance-async-test-{group}", TTL)
-        yield lambda member: NatsLeaseTable(bucket, member, TTL)
+
+        def nats_table(member: str, ttl: float = TTL) -> NatsLeaseTable:
+            return NatsLeaseTable(bucket, member, ttl)
+
+        yield nats_table
         await js.delete_key_value(f"lance-async-test-{group}")
         await nc.close()
 
@@ -112,3 +121,91 @@ async def test_balancers_divide_the_partitions_and_take_over_a_dead_one(leases: 
         b.stop()
     assert owners == {}
     assert ("revoke", "a", 0) in events or ("revoke", "a", 1) in events
+
+
+async def test_regression_a_drop_that_arrives_while_a_revoke_drains_is_kept(
+    leases: Factory,
+) -> None:
+    """A drop made while the round awaits another partition's revoke is
+    handled by the next round, which it starts at once (rounds are otherwise
+    ten minutes apart here: only the drop can start one)."""
+    revoked: list[tuple[int, bool]] = []
+
+    async def assign(p: int) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def revoke(p: int, lost: bool) -> None:
+        revoked.append((p, lost))
+        if p == 0:
+            balancer.drop(1)  # partition 1's work ended while 0 drains
+        await anyio.sleep(0.05)
+
+    balancer = LeaseBalancer(
+        leases("solo", 60.0), 4, on_assign=assign, on_revoke=revoke, interval=600.0
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(balancer.run)
+        assert balancer.owned == {0, 1, 2, 3}
+        balancer.drop(0)
+        await eventually(lambda: (1, True) in revoked, 30, "partition 1 to be revoked")
+        # both were free again at once, and taken again (no failure, no back-off)
+        await eventually(lambda: balancer.owned == {0, 1, 2, 3}, 30, "both taken again")
+        balancer.stop()
+    assert revoked[:2] == [(0, True), (1, True)]
+
+
+async def test_a_clean_stop_hands_over_without_waiting_for_the_ttl(leases: Factory) -> None:
+    """Leases of a minute, and b balancing only when told (its rounds are ten
+    minutes apart): a's hand-backs, its departure and its releases are
+    announced, so b takes a's share, then everything, long before a's keys
+    could expire."""
+    owners: dict[int, str] = {}
+
+    def balancer(member: str, interval: float) -> LeaseBalancer:
+        async def assign(p: int) -> None:
+            assert p not in owners, f"{member} got {p} while {owners.get(p)} held it"
+            owners[p] = member
+
+        async def revoke(p: int, lost: bool) -> None:
+            assert not lost
+            if owners.get(p) == member:
+                del owners[p]
+            await anyio.lowlevel.checkpoint()
+
+        return LeaseBalancer(
+            leases(member, 60.0), 4, on_assign=assign, on_revoke=revoke, interval=interval
+        )
+
+    a, b = balancer("a", 0.2), balancer("b", 600.0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(a.run)
+        await tg.start(b.run)
+        await eventually(lambda: len(a.owned) == len(b.owned) == 2, 30, "a 2/2 split")
+        a.stop()
+        await eventually(lambda: b.owned == {0, 1, 2, 3}, 30, "b to take everything")
+        assert a.members == 2 and b.members == 1
+        b.stop()
+    assert owners == {}
+
+
+async def test_regression_a_worker_restarted_under_its_name_takes_its_leases_back(
+    leases: Factory,
+) -> None:
+    """A worker killed and started again under the same name finds leases
+    held in its name that it does not own: it takes them back in its first
+    round, instead of taking them for someone else's (on NATS, where no
+    server expires a key, they stayed unconsumed for as long as it lived)."""
+    earlier = leases("w", 60.0)
+    assert await earlier.acquire(0) and await earlier.acquire(1)
+
+    async def assign(p: int) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def revoke(p: int, lost: bool) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    again = LeaseBalancer(leases("w", 60.0), 2, on_assign=assign, on_revoke=revoke)
+    async with anyio.create_task_group() as tg:
+        await tg.start(again.run)  # after its first round
+        assert again.owned == {0, 1}
+        again.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +24,9 @@ from lance_async.cluster import (
 
 from ..conftest import broker_or_skip
 from ..helpers import KV_SCHEMA, eventually
+
+if sys.version_info < (3, 11):  # pragma: no cover - anyio brings the backport
+    from exceptiongroup import BaseExceptionGroup, ExceptionGroup
 
 pytestmark = pytest.mark.anyio
 URL = "redis://127.0.0.1:6379"
@@ -227,3 +231,112 @@ async def test_a_sigterm_during_start_up_stops_the_worker_cleanly(tmp_path: Path
             err = (await proc.stderr.receive()).decode()
     assert code == 0, err
     assert "stopped during start-up" in err
+
+
+def test_partition_outcome_reads_exception_groups() -> None:
+    """ingest() raises a group when its sender and acker both see a fence."""
+    from lance_async.cluster.worker import partition_outcome
+    from lance_async.errors import FencedError
+
+    fenced = FencedError("fenced", shard_id="s")
+    assert partition_outcome(fenced) == "fenced"
+    assert partition_outcome(ExceptionGroup("x", [fenced, FencedError("again")])) == "fenced"
+    nested = ExceptionGroup("x", [ExceptionGroup("y", [fenced]), fenced])
+    assert partition_outcome(nested) == "fenced"
+    assert partition_outcome(ExceptionGroup("x", [fenced, OSError("io")])) == "failed"
+    assert partition_outcome(OSError("io")) == "failed"
+    assert partition_outcome(BaseExceptionGroup("x", [fenced, KeyboardInterrupt()])) is None
+    assert partition_outcome(KeyboardInterrupt()) is None
+
+
+async def test_a_fenced_partition_is_released_and_the_worker_goes_on(
+    tmp_path: Path, client: Any
+) -> None:
+    """Another writer claims the shard of partition 0 while rows flow: that
+    partition is fenced (one FencedError or a group of them), given up and
+    taken again; partition 1 never stops, and run() does not fail."""
+    ds = await la.write_dataset(
+        KV_SCHEMA.empty_table(), str(tmp_path / "t.lance"), schema=KV_SCHEMA
+    )
+    await ds.initialize_mem_wal(num_buckets=2, bucket_column="id")
+    partitioner = await Partitioner.for_dataset(ds)
+    key = f"w-{uuid.uuid4().hex[:8]}"
+    publisher = RedisPublisher(client, key, 2)
+    worker = Worker(
+        ds,
+        RedisPartitions(client, key, "g", 2),
+        RedisLeaseTable(client, f"{key}:leases", "solo", 2.0),
+    )
+    publishing = True
+
+    async def publish() -> None:
+        i = 0
+        while publishing:
+            row = {"id": i % 500, "value": i, "name": "x"}
+            await publisher.publish(
+                partitioner.partition_of_rows([row])[0], json.dumps(row).encode()
+            )
+            i += 1
+            await anyio.sleep(0.002)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            tg.start_soon(publish)
+            await eventually(lambda: worker.stats().partitions == [0, 1], 30, "both partitions")
+            await eventually(lambda: worker.stats().messages > 100, 30, "rows flowing")
+            # a newer writer of partition 0's shard fences the worker's
+            async with ds.mem_wal_writer(partitioner.shard_of(0)):
+                await eventually(lambda: worker.stats().lost >= 1, 30, "partition 0 fenced")
+            before = worker.stats().messages
+            await eventually(
+                lambda: (
+                    worker.stats().partitions == [0, 1] and worker.stats().messages > before + 100
+                ),
+                30,
+                "partition 0 taken again, rows flowing",
+            )
+            publishing = False
+            worker.stop()
+        stats = worker.stats()
+        assert stats.partitions == [] and stats.lost >= 1 and stats.assigned >= 3
+    finally:
+        publishing = False
+        for p in range(2):
+            await client.delete(f"{key}:{p}")
+        await client.delete(f"{key}:leases:member:solo")
+
+
+async def test_a_worker_gives_up_only_when_no_partition_can_work(
+    tmp_path: Path, client: Any
+) -> None:
+    """Both partitions' streams are not streams (a Redis string): starting
+    either fails every time. After max_failures failures in a row, with no
+    message acknowledged in between, run() raises the last one."""
+    import redis.exceptions
+
+    ds = await la.write_dataset(
+        KV_SCHEMA.empty_table(), str(tmp_path / "t.lance"), schema=KV_SCHEMA
+    )
+    await ds.initialize_mem_wal(num_buckets=2, bucket_column="id")
+    key = f"w-{uuid.uuid4().hex[:8]}"
+    for p in range(2):
+        await client.set(f"{key}:{p}", b"not a stream")
+    worker = Worker(
+        ds,
+        RedisPartitions(client, key, "g", 2),
+        RedisLeaseTable(client, f"{key}:leases", "solo", 1.0),
+        max_failures=4,
+    )
+    try:
+        with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+            with anyio.fail_after(60):  # only stops a hung test
+                await worker.run()
+        assert await client.mget([f"{key}:leases:lease:0", f"{key}:leases:lease:1"]) == [
+            None,
+            None,
+        ]  # nothing left held
+    finally:
+        for p in range(2):
+            await client.delete(f"{key}:{p}")
+        await client.delete(f"{key}:leases:member:solo")

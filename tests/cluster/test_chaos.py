@@ -1,0 +1,458 @@
+"""Scale-out chaos: three worker processes, 20+ kill -9 and SIGSTOP events, a broker restart.
+
+Issue 24. On a private Redis, NATS or Kafka (Tansu) broker (``brokers.py``:
+these tests kill and restart it), three ``lance-async worker`` processes
+ingest a 6-partition feed into one table while a producer publishes rounds
+of versioned upserts and deletes (the ``lance-op: delete`` header), and a
+chaos task kills workers with SIGKILL (restarting them a moment later) or
+pauses them with SIGSTOP (for up to 1.5 lease TTLs, so some come back
+fenced), and restarts the broker once half-way.
+
+At the end, every key holds its newest version (or is gone, if its last
+operation was a delete), nothing is pending, no worker exited by itself
+(only the killed ones died; every one left exits 0 on SIGTERM), and the
+backlog never stalled longer than two lease TTLs. A stall is the longest
+interval during which messages were pending and the group acknowledged
+nothing, sampled from the broker every 100 ms; the bound is the
+configured TTL, so what is checked is the take-over logic (a lost
+partition is taken over after one TTL and one balancing interval), not
+the speed of the machine: a partition left owned with nothing consuming
+it, or a worker that died of a fence, stalls far longer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import lance_async as la
+from lance_async.cluster import (
+    KafkaPublisher,
+    NatsPartitions,
+    NatsPublisher,
+    Partitioner,
+    RedisPublisher,
+)
+from lance_async.cluster.worker import DELETE
+
+from ..helpers import KV_SCHEMA
+from ..services import create_bucket, create_topic
+from .brokers import PrivateBroker, nats_server, redis_server, tansu_server
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(240)]
+
+PARTITIONS = 6
+KEYS = 180
+TTL = {"redis": 4.0, "nats": 5.0, "kafka": 1.5}
+"""Lease TTL of the Redis and NATS workers, and the Kafka group's session
+and rebalance timeouts (seconds): the unit of the stall bound."""
+GAP = {"redis": (0.8, 1.6), "nats": (0.8, 1.6), "kafka": (2.2, 3.0)}
+"""Seconds between chaos events."""
+STALL_TTLS = {"redis": 2, "nats": 2, "kafka": 12}
+"""The stall bound, in TTLs. A lease is one partition's: on Redis and NATS a
+lost partition is taken over one TTL and one balancing interval after its
+owner stopped renewing, whatever happens to the other partitions, so the
+backlog never stops for two TTLs. A Kafka group rebalances as a whole:
+every membership change (a member gone, the same member back) stops every
+member until the group has regrouped, and Tansu notices a dead member only
+after one and a half session timeouts (it ignores LeaveGroup), so events a
+few seconds apart chain into stops of several sessions that no worker can
+shorten. The Kafka bound is the group's (12 sessions); a partition left
+owned with nothing consuming it would stall to the end of the test."""
+EVENTS = 21
+"""Chaos events: 20 kills and pauses, and the broker restart."""
+MEMBERS = ("w1", "w2", "w3")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the brokers' clients run on asyncio only
+
+
+@dataclass
+class Bus:
+    """A partitioned feed on a private broker: publishing, and what the group acknowledged."""
+
+    kind: str
+    broker: PrivateBroker
+    url: str
+    group: str
+    name: str
+    publisher: Any = None
+    client: Any = None
+
+    async def connect(self) -> None:
+        port = self.broker.port
+        if self.kind == "redis":
+            import redis.asyncio
+
+            self.client = redis.asyncio.Redis.from_url(f"redis://127.0.0.1:{port}")
+            self.publisher = RedisPublisher(self.client, self.name, PARTITIONS)
+        elif self.kind == "nats":
+            import nats
+
+            self.client = await nats.connect(
+                f"nats://127.0.0.1:{port}", max_reconnect_attempts=-1, reconnect_time_wait=0.2
+            )
+            await NatsPartitions(
+                self.client, self.name, self.name, self.group, PARTITIONS
+            ).ensure_stream()
+            self.publisher = NatsPublisher(self.client, self.name, PARTITIONS)
+        else:
+            from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+            bootstrap = f"127.0.0.1:{port}"
+            await create_topic(bootstrap, self.name, PARTITIONS)
+            producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+            await producer.start()
+            self.publisher = KafkaPublisher(producer, self.name, PARTITIONS, owns_producer=True)
+            self.client = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=self.group)
+            await self.client.start()  # reads the group's committed offsets; never joins
+
+    async def publish(self, partition: int, payload: bytes, headers: dict[str, str] | None) -> None:
+        """Publish, retrying while the broker is away (never during a restart: see chaos)."""
+        for attempt in range(200):
+            try:
+                with anyio.fail_after(5):
+                    await self.publisher.publish(partition, payload, headers)
+                return
+            except Exception:
+                if attempt == 199:
+                    raise
+                await anyio.sleep(0.1)
+
+    async def positions(self) -> dict[int, tuple[int, int]]:
+        """Per partition: (messages the group acknowledged, messages pending)."""
+        out: dict[int, tuple[int, int]] = {}
+        if self.kind == "redis":
+            for p in range(PARTITIONS):
+                groups = await self.client.xinfo_groups(f"{self.name}:{p}")
+                g = next((x for x in groups if x["name"] == self.group.encode()), None)
+                length = await self.client.xlen(f"{self.name}:{p}")
+                if g is None:
+                    out[p] = (0, length)
+                    continue
+                read, pending = g["entries-read"] or 0, g["pending"]
+                out[p] = (read - pending, length - (read - pending))
+            return out
+        if self.kind == "nats":
+            import nats.js.errors
+
+            js = self.client.jetstream()
+            for p in range(PARTITIONS):
+                try:
+                    info = await js.consumer_info(self.name, f"{self.group}-p{p}")
+                except nats.js.errors.NotFoundError:
+                    out[p] = (0, 1)
+                    continue
+                out[p] = (info.ack_floor.stream_seq, info.num_pending + info.num_ack_pending)
+            return out
+        from aiokafka import TopicPartition
+
+        for p in range(PARTITIONS):
+            committed = await self.client.committed(TopicPartition(self.name, p)) or 0
+            out[p] = (committed, max(0, self.published[p] - committed))
+        return out
+
+    published: dict[int, int] = field(default_factory=lambda: dict.fromkeys(range(PARTITIONS), 0))
+
+    async def aclose(self) -> None:
+        with anyio.move_on_after(10, shield=True):
+            if self.kind == "redis":
+                await self.client.aclose()
+            elif self.kind == "nats":
+                await self.client.close()
+            else:
+                await self.publisher.aclose()
+                await self.client.stop()
+
+
+@pytest.fixture(params=["redis", "nats", "kafka"])
+async def bus(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Bus]:
+    kind = request.param
+    name = f"chaos-{uuid.uuid4().hex[:8]}"
+    group = f"g{uuid.uuid4().hex[:6]}"
+    if kind == "redis":
+        broker = redis_server(tmp_path)
+        url = f"redis://127.0.0.1:{{port}}/{name}"
+    elif kind == "nats":
+        broker = nats_server(tmp_path)
+        url = f"nats://127.0.0.1:{{port}}/{name}/{name}"
+    else:
+        endpoint = request.getfixturevalue("s3_endpoint")
+        bucket = f"tansu-{uuid.uuid4().hex[:10]}"
+        create_bucket(endpoint, bucket)
+        broker = tansu_server(tmp_path, endpoint, bucket)
+        ms = int(TTL["kafka"] * 1000)
+        url = (
+            f"kafka://127.0.0.1:{{port}}/{name}?session_timeout_ms={ms}"
+            f"&heartbeat_interval_ms={ms // 10}&rebalance_timeout_ms={ms}"
+        )
+    broker.start()
+    bus = Bus(kind, broker, url.format(port=broker.port), group, name)
+    try:
+        await bus.connect()
+        yield bus
+    finally:
+        await bus.aclose()
+        broker.stop()
+
+
+@dataclass
+class Workers:
+    """The three worker processes, and every exit that was not ours."""
+
+    bus: Bus
+    uri: str
+    logs: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    paused: set[str] = field(default_factory=set)
+    killed: dict[str, int] = field(default_factory=dict)  # member -> kills
+    self_exits: list[tuple[str, int]] = field(default_factory=list)
+    started: int = 0
+
+    def start(self, member: str) -> None:
+        self.started += 1
+        log = self.logs / f"{member}-{self.started}.log"
+        env = {**os.environ, "LANCE_LOG": "critical"}
+        with open(log, "wb") as out:
+            self.procs[member] = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "lance_async", "worker", self.bus.url, self.uri),
+                    *("--group", self.bus.group, "--member", member),
+                    *("--lease-ttl", str(TTL[self.bus.kind]), "--ack-wait", "5"),
+                    *("--stats-interval", "1"),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+
+    def kill(self, member: str) -> None:
+        proc = self.procs[member]
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self.killed[member] = self.killed.get(member, 0) + 1
+
+    def check_exits(self) -> None:
+        """Record a worker that ended without being killed (and start it again)."""
+        for member, proc in self.procs.items():
+            code = proc.poll()
+            if code is not None and (member, id(proc)) not in self._seen:
+                self._seen.add((member, id(proc)))
+                if not self._ours(member, proc):
+                    self.self_exits.append((member, code))
+
+    _seen: set[tuple[str, int]] = field(default_factory=set)
+    _killed_procs: set[int] = field(default_factory=set)
+
+    def _ours(self, member: str, proc: subprocess.Popen[bytes]) -> bool:
+        return id(proc) in self._killed_procs
+
+    def kill9(self, member: str) -> None:
+        self._killed_procs.add(id(self.procs[member]))
+        self.kill(member)
+
+    def output(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}"
+            for p in sorted(self.logs.glob("w*.log"))
+        )
+
+    def kill_everything(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait()
+
+
+@dataclass
+class Stalls:
+    """The longest interval with messages pending and nothing acknowledged."""
+
+    longest: float = 0.0
+    window: tuple[float, float] = (0.0, 0.0)
+    since: float = field(default_factory=time.monotonic)
+    last: dict[int, int] = field(default_factory=dict)
+    samples: int = 0
+    failed: int = 0
+
+    def sample(self, positions: dict[int, tuple[int, int]]) -> None:
+        """Progress: a partition's acknowledged position moved since the last
+        sample (compared partition by partition: a NATS durable made anew
+        by a take-over starts its count again)."""
+        now = time.monotonic()
+        pending = sum(p for _, p in positions.values())
+        self.samples += 1
+        moved = any(self.last.get(p, -1) != acked for p, (acked, _) in positions.items())
+        self.last = {p: acked for p, (acked, _) in positions.items()}
+        if moved or pending == 0:
+            self.since = now
+        self._note(now)
+
+    def missed(self) -> None:
+        """A sample the broker did not answer (it is restarting): time goes on."""
+        self.failed += 1
+        self._note(time.monotonic())
+
+    def _note(self, now: float) -> None:
+        if now - self.since > self.longest:
+            self.longest, self.window = now - self.since, (self.since, now)
+
+
+async def test_three_workers_under_chaos_stay_live_and_lose_nothing(
+    bus: Bus, tmp_path: Path
+) -> None:
+    uri = str(tmp_path / "t.lance")
+    ds = await la.write_dataset(KV_SCHEMA.empty_table(), uri, schema=KV_SCHEMA)
+    await ds.initialize_mem_wal(num_buckets=PARTITIONS, bucket_column="id")
+    partitioner = await Partitioner.for_dataset(ds)
+    part_of = dict(enumerate(partitioner.partition_of_rows([{"id": k} for k in range(KEYS)])))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    workers = Workers(bus, uri, logs)
+    rng = random.Random(24)
+    ttl, gap = TTL[bus.kind], GAP[bus.kind]
+    expected: dict[int, int | None] = {}  # key -> its last version (None: deleted)
+    broker_lock = anyio.Lock()  # no publish in flight while the broker restarts
+    stalls = Stalls()
+    events = {"kill": 0, "pause": 0, "broker": 0}
+    timeline: list[tuple[float, str]] = []
+    chaos_done = anyio.Event()
+
+    async def publish_round(version: int) -> None:
+        for k in range(KEYS):
+            delete = (k + version) % 5 == 0
+            payload = {"id": k} if delete else {"id": k, "value": version, "name": f"v{version}"}
+            async with broker_lock:
+                await bus.publish(
+                    part_of[k], json.dumps(payload).encode(), dict([DELETE]) if delete else None
+                )
+            bus.published[part_of[k]] += 1
+            expected[k] = None if delete else version
+
+    async def produce() -> None:
+        version = 0
+        while not chaos_done.is_set():
+            await publish_round(version)
+            version += 1
+            await anyio.sleep(0.8)
+        await publish_round(version)  # the last round, after the chaos
+
+    async def monitor() -> None:
+        while True:
+            await anyio.sleep(0.1)
+            workers.check_exits()
+            try:
+                with anyio.fail_after(2):
+                    stalls.sample(await bus.positions())
+            except Exception:
+                stalls.missed()
+
+    async def pause(member: str, seconds: float) -> None:
+        proc = workers.procs[member]
+        proc.send_signal(signal.SIGSTOP)
+        workers.paused.add(member)
+        try:
+            await anyio.sleep(seconds)
+        finally:
+            proc.send_signal(signal.SIGCONT)
+            workers.paused.discard(member)
+
+    async def chaos() -> None:
+        async with anyio.create_task_group() as pauses:
+            while sum(events.values()) < EVENTS:
+                await anyio.sleep(rng.uniform(*gap))
+                if sum(events.values()) == EVENTS // 2 and not events["broker"]:
+                    async with broker_lock:
+                        timeline.append((time.monotonic(), "broker restart"))
+                        await anyio.to_thread.run_sync(bus.broker.restart)
+                    events["broker"] += 1
+                    continue
+                live = [
+                    m
+                    for m in MEMBERS
+                    if workers.procs[m].poll() is None and m not in workers.paused
+                ]
+                if not live:
+                    continue
+                victim = rng.choice(live)
+                timeline.append((time.monotonic(), victim))
+                if rng.random() < 0.5:
+                    workers.kill9(victim)
+                    events["kill"] += 1
+                    timeline[-1] = (timeline[-1][0], f"kill {victim}")
+                    await anyio.sleep(rng.uniform(0.1, 0.6))
+                    workers.start(victim)
+                else:
+                    pauses.start_soon(pause, victim, rng.uniform(0.2, 1.5) * ttl)
+                    events["pause"] += 1
+                    timeline[-1] = (timeline[-1][0], f"pause {victim}")
+        chaos_done.set()
+
+    try:
+        for m in MEMBERS:
+            workers.start(m)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(monitor)
+            async with anyio.create_task_group() as work:
+                work.start_soon(produce)
+                work.start_soon(chaos)
+            with anyio.fail_after(120):  # only stops a hung test
+                while True:
+                    positions = await bus.positions()
+                    if all(pending == 0 for _, pending in positions.values()):
+                        break
+                    await anyio.sleep(0.2)
+            tg.cancel_scope.cancel()
+        workers.check_exits()
+        for proc in workers.procs.values():
+            proc.send_signal(signal.SIGTERM)
+        codes = {
+            m: await anyio.to_thread.run_sync(partial(p.wait, 60)) for m, p in workers.procs.items()
+        }
+    finally:
+        workers.kill_everything()
+    t0 = timeline[0][0] if timeline else 0.0
+    detail = (
+        f"events {events}, longest stall {stalls.longest:.2f} s "
+        f"[{stalls.window[0] - t0:.1f}, {stalls.window[1] - t0:.1f}]; "
+        + ", ".join(f"{t - t0:.1f} {what}" for t, what in timeline)
+        + " "
+        f"({stalls.samples} samples, {stalls.failed} unanswered)\n{workers.output()}"
+    )
+    print(detail[:1500])
+    assert events["kill"] + events["pause"] >= 20 and events["broker"] == 1, detail
+    assert workers.self_exits == [], detail
+    assert codes == dict.fromkeys(MEMBERS, 0), detail
+    assert stalls.longest <= STALL_TTLS[bus.kind] * ttl, detail
+    await assert_final(uri, expected)
+
+
+async def assert_final(uri: str, expected: dict[int, int | None]) -> None:
+    ds = await la.open_dataset(uri)
+    rows = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a key appears twice"
+    want = {k: v for k, v in expected.items() if v is not None}
+    got = {r["id"]: r["value"] for r in rows}
+    assert got == want, {k: (got.get(k), want.get(k)) for k in set(got) ^ set(want) or got}
+    gone = next(k for k, v in expected.items() if v is None)
+    assert (await ds.lsm_point_lookup(gone, columns=["value"])).num_rows == 0
+    assert (await ds.check_shards()).ok
