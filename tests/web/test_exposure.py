@@ -171,7 +171,10 @@ def open_half_sent(port: int, head: bytes, n: int) -> list[tuple[socket.socket, 
         socks.append(sock)
     opened = []
     for sock in socks:
-        select.select([], [sock], [], 30)
+        # poll, not select: descriptors past 1024 (a long test session holds many)
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT)
+        poller.poll(30_000)
         sock.setblocking(True)
         sock.settimeout(60)
         sock.sendall(head)
