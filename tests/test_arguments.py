@@ -28,8 +28,6 @@ import lance_async as la
 
 from .helpers import KV_SCHEMA, kv_table
 
-pytestmark = pytest.mark.anyio
-
 
 @dataclass
 class Ctx:
@@ -411,6 +409,7 @@ def test_every_public_call_is_walked() -> None:
     assert not walked & set(NOTHING_TO_CHECK)
 
 
+@pytest.mark.asyncio
 async def test_arguments_wrong_in_themselves_raise_value_or_type_error(tmp_path: Path) -> None:
     ds = await la.write_dataset(kv_table(range(3)), tmp_path / "t.lance")
     await ds.initialize_mem_wal()
@@ -439,6 +438,7 @@ async def test_arguments_wrong_in_themselves_raise_value_or_type_error(tmp_path:
     assert set(broken) <= ELSEWHERE, {k: v for k, v in broken.items() if k not in ELSEWHERE}
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("num_buckets", [0, -1, 1025, 2**32, 2**64])
 async def test_num_buckets_outside_what_pylance_takes_is_a_value_error_before_any_commit(
     tmp_path: Path, num_buckets: int

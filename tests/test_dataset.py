@@ -15,8 +15,6 @@ import lance_async as la
 
 from .helpers import KV_SCHEMA, Ticker, kv_table
 
-pytestmark = pytest.mark.anyio
-
 
 def wide_table(n: int, cols: int = 10) -> pa.Table:
     rng = np.random.default_rng(0)
@@ -46,6 +44,7 @@ SCANS = [
 ]
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("options", SCANS, ids=lambda o: ",".join(o) or "all")
 async def test_async_scan_equals_sync_to_table(wide: str, options: dict[str, object]) -> None:
     ds = await la.open_dataset(wide)
@@ -58,6 +57,7 @@ async def test_async_scan_equals_sync_to_table(wide: str, options: dict[str, obj
     assert await ds.to_table(**options) == expected
 
 
+@pytest.mark.asyncio
 async def test_100_early_breaks_leave_no_thread(wide: str, no_stream_threads: None) -> None:
     ds = await la.open_dataset(wide)
     for _ in range(100):
@@ -66,6 +66,7 @@ async def test_100_early_breaks_leave_no_thread(wide: str, no_stream_threads: No
             break
 
 
+@pytest.mark.asyncio
 async def test_leaving_a_scan_context_closes_it(wide: str, no_stream_threads: None) -> None:
     ds = await la.open_dataset(wide)
     async with ds.scan(batch_size=10) as stream:
@@ -75,12 +76,14 @@ async def test_leaving_a_scan_context_closes_it(wide: str, no_stream_threads: No
         await stream.__anext__()
 
 
+@pytest.mark.asyncio
 async def test_scan_errors_are_raised_from_the_stream(wide: str) -> None:
     ds = await la.open_dataset(wide)
     with pytest.raises((ValueError, OSError, la.LanceAsyncError)):
         await ds.scan(filter="no_such_column > 1").to_table()
 
 
+@pytest.mark.asyncio
 async def test_reads_and_versions(table_uri: str) -> None:
     ds = await la.write_dataset(kv_table(range(100)), table_uri)
     assert ds.version == 1 and await ds.latest_version() == 1
@@ -101,6 +104,7 @@ async def test_reads_and_versions(table_uri: str) -> None:
     assert [v["version"] for v in versions] == [1, 2]
 
 
+@pytest.mark.asyncio
 async def test_mutations_move_the_dataset(table_uri: str) -> None:
     ds = await la.write_dataset(kv_table(range(50)), table_uri)
     result = await ds.update({"value": "value + 5"}, where="id < 10")
@@ -120,6 +124,7 @@ async def test_mutations_move_the_dataset(table_uri: str) -> None:
     assert await ds.count_rows() == 50
 
 
+@pytest.mark.asyncio
 async def test_vector_index_and_nearest_scan(table_uri: str) -> None:
     n, dim = 512, 8
     rng = np.random.default_rng(1)
@@ -131,11 +136,13 @@ async def test_vector_index_and_nearest_scan(table_uri: str) -> None:
     assert got.num_rows == 5 and "_distance" in got.column_names
 
 
+@pytest.mark.asyncio
 async def test_missing_dataset_is_a_typed_error(tmp_path: Path) -> None:
     with pytest.raises(la.DatasetNotFoundError):
         await la.open_dataset(tmp_path / "nope.lance")
 
 
+@pytest.mark.asyncio
 async def test_write_dataset_modes_and_bad_mode(table_uri: str) -> None:
     await la.write_dataset(kv_table(range(3)), table_uri)
     with pytest.raises(la.InvalidInputError, match="mode='append'"):
@@ -151,6 +158,7 @@ async def test_write_dataset_modes_and_bad_mode(table_uri: str) -> None:
         await la.write_dataset(kv_table(range(3)), table_uri, mode="upsert")
 
 
+@pytest.mark.asyncio
 async def test_loop_stays_free_during_a_1m_row_scan(tmp_path: Path) -> None:
     uri = str(tmp_path / "big.lance")
     lance.write_dataset(wide_table(1_000_000), uri)
@@ -166,11 +174,13 @@ async def test_loop_stays_free_during_a_1m_row_scan(tmp_path: Path) -> None:
     ticker.assert_free()
 
 
+@pytest.mark.asyncio
 async def test_kv_schema_round_trips(table_uri: str) -> None:
     ds = await la.write_dataset(kv_table(range(3)), table_uri)
     assert ds.schema.equals(KV_SCHEMA, check_metadata=True)
 
 
+@pytest.mark.asyncio
 async def test_regression_bad_paths_columns_and_versions_are_typed(tmp_path: Path) -> None:
     uri = str(tmp_path / "t.lance")
     ds = await la.write_dataset(kv_table(range(3)), uri)
@@ -186,6 +196,7 @@ async def test_regression_bad_paths_columns_and_versions_are_typed(tmp_path: Pat
         await ds.checkout(999)
 
 
+@pytest.mark.asyncio
 async def test_a_dataset_is_an_async_context_manager_that_releases_nothing(
     tmp_path: Path,
 ) -> None:

@@ -110,7 +110,7 @@ def test_real_engine_messages_still_match(tmp_path: object) -> None:
     assert isinstance(map_engine_error(closed.value), la.ClosedError)
 
 
-@pytest.mark.anyio
+@pytest.mark.asyncio
 async def test_mapped_errors_keep_the_engine_error_as_their_cause(tmp_path: object) -> None:
     uri = str(tmp_path) + "/t.lance"
     await la.write_dataset(pa.table({"id": [1]}), uri)

@@ -15,8 +15,6 @@ from lance_async.errors import FilterError
 
 from .helpers import kv_table
 
-pytestmark = pytest.mark.anyio
-
 TRAILING = [
     "id < 3; DROP TABLE x",
     "id < 3;",
@@ -38,6 +36,7 @@ def test_check_filter_wraps_one_expression_and_refuses_separators() -> None:
             check_filter(bad)
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("text", TRAILING)
 async def test_regression_text_after_the_expression_is_refused_on_every_read_path(
     table_uri: str, text: str
@@ -67,6 +66,7 @@ def test_regression_the_scan_command_refuses_text_after_the_expression(tmp_path:
     assert "one expression" in result.output
 
 
+@pytest.mark.asyncio
 async def test_a_query_string_filter_on_the_smallest_int64_finds_its_row(tmp_path: Path) -> None:
     """``-9223372036854775808`` in Lance SQL is a float64; the compiled filter
     must still compare equal to the int64 key."""

@@ -13,8 +13,6 @@ import lance_async as la
 
 from .helpers import PK
 
-pytestmark = pytest.mark.anyio
-
 SCHEMA = pa.schema(
     [pa.field("id", pa.int64(), nullable=False, metadata=PK), pa.field("v", pa.float64())]
 )
@@ -45,6 +43,7 @@ def test_configure_memory_sets_restores_and_checks(restore_memory: None) -> None
             la.configure_memory(pool_bytes=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.asyncio
 async def test_regression_an_exhausted_memory_pool_is_a_typed_error_with_advice(
     table_uri: str, restore_memory: None
 ) -> None:

@@ -19,8 +19,6 @@ from lance_async import _metrics
 
 from .helpers import CommitHook, kv_table, upsert_sync
 
-pytestmark = pytest.mark.anyio
-
 
 @pytest.fixture
 def reader() -> Iterator[InMemoryMetricReader]:
@@ -52,6 +50,7 @@ def total(found: dict[str, list[Any]], name: str, **attrs: str) -> float:
     )
 
 
+@pytest.mark.asyncio
 async def test_writer_puts_rows_and_ack_latency_after_a_known_ingest(
     reader: InMemoryMetricReader, tmp_path: Path
 ) -> None:
@@ -78,6 +77,7 @@ async def test_writer_puts_rows_and_ack_latency_after_a_known_ingest(
     assert total(points(reader), "lance_async.reads.scans", table=uri, path="lsm") == 1
 
 
+@pytest.mark.asyncio
 @pytest.mark.commit_lock
 async def test_merge_attempts_and_conflicts(reader: InMemoryMetricReader, tmp_path: Path) -> None:
     uri = str(tmp_path / "m.lance")

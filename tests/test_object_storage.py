@@ -23,8 +23,6 @@ import lance_async as la
 from .helpers import PK, CompetingSource
 from .services import S3Bucket
 
-pytestmark = pytest.mark.anyio
-
 DIM = 4
 SCHEMA = pa.schema(
     [
@@ -33,11 +31,6 @@ SCHEMA = pa.schema(
         pa.field("vec", pa.list_(pa.float32(), DIM)),
     ]
 )
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 COMPETITOR = """
@@ -72,6 +65,7 @@ def rows(ids: list[int] | range, value: int) -> pa.Table:
     )
 
 
+@pytest.mark.asyncio
 async def test_the_whole_stack_runs_on_s3_with_storage_options_only(
     s3_bucket: S3Bucket, tmp_path: Any
 ) -> None:
@@ -156,6 +150,7 @@ def test_the_command_line_takes_storage_options(s3_bucket: S3Bucket, tmp_path: A
     assert bad.exit_code == 2
 
 
+@pytest.mark.asyncio
 async def test_a_forgotten_storage_option_fails_instead_of_reaching_aws(
     s3_bucket: S3Bucket,
 ) -> None:
@@ -232,6 +227,7 @@ def test_serve_settings_precedence(tmp_path: Any, monkeypatch: pytest.MonkeyPatc
         ServeSettings.load(None, port=70000)
 
 
+@pytest.mark.asyncio
 async def test_lookups_by_base_offsets_read_the_bucket_with_its_options(
     s3_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:

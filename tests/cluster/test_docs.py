@@ -17,15 +17,10 @@ from lance_async.cluster import Partitioner
 from ..conftest import broker_or_skip
 from ..helpers import KV_SCHEMA
 
-pytestmark = pytest.mark.anyio
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scale-out.md"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
+@pytest.mark.asyncio
 async def test_the_producer_example_puts_each_row_in_its_partition(tmp_path: Path) -> None:
     broker_or_skip("Redis", 6379)
     block = re.search(r"## A producer.*?```python\n(.*?)```", DOC.read_text(), re.S)

@@ -30,14 +30,9 @@ from lance_async.cluster import Partitioner, RedisPublisher
 from ..conftest import broker_or_skip
 from ..helpers import KV_SCHEMA, eventually
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker]
+pytestmark = pytest.mark.broker
 
 TTL = 120.0
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def free_port() -> int:
@@ -61,6 +56,7 @@ async def stats(port: int) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.asyncio
 async def test_a_sigterm_hands_partitions_over_without_waiting_for_the_lease(
     tmp_path: Path,
 ) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 import pytest
+import pytest_asyncio
 
 import lance_async as la
 from lance_async.cluster.claim import table_identity
@@ -32,15 +33,10 @@ from lance_async.cluster.claim import table_identity
 from ..conftest import broker_or_skip
 from ..helpers import KV_SCHEMA, eventually
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 KEYS = 5_000
 VERSIONS = 4  # 20,000 messages: every key four times, the last one newest
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the brokers' clients run on asyncio only
 
 
 @dataclass
@@ -95,7 +91,7 @@ class Feed:
         return (entry.value or b"").decode() or None
 
 
-@pytest.fixture(params=["redis", "nats"])
+@pytest_asyncio.fixture(params=["redis", "nats"])
 async def feed(request: pytest.FixtureRequest) -> AsyncIterator[Feed]:
     name = f"lance-async-replicas-{uuid.uuid4().hex[:10]}"
     if request.param == "redis":
@@ -142,6 +138,7 @@ async def assert_ingested_once(uri: str) -> None:
     assert (await ds.check_shards()).ok
 
 
+@pytest.mark.asyncio
 async def test_two_ingest_replicas_one_runs_the_other_refuses(feed: Feed, tmp_path: Path) -> None:
     uri = await make_table(tmp_path)
     await feed.publish_all()
@@ -169,6 +166,7 @@ async def test_two_ingest_replicas_one_runs_the_other_refuses(feed: Feed, tmp_pa
     await assert_ingested_once(uri)
 
 
+@pytest.mark.asyncio
 async def test_a_worker_group_is_refused_while_an_ingest_writes_and_a_killed_ingest_is_followed(
     feed: Feed, tmp_path: Path
 ) -> None:

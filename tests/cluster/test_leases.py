@@ -8,27 +8,21 @@ from typing import Any
 
 import anyio
 import pytest
+import pytest_asyncio
 
 from lance_async.cluster import LeaseBalancer, NatsLeaseTable, RedisLeaseTable
 
 from ..conftest import broker_or_skip
 from ..helpers import eventually
 
-pytestmark = pytest.mark.anyio
-
 TTL = 0.6
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # redis.asyncio and nats-py run on asyncio only
 
 
 Factory = Callable[..., Any]
 """``factory(member, ttl=TTL)``: a lease table of the group for ``member``."""
 
 
-@pytest.fixture(params=["redis", "nats"])
+@pytest_asyncio.fixture(params=["redis", "nats"])
 async def leases(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
     """A factory of lease tables (one per member) over one fresh group."""
     group = uuid.uuid4().hex[:12]
@@ -62,6 +56,7 @@ async def leases(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
         await nc.close()
 
 
+@pytest.mark.asyncio
 async def test_a_lease_has_one_holder_until_it_expires(leases: Factory) -> None:
     a, b = leases("a"), leases("b")
     assert await a.acquire(0)
@@ -79,6 +74,7 @@ async def test_a_lease_has_one_holder_until_it_expires(leases: Factory) -> None:
     assert await a.acquire(0)
 
 
+@pytest.mark.asyncio
 async def test_members_are_the_live_heartbeats(leases: Factory) -> None:
     a, b = leases("a"), leases("b")
     await a.heartbeat()
@@ -92,6 +88,7 @@ async def test_members_are_the_live_heartbeats(leases: Factory) -> None:
     await eventually(b_gone, 10, "b to drop out")
 
 
+@pytest.mark.asyncio
 async def test_balancers_divide_the_partitions_and_take_over_a_dead_one(leases: Factory) -> None:
     owners: dict[int, str] = {}
     events: list[tuple[str, str, int]] = []
@@ -123,6 +120,7 @@ async def test_balancers_divide_the_partitions_and_take_over_a_dead_one(leases: 
     assert ("revoke", "a", 0) in events or ("revoke", "a", 1) in events
 
 
+@pytest.mark.asyncio
 async def test_regression_a_drop_that_arrives_while_a_revoke_drains_is_kept(
     leases: Factory,
 ) -> None:
@@ -154,6 +152,7 @@ async def test_regression_a_drop_that_arrives_while_a_revoke_drains_is_kept(
     assert revoked[:2] == [(0, True), (1, True)]
 
 
+@pytest.mark.asyncio
 async def test_a_clean_stop_hands_over_without_waiting_for_the_ttl(leases: Factory) -> None:
     """Leases of a minute, and b balancing only when told (its rounds are ten
     minutes apart): a's hand-backs, its departure and its releases are
@@ -188,6 +187,7 @@ async def test_a_clean_stop_hands_over_without_waiting_for_the_ttl(leases: Facto
     assert owners == {}
 
 
+@pytest.mark.asyncio
 async def test_regression_a_worker_restarted_under_its_name_takes_its_leases_back(
     leases: Factory,
 ) -> None:

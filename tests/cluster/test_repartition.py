@@ -81,8 +81,7 @@ def test_an_unaligned_stream_is_repartitioned_then_ingested_by_a_worker(tmp_path
     anyio.run(work)
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.asyncio
 async def test_a_target_with_other_partitions_is_refused(table_uri: str) -> None:
     from lance_async.cluster import RedisPublisher
     from lance_async.cluster.repartition import RepartitionWriter

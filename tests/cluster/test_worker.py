@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+import pytest_asyncio
 import redis.asyncio
 
 import lance_async as la
@@ -28,16 +29,10 @@ from ..helpers import KV_SCHEMA, eventually
 if sys.version_info < (3, 11):  # pragma: no cover - anyio brings the backport
     from exceptiongroup import BaseExceptionGroup, ExceptionGroup
 
-pytestmark = pytest.mark.anyio
 URL = "redis://127.0.0.1:6379"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
+@pytest_asyncio.fixture
 async def client() -> AsyncIterator[Any]:
     broker_or_skip("Redis", 6379)
     c = redis.asyncio.Redis.from_url(URL)
@@ -45,6 +40,7 @@ async def client() -> AsyncIterator[Any]:
     await c.aclose()
 
 
+@pytest.mark.asyncio
 async def test_a_misrouted_row_is_dead_lettered_never_written(tmp_path: Path, client: Any) -> None:
     ds = await la.write_dataset(
         KV_SCHEMA.empty_table(), str(tmp_path / "t.lance"), schema=KV_SCHEMA
@@ -88,6 +84,7 @@ async def test_a_misrouted_row_is_dead_lettered_never_written(tmp_path: Path, cl
         await client.delete(f"{key}:leases:member:solo")
 
 
+@pytest.mark.asyncio
 async def test_a_feed_with_other_partitions_than_the_table_is_refused(
     tmp_path: Path, client: Any
 ) -> None:
@@ -100,6 +97,7 @@ async def test_a_feed_with_other_partitions_than_the_table_is_refused(
         await worker.run()
 
 
+@pytest.mark.asyncio
 async def test_a_worker_compacts_the_shards_it_owns(tmp_path: Path, client: Any) -> None:
     ds = await la.write_dataset(
         KV_SCHEMA.empty_table(), str(tmp_path / "t.lance"), schema=KV_SCHEMA
@@ -143,6 +141,7 @@ async def test_a_worker_compacts_the_shards_it_owns(tmp_path: Path, client: Any)
         await client.delete(f"{key}:leases:member:solo")
 
 
+@pytest.mark.asyncio
 async def test_a_clean_stop_drains_every_partition_under_its_lease(
     tmp_path: Path, client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -203,6 +202,7 @@ async def test_a_clean_stop_drains_every_partition_under_its_lease(
         await client.delete(f"{key}:leases:member:solo")
 
 
+@pytest.mark.asyncio
 async def test_a_sigterm_during_start_up_stops_the_worker_cleanly(tmp_path: Path) -> None:
     """SIGTERM while the worker still connects to its broker: exit 0, owning nothing.
 
@@ -249,6 +249,7 @@ def test_partition_outcome_reads_exception_groups() -> None:
     assert partition_outcome(KeyboardInterrupt()) is None
 
 
+@pytest.mark.asyncio
 async def test_a_fenced_partition_is_released_and_the_worker_goes_on(
     tmp_path: Path, client: Any
 ) -> None:
@@ -307,6 +308,7 @@ async def test_a_fenced_partition_is_released_and_the_worker_goes_on(
         await client.delete(f"{key}:leases:member:solo")
 
 
+@pytest.mark.asyncio
 async def test_a_worker_gives_up_only_when_no_partition_can_work(
     tmp_path: Path, client: Any
 ) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 import pytest
+import pytest_asyncio
 
 import lance_async as la
 from lance_async.cluster import (
@@ -38,15 +39,10 @@ from ..conftest import broker_or_skip
 from ..helpers import KV_SCHEMA, eventually
 from ..services import FAST_GROUP, create_topic
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 KEYS = 120
 TTL = 2.0
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the brokers' clients run on asyncio only
 
 
 @dataclass
@@ -204,7 +200,7 @@ async def chaos_setup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
         yield setup
 
 
-@pytest.fixture(params=["redis-local", "nats-s3"])
+@pytest_asyncio.fixture(params=["redis-local", "nats-s3"])
 async def pause_setup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Setup]:
     async for setup in make_setup(request.param, request, tmp_path):
         yield setup
@@ -314,6 +310,7 @@ async def assert_final(setup: Setup, version: int) -> None:
     assert {r["value"] for r in base} == {version}
 
 
+@pytest.mark.asyncio
 async def test_three_workers_killed_and_restarted_lose_nothing(
     chaos_setup: Setup, tmp_path: Path
 ) -> None:
@@ -359,6 +356,7 @@ async def test_three_workers_killed_and_restarted_lose_nothing(
     await assert_final(setup, versions - 1)
 
 
+@pytest.mark.asyncio
 async def test_a_paused_worker_is_fenced_and_acknowledges_nothing_after(
     pause_setup: Setup, tmp_path: Path
 ) -> None:

@@ -13,9 +13,8 @@ import lance_async as la
 
 from ..helpers import KV_SCHEMA, kv_table
 
-pytestmark = pytest.mark.anyio
 
-
+@pytest.mark.asyncio
 async def test_versions_restore_and_tags(table_uri: str) -> None:
     ds = await la.write_dataset(kv_table(range(3)), table_uri)
     await ds.insert(kv_table(range(3, 5)))
@@ -55,6 +54,7 @@ async def test_versions_restore_and_tags(table_uri: str) -> None:
     assert (await shallow.count_rows(), await deep.count_rows()) == (3, 5)
 
 
+@pytest.mark.asyncio
 async def test_schema_evolution_metadata_and_config(table_uri: str) -> None:
     ds = await la.write_dataset(kv_table(range(4), value=5), table_uri)
     await ds.add_columns({"double": "value * 2"})
@@ -81,6 +81,7 @@ async def test_schema_evolution_metadata_and_config(table_uri: str) -> None:
     assert ds.primary_key == ["id"]  # the key survives every change
 
 
+@pytest.mark.asyncio
 async def test_indexes_and_maintenance(table_uri: str) -> None:
     ds = await la.write_dataset(kv_table(range(100)), table_uri)
     await ds.create_scalar_index("id", "BTREE", name="by_id")
@@ -108,6 +109,7 @@ async def test_indexes_and_maintenance(table_uri: str) -> None:
     assert await ds.count_rows() == 0 and ds.schema.equals(KV_SCHEMA, check_metadata=True)
 
 
+@pytest.mark.asyncio
 async def test_commit_what_execute_uncommitted_built(table_uri: str) -> None:
     ds = await la.write_dataset(kv_table(range(3)), table_uri)
     first, stats = (
@@ -155,6 +157,7 @@ async def test_commit_what_execute_uncommitted_built(table_uri: str) -> None:
     assert await ds.latest_version() == 3
 
 
+@pytest.mark.asyncio
 async def test_an_async_dataset_is_a_pinned_replayable_source(tmp_path: Path) -> None:
     src = await la.write_dataset(kv_table(range(5), value=1), tmp_path / "src.lance")
     pinned = la.coerce_source(src)

@@ -36,15 +36,8 @@ from .support import (
     row_json,
 )
 
-pytestmark = pytest.mark.anyio
-
 P0 = TopicPartition("events", 0)
 P1 = TopicPartition("events", 1)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # aiokafka runs on asyncio only
 
 
 class FakeBroker:
@@ -165,6 +158,7 @@ def offsets_per_partition(log: list[tuple[TopicPartition, int]]) -> dict[TopicPa
     return out
 
 
+@pytest.mark.asyncio
 async def test_ingest_commits_each_partition_only_after_its_rows_are_written(
     tmp_path: Path,
 ) -> None:
@@ -200,6 +194,7 @@ async def test_ingest_commits_each_partition_only_after_its_rows_are_written(
         assert len(offsets) > 1  # one commit per fetch, not one at the end
 
 
+@pytest.mark.asyncio
 async def test_a_crash_before_the_commit_redelivers_from_the_committed_offset(
     tmp_path: Path,
 ) -> None:
@@ -234,6 +229,7 @@ async def test_a_crash_before_the_commit_redelivers_from_the_committed_offset(
         assert offsets == sorted(set(offsets))
 
 
+@pytest.mark.asyncio
 async def test_a_revocation_waits_for_in_flight_acks_and_commits_them() -> None:
     broker = FakeBroker()
     broker.produce(P0, [row_json(i) for i in range(6)])
@@ -255,6 +251,7 @@ async def test_a_revocation_waits_for_in_flight_acks_and_commits_them() -> None:
     await feed.aclose()
 
 
+@pytest.mark.asyncio
 async def test_acks_after_the_revoke_timeout_are_fenced_and_the_records_come_again() -> None:
     broker = FakeBroker()
     broker.produce(P0, [row_json(i) for i in range(6)])
@@ -276,6 +273,7 @@ async def test_acks_after_the_revoke_timeout_are_fenced_and_the_records_come_aga
     await feed.aclose()
 
 
+@pytest.mark.asyncio
 async def test_only_partitions_still_assigned_are_committed() -> None:
     broker = FakeBroker()
     broker.produce(P0, [row_json(i) for i in range(3)])
@@ -290,6 +288,7 @@ async def test_only_partitions_still_assigned_are_committed() -> None:
     assert broker.committed == {P0: 3}
 
 
+@pytest.mark.asyncio
 async def test_out_of_order_acks_commit_only_the_contiguous_prefix() -> None:
     broker = FakeBroker()
     broker.produce(P0, [row_json(i) for i in range(5)])
@@ -304,6 +303,7 @@ async def test_out_of_order_acks_commit_only_the_contiguous_prefix() -> None:
         assert broker.commit_log == [(P0, 2), (P0, 5)]
 
 
+@pytest.mark.asyncio
 async def test_a_failed_commit_is_skipped_and_retried_later() -> None:
     broker = FakeBroker()
     broker.produce(P0, [row_json(i) for i in range(3)])
@@ -318,6 +318,7 @@ async def test_a_failed_commit_is_skipped_and_retried_later() -> None:
     assert broker.commit_log == [(P0, 3)]
 
 
+@pytest.mark.asyncio
 async def test_aclose_commits_what_was_acked_and_can_stop_the_consumer() -> None:
     broker = FakeBroker()
     broker.produce(P0, [row_json(i) for i in range(5)])
@@ -338,6 +339,7 @@ async def test_aclose_commits_what_was_acked_and_can_stop_the_consumer() -> None
         await messages[3].ack()
 
 
+@pytest.mark.asyncio
 async def test_a_chained_listener_runs_after_the_feeds_commit() -> None:
     broker = FakeBroker()
     broker.produce(P0, [row_json(i) for i in range(2)])
@@ -361,6 +363,7 @@ async def test_a_chained_listener_runs_after_the_feeds_commit() -> None:
     await feed.aclose()
 
 
+@pytest.mark.asyncio
 async def test_record_values_headers_and_offsets() -> None:
     broker = FakeBroker()
     broker.produce(P0, [row_json(1), None, "text"], headers=[("trace", b"abc")])
@@ -380,6 +383,7 @@ async def test_record_values_headers_and_offsets() -> None:
         assert info.value.offset == KafkaOffset("events", 1, 0)
 
 
+@pytest.mark.asyncio
 async def test_regression_an_undecodable_record_value_is_a_sticky_decode_error(
     tmp_path: Path,
 ) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import nats
 import pytest
+import pytest_asyncio
 import trio
 from nats.js.client import JetStreamContext
 
@@ -28,14 +29,9 @@ from .support import (
     row_json,
 )
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker]
+pytestmark = pytest.mark.broker
 
 URL = "nats://127.0.0.1:4222"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # nats-py runs on asyncio only
 
 
 @dataclass
@@ -63,7 +59,7 @@ class Stream:
         return info
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def stream() -> AsyncIterator[Stream]:
     broker_or_skip("NATS JetStream", 4222)
     name = f"LA_{uuid.uuid4().hex}"
@@ -77,6 +73,7 @@ async def stream() -> AsyncIterator[Stream]:
         await nc.close()
 
 
+@pytest.mark.asyncio
 async def test_ingest_acks_each_message_after_its_rows_are_written(
     stream: Stream, tmp_path: Path
 ) -> None:
@@ -101,6 +98,7 @@ async def test_ingest_acks_each_message_after_its_rows_are_written(
     assert info.config.ack_policy == "explicit"
 
 
+@pytest.mark.asyncio
 async def test_fetch_times_out_empty_and_an_unacked_message_comes_back(stream: Stream) -> None:
     seqs = await stream.publish([row_json(1), row_json(2)])
     async with await JetStreamFeed.connect(
@@ -123,6 +121,7 @@ async def test_fetch_times_out_empty_and_an_unacked_message_comes_back(stream: S
     assert info.config.ack_wait == 1.0
 
 
+@pytest.mark.asyncio
 async def test_a_crash_between_write_and_ack_redelivers_without_duplicates(
     stream: Stream, tmp_path: Path
 ) -> None:
@@ -158,6 +157,7 @@ async def test_a_crash_between_write_and_ack_redelivers_without_duplicates(
     assert (info.num_ack_pending, info.num_pending) == (0, 0)
 
 
+@pytest.mark.asyncio
 async def test_a_dead_letter_is_acked_with_its_sequence(stream: Stream, tmp_path: Path) -> None:
     seqs = await stream.publish([row_json(0), b"{broken", row_json(2)])
     letters: list[Any] = []
@@ -181,6 +181,7 @@ async def test_a_dead_letter_is_acked_with_its_sequence(stream: Stream, tmp_path
     assert (info.num_ack_pending, info.ack_floor.stream_seq) == (0, seqs[-1])
 
 
+@pytest.mark.asyncio
 async def test_without_a_hook_the_bad_message_stays_unacked(stream: Stream, tmp_path: Path) -> None:
     seqs = await stream.publish([b"{broken"])
     ds = await mem_wal_table(tmp_path)
@@ -197,6 +198,7 @@ async def test_without_a_hook_the_bad_message_stays_unacked(stream: Stream, tmp_
     assert consumer.num_ack_pending == 1
 
 
+@pytest.mark.asyncio
 async def test_create_stream_life_cycle_and_closed_errors() -> None:
     broker_or_skip("NATS JetStream", 4222)
     name = f"LA_{uuid.uuid4().hex}"
@@ -225,6 +227,7 @@ async def test_create_stream_life_cycle_and_closed_errors() -> None:
         await message.ack()
 
 
+@pytest.mark.asyncio
 async def test_a_missing_stream_raises_and_closes_the_connection() -> None:
     broker_or_skip("NATS JetStream", 4222)
     with pytest.raises(nats.js.errors.NotFoundError):
@@ -241,6 +244,7 @@ def test_connect_on_trio_says_asyncio_only() -> None:
         trio.run(main)
 
 
+@pytest.mark.asyncio
 async def test_ack_sync_waits_for_the_server(stream: Stream) -> None:
     seqs = await stream.publish([row_json(1), row_json(2)])
     async with await JetStreamFeed.connect(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 import redis.asyncio
 
 import lance_async as la
@@ -19,17 +20,12 @@ from lance_async.feeds import RedisStreamFeed, ingest
 from ..conftest import broker_or_skip
 from .support import expected_rows, lsm_rows, mem_wal_table, new_shard, row_json
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker]
+pytestmark = pytest.mark.broker
 
 URL = "redis://127.0.0.1:6379"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # redis.asyncio runs on asyncio only
-
-
-@pytest.fixture
+@pytest_asyncio.fixture
 async def stream_key() -> AsyncIterator[str]:
     broker_or_skip("Redis", 6379)
     client = redis.asyncio.Redis.from_url(URL)
@@ -41,6 +37,7 @@ async def stream_key() -> AsyncIterator[str]:
         await client.aclose()
 
 
+@pytest.mark.asyncio
 async def test_regression_deeply_nested_message_is_dead_lettered_and_the_feed_moves_on(
     stream_key: str, tmp_path: Path
 ) -> None:

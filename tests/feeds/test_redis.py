@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+import pytest_asyncio
 import redis.asyncio
 import trio
 
@@ -28,7 +29,7 @@ from .support import (
     row_json,
 )
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker]
+pytestmark = pytest.mark.broker
 
 URL = "redis://127.0.0.1:6379"
 
@@ -38,11 +39,6 @@ def entry_order(entry_id: str) -> tuple[int, int]:
     XADD made them, which their text does not once a millisecond holds ten."""
     ms, seq = entry_id.split("-")
     return int(ms), int(seq)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # redis.asyncio runs on asyncio only
 
 
 @dataclass
@@ -64,7 +60,7 @@ class Stream:
         )
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def stream() -> AsyncIterator[Stream]:
     broker_or_skip("Redis", 6379)
     client = redis.asyncio.Redis.from_url(URL)
@@ -93,6 +89,7 @@ async def crash_after(
         return crashing, feed.fetched
 
 
+@pytest.mark.asyncio
 async def test_ingest_acks_each_entry_after_its_rows_are_written(
     stream: Stream, tmp_path: Path
 ) -> None:
@@ -116,6 +113,7 @@ async def test_ingest_acks_each_entry_after_its_rows_are_written(
     assert await stream.pending() == {}
 
 
+@pytest.mark.asyncio
 async def test_ingest_acks_a_micro_batch_with_one_xack(stream: Stream, tmp_path: Path) -> None:
     await stream.add([row_json(i) for i in range(400)])
     ds = await mem_wal_table(tmp_path)
@@ -134,6 +132,7 @@ async def test_ingest_acks_a_micro_batch_with_one_xack(stream: Stream, tmp_path:
     assert await xack_calls() - before < 100
 
 
+@pytest.mark.asyncio
 async def test_a_restart_under_the_same_name_rereads_its_own_pending_entries(
     stream: Stream, tmp_path: Path
 ) -> None:
@@ -166,6 +165,7 @@ async def test_a_restart_under_the_same_name_rereads_its_own_pending_entries(
     assert await stream.pending() == {}
 
 
+@pytest.mark.asyncio
 async def test_another_consumer_claims_a_dead_consumers_entries(
     stream: Stream, tmp_path: Path
 ) -> None:
@@ -193,6 +193,7 @@ async def test_another_consumer_claims_a_dead_consumers_entries(
     assert pending.get("dead", 0) == 0 and pending.get("alive", 0) == 0
 
 
+@pytest.mark.asyncio
 async def test_a_live_consumers_in_flight_entries_are_not_redelivered_to_it(
     stream: Stream,
 ) -> None:
@@ -211,6 +212,7 @@ async def test_a_live_consumers_in_flight_entries_are_not_redelivered_to_it(
     assert await stream.pending() == {}
 
 
+@pytest.mark.asyncio
 async def test_a_pending_entry_deleted_meanwhile_is_acked_without_rows(
     stream: Stream, tmp_path: Path
 ) -> None:
@@ -228,6 +230,7 @@ async def test_a_pending_entry_deleted_meanwhile_is_acked_without_rows(
     assert await stream.pending() == {}
 
 
+@pytest.mark.asyncio
 async def test_entries_without_the_payload_field_are_decoded_from_all_fields(
     stream: Stream, tmp_path: Path
 ) -> None:
@@ -250,6 +253,7 @@ async def test_entries_without_the_payload_field_are_decoded_from_all_fields(
     assert await stream.pending() == {}
 
 
+@pytest.mark.asyncio
 async def test_fetch_blocks_until_an_entry_or_the_timeout(stream: Stream) -> None:
     async with await stream.feed("c") as feed:
         started = time.monotonic()
@@ -269,6 +273,7 @@ async def test_fetch_blocks_until_an_entry_or_the_timeout(stream: Stream) -> Non
         await got[0].ack()
 
 
+@pytest.mark.asyncio
 async def test_group_creation_start_id_and_life_cycle(stream: Stream) -> None:
     await stream.add([row_json(0)])
     feed = await RedisStreamFeed.connect(URL, stream=stream.key, group="late", start_id="$")

@@ -13,8 +13,6 @@ from lance_async.lsm.keyvalues import key_value
 
 from ..memwal.support import mem_wal_table, sid
 
-pytestmark = pytest.mark.anyio
-
 ID = pa.field("id", pa.int64())
 
 
@@ -60,6 +58,7 @@ def test_key_value_refuses_loose_values(value: object, field: pa.Field, why: str
         key_value(value, field)
 
 
+@pytest.mark.asyncio
 async def test_regression_dataset_and_writer_lookups_share_one_key_rule(table_uri: str) -> None:
     # Before: 1.5 was truncated to 1 on the dataset path and refused on the
     # writer's; 2**70 was an error on one and an empty result on the other.

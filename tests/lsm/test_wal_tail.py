@@ -29,13 +29,7 @@ from lance_async.lsm import ShardSnapshot, wal
 from ..helpers import KV_SCHEMA, eventually, kv_table
 from .procs import ops
 
-pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 class Proc:
@@ -119,6 +113,7 @@ async def new_table(uri: str) -> la.AsyncDataset:
     return await ds.initialize_mem_wal()
 
 
+@pytest.mark.asyncio
 async def test_rows_acked_by_a_killed_writer_are_visible_at_once_elsewhere(
     tmp_path: Path,
 ) -> None:
@@ -146,6 +141,7 @@ async def test_rows_acked_by_a_killed_writer_are_visible_at_once_elsewhere(
     assert by_id(await ds.lsm_scan(columns=["id", "value"]).to_table()) == model
 
 
+@pytest.mark.asyncio
 async def test_a_live_writer_in_another_process_is_seen_while_it_writes(tmp_path: Path) -> None:
     uri = str(tmp_path / "t.lance")
     await new_table(uri)
@@ -175,6 +171,7 @@ async def test_a_live_writer_in_another_process_is_seen_while_it_writes(tmp_path
         proc.kill()
 
 
+@pytest.mark.asyncio
 async def test_the_tail_is_read_incrementally(tmp_path: Path, monkeypatch: Any) -> None:
     uri = str(tmp_path / "t.lance")
     ds = await new_table(uri)
@@ -200,6 +197,7 @@ async def test_the_tail_is_read_incrementally(tmp_path: Path, monkeypatch: Any) 
         assert len(reads) - before == shards + 1  # the new entry, then the probe past it
 
 
+@pytest.mark.asyncio
 async def test_a_fenced_writers_late_puts_are_never_visible(tmp_path: Path) -> None:
     uri = str(tmp_path / "t.lance")
     ds = await la.write_dataset(kv_table(range(3)), uri)
@@ -218,6 +216,7 @@ async def test_a_fenced_writers_late_puts_are_never_visible(tmp_path: Path) -> N
     assert await anyio.to_thread.run_sync(engine_replays, uri) == seen
 
 
+@pytest.mark.asyncio
 async def test_a_generation_without_a_tombstone_column_is_read(tmp_path: Path) -> None:
     """Lance's own tests write such generations (a Lance dataset of the table's
     columns only); the engine's planners read them given the snapshot, and so
@@ -236,6 +235,7 @@ async def test_a_generation_without_a_tombstone_column_is_read(tmp_path: Path) -
     assert row.column("value").to_pylist() == [9]
 
 
+@pytest.mark.asyncio
 async def test_scan_offset_and_row_ids(tmp_path: Path) -> None:
     uri = str(tmp_path / "t.lance")
     ds = await new_table(uri)
@@ -264,6 +264,7 @@ def test_wal_rows_conform_to_the_table_schema() -> None:
     assert rows.schema == wal.level_schema(schema)
 
 
+@pytest.mark.asyncio
 async def test_ingest_recovers_every_shard_a_dead_writer_left(tmp_path: Path) -> None:
     """The routing writer's recover() (which ingest() runs first) flushes every
     shard with a WAL tail, not only those its next rows touch."""
@@ -288,6 +289,7 @@ async def test_ingest_recovers_every_shard_a_dead_writer_left(tmp_path: Path) ->
     assert by_id(await ds.to_table(columns=["id", "value"])) == model
 
 
+@pytest.mark.asyncio
 async def test_a_quiet_writer_flushes_an_old_memtable(tmp_path: Path) -> None:
     """max_memtable_age: a memtable holding rows that long becomes a generation
     (so compaction can merge it) while the writer stays open and usable."""
@@ -313,6 +315,7 @@ async def test_a_quiet_writer_flushes_an_old_memtable(tmp_path: Path) -> None:
     assert by_id(await ds.lsm_scan(columns=["id", "value"]).to_table()) == seen
 
 
+@pytest.mark.asyncio
 async def test_check_reads_the_wal_tails_too(tmp_path: Path) -> None:
     uri = str(tmp_path / "t.lance")
     ds = await la.write_dataset(kv_table(range(3)), uri)

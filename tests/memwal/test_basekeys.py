@@ -15,8 +15,6 @@ from lance_async.lsm.basekeys import BaseKeyCache
 from ..helpers import PK, kv_table
 from .support import sid
 
-pytestmark = pytest.mark.anyio
-
 
 @pytest.fixture
 def cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[BaseKeyCache]:
@@ -32,6 +30,7 @@ async def values(ds: la.AsyncDataset, keys: list[int]) -> dict[int, int]:
     return dict(zip(rows.column("id").to_pylist(), rows.column("value").to_pylist(), strict=True))
 
 
+@pytest.mark.asyncio
 async def test_indexed_lookups_answer_what_the_engine_does(
     table_uri: str, cache: BaseKeyCache
 ) -> None:
@@ -59,6 +58,7 @@ async def test_indexed_lookups_answer_what_the_engine_does(
     assert cache.builds == 1  # one version, one build
 
 
+@pytest.mark.asyncio
 async def test_a_new_base_version_is_not_answered_from_an_old_index(
     table_uri: str, cache: BaseKeyCache
 ) -> None:
@@ -79,6 +79,7 @@ async def test_a_new_base_version_is_not_answered_from_an_old_index(
     assert cache.builds == 2
 
 
+@pytest.mark.asyncio
 async def test_tables_past_the_row_limit_are_not_indexed(
     table_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -92,6 +93,7 @@ async def test_tables_past_the_row_limit_are_not_indexed(
     assert small.builds == 0
 
 
+@pytest.mark.asyncio
 async def test_composite_string_keys_through_the_index(table_uri: str, cache: BaseKeyCache) -> None:
     schema = pa.schema(
         [

@@ -12,9 +12,8 @@ import lance_async as la
 from ..helpers import CommitHook, upsert_sync
 from .support import check_dataset_reads, model_plain, plain, rows, setup
 
-pytestmark = pytest.mark.anyio
 
-
+@pytest.mark.asyncio
 async def test_compaction_of_chosen_shards_leaves_the_others(table_uri: str) -> None:
     ds, model = await setup(table_uri)
     shard_a, shard_b = str(uuid.uuid4()), str(uuid.uuid4())
@@ -37,6 +36,7 @@ async def test_compaction_of_chosen_shards_leaves_the_others(table_uri: str) -> 
     assert plain(await ds.to_table()) == model_plain(model.rows)
 
 
+@pytest.mark.asyncio
 @pytest.mark.commit_lock
 async def test_compaction_that_loses_a_commit_race_replays_the_sstable(table_uri: str) -> None:
     ds, model = await setup(table_uri)

@@ -25,13 +25,7 @@ from lance_async.memwal.compaction import compact_shard
 from ..helpers import kv_table
 from .support import sid
 
-pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 async def generation(
@@ -49,6 +43,7 @@ def ids_values(table: pa.Table) -> dict[int, int]:
     return dict(zip(table.column("id").to_pylist(), table.column("value").to_pylist(), strict=True))
 
 
+@pytest.mark.asyncio
 async def test_a_stale_compaction_commits_nothing(tmp_path: Path) -> None:
     uri = str(tmp_path / "t.lance")
     ds = await la.write_dataset(kv_table([1000]), uri)
@@ -86,6 +81,7 @@ def spawn_compactor(uri: str, stop: Path) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.asyncio
 @pytest.mark.slow
 async def test_two_compactor_processes_race_deletes_and_reinserts(tmp_path: Path) -> None:
     uri = str(tmp_path / "t.lance")

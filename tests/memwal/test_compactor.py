@@ -14,13 +14,12 @@ from lance_async.memwal import CompactionPolicy, Compactor
 
 from ..helpers import kv_table
 
-pytestmark = pytest.mark.anyio
-
 
 def _rows(table: pa.Table) -> dict[int, tuple[Any, Any]]:
     return {r["id"]: (r["value"], r["name"]) for r in table.to_pylist()}
 
 
+@pytest.mark.asyncio
 async def test_compaction_under_concurrent_ingest_and_lookups(table_uri: str) -> None:
     """No row lost, none resurrected, deletes honoured, newest version wins,
     while a compactor merges generations that keep flushing."""
@@ -71,6 +70,7 @@ async def test_compaction_under_concurrent_ingest_and_lookups(table_uri: str) ->
     }
 
 
+@pytest.mark.asyncio
 async def test_compactor_standalone_follows_its_policy(table_uri: str) -> None:
     ds = await la.write_dataset(kv_table(range(10)), table_uri)
     await ds.initialize_mem_wal(manual_shards=True)
@@ -95,6 +95,7 @@ async def test_compactor_standalone_follows_its_policy(table_uri: str) -> None:
         await busy.start(None)  # type: ignore[arg-type]
 
 
+@pytest.mark.asyncio
 async def test_a_callable_shard_set_is_asked_at_every_pass(table_uri: str) -> None:
     """A cluster worker's compactor: only the shards it owns now are compacted."""
     ds = await la.write_dataset(kv_table([]), table_uri)
@@ -119,6 +120,7 @@ async def test_a_callable_shard_set_is_asked_at_every_pass(table_uri: str) -> No
     assert _rows(await ds.to_table()) == {i: (1, f"n{i}") for i in range(80)}
 
 
+@pytest.mark.asyncio
 async def test_compaction_policy_checks_its_values() -> None:
     with pytest.raises(ValueError):
         CompactionPolicy(max_generations=-1)
@@ -129,6 +131,7 @@ async def test_compaction_policy_checks_its_values() -> None:
     assert CompactionPolicy(max_bytes=0).max_bytes == 0
 
 
+@pytest.mark.asyncio
 async def test_generations_holding_only_deletes_are_marked_compacted(table_uri: str) -> None:
     """The upsert pass has no rows then; its commit must still mark the generations."""
     ds = await la.write_dataset(kv_table(range(10)), table_uri)

@@ -16,9 +16,8 @@ from lance_async.lsm.lookup import LookupCoalescer, split_rows
 
 from ..helpers import PK, kv_table
 
-pytestmark = pytest.mark.anyio
 
-
+@pytest.mark.asyncio
 async def test_coalesced_lookups_return_each_caller_its_own_row(table_uri: str) -> None:
     ds = await la.write_dataset(kv_table(range(500)), table_uri)
     await ds.initialize_mem_wal(manual_shards=True)
@@ -66,6 +65,7 @@ async def test_coalesced_lookups_return_each_caller_its_own_row(table_uri: str) 
     assert by_table.column("id").to_pylist() == [1, 610]
 
 
+@pytest.mark.asyncio
 async def test_lookups_by_string_and_composite_keys(table_uri: str) -> None:
     schema = pa.schema(
         [
@@ -128,6 +128,7 @@ def test_key_index_verifies_hash_hits_and_resolves_shared_codes() -> None:
     assert ints.exact and ints.find([pa.array([3, -(2**62), 4], pa.int64())]).tolist() == [1, 3, -1]
 
 
+@pytest.mark.asyncio
 async def test_a_cancelled_leader_hands_the_batch_to_the_others() -> None:
     release = anyio.Event()
     calls: list[list[int]] = []
@@ -174,6 +175,7 @@ async def test_a_cancelled_leader_hands_the_batch_to_the_others() -> None:
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
+@pytest.mark.asyncio
 async def test_the_int64_extremes_are_keys_like_any_other(table_uri: str) -> None:
     """Lance SQL reads ``-9223372036854775808`` as a float64; the filters built
     for lookups must still find the row of the smallest int64 key."""

@@ -21,8 +21,6 @@ from lance_async.memwal.policy import (
 from ..helpers import KV_SCHEMA
 from .support import mem_wal_table, sid
 
-pytestmark = pytest.mark.anyio
-
 TEN_MINUTES_MS = 600_000
 
 
@@ -33,6 +31,7 @@ def ten_rows(i: int) -> pa.RecordBatch:
     )
 
 
+@pytest.mark.asyncio
 async def test_adaptive_commit_flushes_an_idle_message_without_the_engine_tick(
     table_uri: str,
 ) -> None:
@@ -53,6 +52,7 @@ async def test_adaptive_commit_flushes_an_idle_message_without_the_engine_tick(
         assert memtable["durable_batch_count"] == 3
 
 
+@pytest.mark.asyncio
 async def test_throughput_policy_keeps_large_puts_and_adaptive_caps_them(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     puts: dict[str, int] = {}
@@ -73,6 +73,7 @@ async def test_throughput_policy_keeps_large_puts_and_adaptive_caps_them(table_u
     assert puts["adaptive"] >= 2
 
 
+@pytest.mark.asyncio
 async def test_latency_policy_makes_small_puts(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid(), commit="latency") as writer:
@@ -88,6 +89,7 @@ async def test_latency_policy_makes_small_puts(table_uri: str) -> None:
     assert summary.rows == 2_000 and summary.engine_puts >= 2  # puts of 1,000 rows at most
 
 
+@pytest.mark.asyncio
 async def test_explicit_options_and_table_defaults_win_over_the_policy(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(
@@ -109,6 +111,7 @@ async def test_explicit_options_and_table_defaults_win_over_the_policy(table_uri
     assert engine_options(COMMIT_POLICIES["throughput"], {}, {}) == {}
 
 
+@pytest.mark.asyncio
 async def test_a_table_default_buffer_size_is_kept_by_a_real_writer(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri, max_wal_buffer_size=2048, max_memtable_rows=4_000)
     async with ds.mem_wal_writer(sid()) as writer:
@@ -117,6 +120,7 @@ async def test_a_table_default_buffer_size_is_kept_by_a_real_writer(table_uri: s
         assert (await writer.put(ten_rows(1))).rows == 10
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("options", "error"),
     [
@@ -148,6 +152,7 @@ async def test_bad_policy_options_are_refused_where_they_are_given(
         ds.mem_wal_writer(**options)  # the routing writer: before any shard opens
 
 
+@pytest.mark.asyncio
 async def test_each_policy_writes_every_row(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=2)
     for n, commit in enumerate(COMMIT_POLICIES):
@@ -171,6 +176,7 @@ def test_adaptive_pacing_follows_the_last_put_within_its_bounds() -> None:
     assert commit_policy("throughput", 0.05).pace(1.0) == 0.05
 
 
+@pytest.mark.asyncio
 async def test_a_writer_paces_its_puts_by_the_last_put(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid()) as w:

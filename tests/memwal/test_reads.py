@@ -34,9 +34,8 @@ from .support import (
     vec_for,
 )
 
-pytestmark = pytest.mark.anyio
 
-
+@pytest.mark.asyncio
 async def test_reads_through_every_stage_of_the_lsm(table_uri: str) -> None:
     ds, model = await setup(table_uri)
     shard_a, shard_b = str(uuid.uuid4()), str(uuid.uuid4())
@@ -135,6 +134,7 @@ async def test_reads_through_every_stage_of_the_lsm(table_uri: str) -> None:
     assert again.commits == 0
 
 
+@pytest.mark.asyncio
 async def test_lookup_right_after_flushes_never_fails(table_uri: str) -> None:
     ds = await la.write_dataset(rows(range(10), 0), table_uri)
     await ds.initialize_mem_wal(manual_shards=True)
@@ -163,6 +163,7 @@ async def test_lookup_right_after_flushes_never_fails(table_uri: str) -> None:
     assert (await ds.lsm_scan(columns=["id"]).to_table()).num_rows == 10 + 3_000
 
 
+@pytest.mark.asyncio
 async def test_composite_keys_and_bad_keys(table_uri: str) -> None:
     schema = pa.schema(
         [
@@ -195,6 +196,7 @@ async def test_composite_keys_and_bad_keys(table_uri: str) -> None:
         await ds.lsm_point_lookup(("eu", "not a number"))
 
 
+@pytest.mark.asyncio
 async def test_shard_snapshots_of_a_table_without_mem_wal(table_uri: str) -> None:
     ds = await la.write_dataset(rows(range(3), 0), table_uri)
     assert await ds.shard_snapshots() == []
@@ -202,6 +204,7 @@ async def test_shard_snapshots_of_a_table_without_mem_wal(table_uri: str) -> Non
     assert (await ds.lsm_point_lookup(1)).num_rows == 1
 
 
+@pytest.mark.asyncio
 async def test_snapshots_convert_to_engine_snapshots(table_uri: str) -> None:
     ds, _ = await setup(table_uri)
     async with ds.mem_wal_writer(str(uuid.uuid4()), max_memtable_rows=10, max_put_rows=10) as w:
@@ -213,6 +216,7 @@ async def test_snapshots_convert_to_engine_snapshots(table_uri: str) -> None:
     assert scanner.count_rows() == 250
 
 
+@pytest.mark.asyncio
 async def test_loop_stays_free_during_an_lsm_scan(tmp_path: Path) -> None:
     n = 1_000_000
     uri = str(tmp_path / "t.lance")
@@ -241,6 +245,7 @@ async def test_loop_stays_free_during_an_lsm_scan(tmp_path: Path) -> None:
     ticker.assert_free()
 
 
+@pytest.mark.asyncio
 async def test_regression_bad_filters_and_keys_are_typed(table_uri: str) -> None:
     ds = await la.write_dataset(rows(range(3), 0), table_uri)
     await ds.initialize_mem_wal(manual_shards=True)
@@ -255,6 +260,7 @@ async def test_regression_bad_filters_and_keys_are_typed(table_uri: str) -> None
             await w.lsm_point_lookup("abc")
 
 
+@pytest.mark.asyncio
 async def test_regression_a_writer_sees_other_shards_flushed_rows(table_uri: str) -> None:
     ds = await la.write_dataset(rows(range(5), 0), table_uri)
     await ds.initialize_mem_wal(manual_shards=True)

@@ -14,9 +14,8 @@ import lance_async as la
 from ..helpers import kv_table
 from .support import mem_wal_table, sid
 
-pytestmark = pytest.mark.anyio
 
-
+@pytest.mark.asyncio
 async def test_an_overwrite_then_initialize_retires_the_old_shards(table_uri: str) -> None:
     """pylance keeps the old table's shard folders through an overwrite; the
     new MemWAL must neither read them nor let a writer replay them."""
@@ -46,6 +45,7 @@ async def test_an_overwrite_then_initialize_retires_the_old_shards(table_uri: st
     assert sorted(base.column("id").to_pylist()) == [0, *range(200, 205)]
 
 
+@pytest.mark.asyncio
 async def test_a_mem_wal_needs_a_primary_key(table_uri: str) -> None:
     plain = pa.table({"id": pa.array([1, 2], pa.int64()), "value": [0.5, 1.5]})
     ds = await la.write_dataset(plain, table_uri)
@@ -60,6 +60,7 @@ async def test_a_mem_wal_needs_a_primary_key(table_uri: str) -> None:
             pass
 
 
+@pytest.mark.asyncio
 async def test_old_shards_stay_hidden_at_every_step_of_an_overwrite(table_uri: str) -> None:
     """Between the overwrite and initialize_mem_wal, and between its two
     commits, no reader sees the old rows and no writer can reach them."""
@@ -91,6 +92,7 @@ async def test_old_shards_stay_hidden_at_every_step_of_an_overwrite(table_uri: s
     assert table.column("id").to_pylist() == [0]
 
 
+@pytest.mark.asyncio
 async def test_initialize_mem_wal_reads_the_latest_schema_and_state(table_uri: str) -> None:
     keyed = await la.write_dataset(kv_table(range(2)), table_uri)
     plain = pa.table({"id": pa.array([1], pa.int64()), "value": [0.5]})
@@ -119,6 +121,7 @@ async def test_initialize_mem_wal_reads_the_latest_schema_and_state(table_uri: s
     assert isinstance(lost, la.InvalidInputError), repr(lost)
 
 
+@pytest.mark.asyncio
 async def test_the_example_server_derives_a_fresh_shard_after_an_overwrite(
     tmp_path: Path,
 ) -> None:
@@ -140,6 +143,7 @@ async def test_the_example_server_derives_a_fresh_shard_after_an_overwrite(
     assert sorted(table.column("id").to_pylist()) == [0, 200, 201]
 
 
+@pytest.mark.asyncio
 async def test_shard_router_gets_fresh_shards_after_an_overwrite(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=2)
     async with ds.shard_router() as router:
@@ -155,6 +159,7 @@ async def test_shard_router_gets_fresh_shards_after_an_overwrite(table_uri: str)
     assert sorted(table.column("id").to_pylist()) == [0, *range(500, 540)]
 
 
+@pytest.mark.asyncio
 async def test_mem_wal_index_details_and_initialize_arguments(table_uri: str) -> None:
     ds = await la.write_dataset(kv_table(range(3)), table_uri)
     assert await ds.mem_wal_index_details() is None

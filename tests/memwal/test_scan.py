@@ -17,13 +17,12 @@ from lance_async._threads import reader_limiter
 
 from ..helpers import PK, kv_table
 
-pytestmark = pytest.mark.anyio
-
 
 def _ids(table: pa.Table) -> list[int]:
     return sorted(table.column("id").to_pylist())
 
 
+@pytest.mark.asyncio
 async def test_an_lsm_scan_streams_in_bounded_memory(
     table_uri: str, no_stream_threads: None
 ) -> None:
@@ -52,6 +51,7 @@ async def test_an_lsm_scan_streams_in_bounded_memory(
     assert all(values[i] == (1 if i < 6000 else 2 if i >= 30_000 else 0) for i in values)
 
 
+@pytest.mark.asyncio
 async def test_cancelling_an_lsm_scan_frees_its_thread(
     table_uri: str, no_stream_threads: None
 ) -> None:
@@ -75,6 +75,7 @@ async def test_cancelling_an_lsm_scan_frees_its_thread(
     assert stream.state is la.StreamState.CLOSED
 
 
+@pytest.mark.asyncio
 async def test_rows_of_a_memtable_sealed_by_the_last_put_are_visible(table_uri: str) -> None:
     """pylance 14's writer scanner misses them for 50-80 ms; the mirror does not."""
     ds = await la.write_dataset(kv_table(range(10)), table_uri)
@@ -91,6 +92,7 @@ async def test_rows_of_a_memtable_sealed_by_the_last_put_are_visible(table_uri: 
             assert last.column("value").to_pylist() == [step]
 
 
+@pytest.mark.asyncio
 async def test_filters_limits_and_deletes_on_string_keys(table_uri: str) -> None:
     schema = pa.schema(
         [pa.field("k", pa.string(), nullable=False, metadata=PK), pa.field("n", pa.int64())]
@@ -136,6 +138,7 @@ os._exit(0)  # no close: the rows live only in the WAL
 """
 
 
+@pytest.mark.asyncio
 async def test_a_reopened_shard_shows_the_rows_replayed_from_its_wal(table_uri: str) -> None:
     ds = await la.write_dataset(kv_table(range(10)), table_uri)
     await ds.initialize_mem_wal(manual_shards=True)

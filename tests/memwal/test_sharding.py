@@ -27,8 +27,6 @@ from ..feeds.support import CrashBeforeAck, row_json
 from ..helpers import KV_SCHEMA, kv_table
 from ..services import FAST_GROUP, create_topic, unique_name
 
-pytestmark = pytest.mark.anyio
-
 runner = CliRunner()
 
 
@@ -58,6 +56,7 @@ async def assert_newest_once(uri: str, expected: dict[int, int]) -> None:
 # -- the sharding spec decides the shard ------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_the_default_mem_wal_is_bucket_sharded_on_the_key(table_uri: str) -> None:
     ds = await keyed_table(table_uri)
     sharding = await ds.sharding()
@@ -69,6 +68,7 @@ async def test_the_default_mem_wal_is_bucket_sharded_on_the_key(table_uri: str) 
         await ds.initialize_mem_wal(manual_shards=True, unsharded=True)
 
 
+@pytest.mark.asyncio
 async def test_split_and_check_agree_with_the_engine_row_by_row(table_uri: str) -> None:
     """split() groups rows by the engine's shard value, keeps row order inside
     each part and loses none; check() passes each part and refuses the rest."""
@@ -92,6 +92,7 @@ async def test_split_and_check_agree_with_the_engine_row_by_row(table_uri: str) 
     assert sharding.value_of("not-a-uuid") is None
 
 
+@pytest.mark.asyncio
 async def test_a_row_for_a_foreign_shard_is_refused_with_nothing_queued(table_uri: str) -> None:
     ds = await keyed_table(table_uri)
     sharding = await ds.sharding()
@@ -118,6 +119,7 @@ async def test_a_row_for_a_foreign_shard_is_refused_with_nothing_queued(table_ur
     assert len(await (await la.open_dataset(table_uri)).shard_snapshots()) == 1
 
 
+@pytest.mark.asyncio
 async def test_the_routing_writer_puts_every_row_in_its_shard(table_uri: str) -> None:
     ds = await keyed_table(table_uri, rows=20)
     async with ds.mem_wal_writer() as router:
@@ -134,6 +136,7 @@ async def test_the_routing_writer_puts_every_row_in_its_shard(table_uri: str) ->
     await assert_newest_once(table_uri, expected)
 
 
+@pytest.mark.asyncio
 async def test_two_writers_opened_on_two_shards_cannot_split_a_key(table_uri: str) -> None:
     ds = await keyed_table(table_uri)
     sharding = await ds.sharding()
@@ -169,7 +172,7 @@ def test_two_cli_ingests_with_overlapping_keys_keep_the_newest(tmp_path: Path) -
     anyio.run(assert_newest_once, uri, expected)
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.asyncio
 async def test_a_redis_consumer_dies_before_its_acks_and_another_claims_them(
     table_uri: str,
 ) -> None:
@@ -205,7 +208,7 @@ async def test_a_redis_consumer_dies_before_its_acks_and_another_claims_them(
     await assert_newest_once(table_uri, {i: 2 if i % 3 == 0 else 1 for i in range(60)})
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.asyncio
 async def test_a_kafka_partition_moves_and_its_records_land_in_the_same_shards(
     table_uri: str, kafka_bootstrap: str
 ) -> None:
@@ -268,6 +271,7 @@ async def test_a_kafka_partition_moves_and_its_records_land_in_the_same_shards(
 # -- one shard, one writer --------------------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_a_newer_writer_fences_the_older_one(table_uri: str) -> None:
     ds = await keyed_table(table_uri)
     sharding = await ds.sharding()
@@ -298,6 +302,7 @@ async def test_a_newer_writer_fences_the_older_one(table_uri: str) -> None:
         assert issubclass(la.errors.FencedError, la.WriterFailedError)
 
 
+@pytest.mark.asyncio
 async def test_check_finds_keys_split_across_manual_shards(table_uri: str) -> None:
     ds = await keyed_table(table_uri, manual_shards=True)
     for value in (1, 2):
@@ -309,6 +314,7 @@ async def test_check_finds_keys_split_across_manual_shards(table_uri: str) -> No
     assert not report.ok
 
 
+@pytest.mark.asyncio
 async def test_check_finds_rows_written_past_lance_async_into_the_wrong_shard(
     table_uri: str,
 ) -> None:

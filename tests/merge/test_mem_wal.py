@@ -15,8 +15,6 @@ import lance_async as la
 
 from ..helpers import KV_SCHEMA, kv_table, rows_by_key
 
-pytestmark = pytest.mark.anyio
-
 
 def upsert(ds: la.AsyncDataset) -> la.AsyncMergeInsertBuilder:
     return ds.merge_insert().when_matched_update_all().when_not_matched_insert_all()
@@ -26,6 +24,7 @@ async def sorted_rows(ds: la.AsyncDataset) -> list[dict[str, object]]:
     return sorted((await ds.to_table()).to_pylist(), key=lambda r: r["id"])  # type: ignore[arg-type,return-value]
 
 
+@pytest.mark.asyncio
 async def test_upserts_through_the_mem_wal_end_as_the_base_table_path(tmp_path: Path) -> None:
     base = kv_table(range(20))
     wal = await la.write_dataset(base, tmp_path / "wal.lance")
@@ -78,6 +77,7 @@ INCOMPLETE: dict[str, Callable[[la.AsyncMergeInsertBuilder], object]] = {
 }
 
 
+@pytest.mark.asyncio
 async def test_shapes_the_mem_wal_cannot_express_are_refused_with_the_reason(
     table_uri: str,
 ) -> None:
@@ -111,6 +111,7 @@ async def test_shapes_the_mem_wal_cannot_express_are_refused_with_the_reason(
     assert not empty.committed and empty.mem_wal == la.PutSummary(0, 0, 0)
 
 
+@pytest.mark.asyncio
 async def test_tables_the_mem_wal_path_cannot_route(tmp_path: Path) -> None:
     plain = await la.write_dataset(kv_table(range(3)), tmp_path / "plain.lance")
     with pytest.raises(la.InvalidInputError, match="via_mem_wal"):

@@ -279,7 +279,7 @@ def test_regression_malformed_csv_is_a_decode_error_naming_the_body_line(
         decoder.finish()
 
 
-@pytest.mark.anyio
+@pytest.mark.asyncio
 async def test_regression_malformed_csv_files_merge_and_ingest_nothing(tmp_path: Path) -> None:
     import lance_async as la
 

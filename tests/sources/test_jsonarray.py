@@ -93,7 +93,7 @@ def test_what_fits_fits_the_same_way_on_both_paths() -> None:
         assert rows_table([row], schema).to_pylist() == [expected]
 
 
-@pytest.mark.anyio
+@pytest.mark.asyncio
 async def test_a_writer_takes_an_integer_into_a_float_column(tmp_path: Path) -> None:
     # Before: writer.put({"value": [5]}) into float64 was a SchemaMismatchError
     schema = pa.schema(
@@ -117,7 +117,7 @@ async def test_a_writer_takes_an_integer_into_a_float_column(tmp_path: Path) -> 
     await anyio.lowlevel.checkpoint()
 
 
-@pytest.mark.anyio
+@pytest.mark.asyncio
 async def test_a_json_file_source_reads_an_array(tmp_path: Path) -> None:
     path = tmp_path / "rows.json"
     path.write_text(json.dumps(TRICKY, indent=1))

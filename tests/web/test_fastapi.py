@@ -1245,7 +1245,7 @@ def test_body_batches_read_the_arrow_file_format_and_split_messages() -> None:
         assert anyio.run(read, step).to_pylist() == table.to_pylist(), step
 
 
-@pytest.mark.anyio
+@pytest.mark.asyncio
 async def test_ingest_body_spools_a_body_that_keeps_no_spool(tmp_path: Path) -> None:
     """ingest_body on a body made without spool=True: it spools the decoded
     batches itself (past 4 MiB, to a file in spool_dir, deleted afterwards),
