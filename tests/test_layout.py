@@ -187,6 +187,8 @@ def test_no_module_imports_a_private_name_of_another_package() -> None:
                 target = node.module or ""
             if not target.startswith(PACKAGE) or _package(target) == _package(name):
                 continue
+            if any(part.startswith("_") for part in target.split(".")[2:]):
+                wrong.append(f"{name} imports the private module {target}")
             wrong += [
                 f"{name} imports {target}.{a.name}"
                 for a in node.names

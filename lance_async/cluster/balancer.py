@@ -47,8 +47,8 @@ from typing import Protocol
 import anyio
 from anyio.abc import TaskStatus
 
-from ..feeds._common import broker_errors
 from ..feeds.base import Feed
+from ..feeds.broker import broker_errors
 from .feeds import PartitionedFeed
 from .leases import LeaseTable
 

@@ -248,7 +248,7 @@ class RedisLeaseTable(_LocalLeases):
         await self._client.publish(self.channel, f"leave {self.member}".encode())
 
     async def watch(self, wake: Callable[[], None]) -> None:
-        from ..feeds._common import broker_errors
+        from ..feeds.broker import broker_errors
 
         while True:
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
@@ -426,7 +426,7 @@ class NatsLeaseTable(_LocalLeases):
         is made again."""
         import nats.errors
 
-        from ..feeds._common import broker_errors
+        from ..feeds.broker import broker_errors
 
         quiet = self.ttl  # three heartbeats at the default interval (ttl / 3)
         members: set[str] = set()

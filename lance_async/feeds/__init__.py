@@ -33,8 +33,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._common import FeedState
 from .base import DeadLetter, Feed, IngestStats, IterableFeed, Message, decode_json, ingest
+from .broker import FeedState
 from .deadletter import DeadLetterFile
 from .files import FileFeed
 from .pipe import PipeFeed

@@ -67,8 +67,8 @@ from ..errors import DecodeError, SourceChangedError, SourceError
 from ..sources.decoders import make_decoder
 from ..sources.files import DEFAULT_CHUNK, guess_format, open_async_file
 from ..sources.ipc import ipc_message_cut
-from ._common import FeedState, call_maybe_async, check_open
 from .base import Message
+from .broker import FeedState, call_maybe_async, check_open
 
 __all__ = ["FileFeed", "OffsetStore"]
 

@@ -80,8 +80,8 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from .._metrics import metrics_enabled, set_feed_lag
 from ..errors import DecodeError
-from ._common import BrokerFeed, FeedState, call_maybe_async, check_open
 from .base import Message
+from .broker import BrokerFeed, FeedState, call_maybe_async, check_open
 
 __all__ = ["FeedRebalanceListener", "KafkaFeed", "KafkaOffset"]
 

@@ -49,8 +49,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
 from .._metrics import set_feed_lag
-from ._common import BrokerFeed, FeedState, check_open, require_asyncio
 from .base import Message
+from .broker import BrokerFeed, FeedState, check_open, require_asyncio
 
 __all__ = ["JetStreamFeed"]
 

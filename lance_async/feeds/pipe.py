@@ -33,8 +33,8 @@ from .._args import check_fetch
 from .._threads import run_sync, stream_limiter
 from ..errors import DecodeError
 from ..sources.decoders import make_decoder
-from ._common import FeedState, check_open
 from .base import Message
+from .broker import FeedState, check_open
 
 __all__ = ["PipeFeed"]
 

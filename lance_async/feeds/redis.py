@@ -61,8 +61,8 @@ import anyio
 import redis.asyncio
 import redis.exceptions
 
-from ._common import BrokerFeed, FeedState, check_open, require_asyncio
 from .base import Message
+from .broker import BrokerFeed, FeedState, check_open, require_asyncio
 
 __all__ = ["RedisStreamFeed"]
 

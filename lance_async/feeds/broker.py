@@ -1,7 +1,7 @@
-"""What the feed connectors share: their life-cycle enum and small guards.
+"""What the broker feed connectors share: their life-cycle enum and small guards
+(also used by ``cluster/``'s broker clients).
 
-Private: the public names (:class:`FeedState`) are re-exported by
-:mod:`lance_async.feeds`.
+The public names (:class:`FeedState`) are re-exported by :mod:`lance_async.feeds`.
 """
 
 from __future__ import annotations
