@@ -1,6 +1,6 @@
 """Duplicate keys inside one source: found, named, or resolved newest-wins.
 
-A merge_insert source that repeats a join key is ambiguous: pylance 14
+A merge_insert source that repeats a join key is ambiguous: pylance
 inserts a repeated *new* key twice and rejects a repeated key that matches a
 row. A MemWAL put that repeats a primary key keeps whichever copy the LSM
 reads sort first. lance_async refuses both by default, with a

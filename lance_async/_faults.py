@@ -1,6 +1,6 @@
 """Storage failures read from what the engine gives (ground floor).
 
-pylance 14 raises plain ``OSError`` / ``ValueError`` for every object-store
+pylance raises plain ``OSError`` / ``ValueError`` for every object-store
 failure. The text is object_store's (``Generic S3 error: ... Server returned
 non-2xx status code: 403 Forbidden: <Error><Code>AccessDenied</Code>...``)
 or, for the files lance_async reads itself, pyarrow's (``AWS Error

@@ -1,6 +1,6 @@
 """Row filters (Lance SQL) checked to be exactly one expression, on every read path.
 
-pylance 14 parses a filter as ``SELECT 1 FROM t WHERE <filter>`` and ignores
+pylance parses a filter as ``SELECT 1 FROM t WHERE <filter>`` and ignores
 whatever follows the first complete expression: ``id < 3; DROP TABLE x``,
 ``id < 3 foo`` and ``id < 3) OR (1 = 1`` all scan ``id < 3``, while the LSM
 scanner refuses some of them. :func:`check_filter` gives every path the same
@@ -40,7 +40,7 @@ DECIMAL_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 def sql_int(value: int) -> str:
     """An integer as a Lance SQL literal that the engine reads back exactly.
 
-    pylance 14 parses ``-9223372036854775808`` (the smallest int64) as the
+    pylance parses ``-9223372036854775808`` (the smallest int64) as the
     negation of ``9223372036854775808``, which does not fit an int64, so it
     becomes a float64 and no longer compares equal to any int64 column
     ("could not convert to literal of type 'Int64'"). That one value is

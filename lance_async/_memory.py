@@ -1,6 +1,6 @@
 """The engine's memory pool and spill space, sized from lance_async.
 
-pylance 14 runs merges, index builds and sorts as DataFusion plans whose
+pylance runs merges, index builds and sorts as DataFusion plans whose
 working memory comes from one pool per execution, sized by the
 ``LANCE_MEM_POOL_SIZE`` environment variable (bytes; the engine's default is
 a little over 100 MiB per partition), with spills bounded by

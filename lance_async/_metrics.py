@@ -60,7 +60,7 @@ __all__ = [
 
 ACK_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 """Bucket bounds of the ack-latency histogram, in seconds (a durable put waits
-one WAL flush: about 2-100 ms with pylance's default 100 ms interval)."""
+one WAL flush, at most the engine's flush interval: 100 ms by default)."""
 
 
 class _State:

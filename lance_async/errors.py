@@ -51,7 +51,7 @@ and derive from the same base.
 
 Engine errors are mapped in one place, :func:`map_engine_error`: by exception
 type first (``lance.commit.CommitConflictError``; ``PermissionError``,
-``TimeoutError``, ENOSPC...), by message text only where pylance 14 gives
+``TimeoutError``, ENOSPC...), by message text only where pylance gives
 nothing else (``OSError("Invalid user input: ...")``; an object store's
 refusal is a plain ``OSError`` whose text holds the HTTP status and the
 store's code: ``_faults.py`` reads it). The original engine exception is
@@ -128,7 +128,7 @@ class DatasetNotFoundError(LanceAsyncError):
 
 class ManifestFormatError(LanceAsyncError):
     """A MemWAL file (shard manifest, WAL entry, compaction record) did not have
-    the layout this version of lance_async knows (the one pylance 14 writes).
+    the layout this version of lance_async knows (the one pylance writes).
     The read fails rather than guess; the message names the file. Upgrade
     lance_async to match your pylance."""
 
@@ -476,7 +476,7 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     Notes
     -----
     By type first: ``lance.commit.CommitConflictError`` becomes
-    :class:`ConflictError` with its ``retryable`` flag. pylance 14 raises
+    :class:`ConflictError` with its ``retryable`` flag. pylance raises
     plain ``OSError`` / ``ValueError`` for the rest, so the text is read
     (without the engine's ``LanceError(IO): `` prefixes), each form covered
     by a test:

@@ -74,7 +74,7 @@ class DatasetCore:
         """Seconds a call that waits on the store may take before lance_async
         stops waiting and raises :class:`~lance_async.StorageTimeoutError`:
         opening the table, and every engine call of its MemWAL writers (the
-        default of their own ``storage_timeout``). pylance 14 retries some
+        default of their own ``storage_timeout``). pylance retries some
         requests for ever (a MemWAL put on a store that refuses every
         request); the call's thread is then left behind (logged)."""
         self._schema_of: tuple[LanceDataset, int, pa.Schema, list[str]] | None = None
@@ -114,8 +114,8 @@ class DatasetCore:
         return int(self._ds.version)
 
     def _schema_and_key(self) -> tuple[pa.Schema, list[str]]:
-        # pylance converts its schema to Arrow on every ``.schema`` (about 25 us
-        # on 2 cores, several times per point lookup): kept per object and version
+        # pylance converts its schema to Arrow on every ``.schema`` (several
+        # times per point lookup): kept per object and version
         ds = self._ds
         version = int(ds.version)
         cached = self._schema_of

@@ -16,7 +16,7 @@ mixin               operations
 ``MemWalMixin``     MemWAL writers, LSM reads, compaction
 =================== ================================================================
 
-``docs/parity.md`` maps every public ``LanceDataset`` method of pylance 14
+``docs/parity.md`` maps every public ``LanceDataset`` method of pylance
 to its twin here, or says why there is none.
 
 An ``AsyncDataset`` is also a write source wherever a ``LanceDataset`` is

@@ -46,7 +46,7 @@ class MaintenanceMixin(DatasetCore):
 
     # -- indexes -------------------------------------------------------------
     async def create_index(self: D, column: str | list[str], index_type: str, **options: Any) -> D:
-        """Build a vector index (``LanceDataset.create_index``, every pylance 14
+        """Build a vector index (``LanceDataset.create_index``, every pylance
         option accepted); returns ``self`` at the new version.
 
         Raises
@@ -122,7 +122,7 @@ class MaintenanceMixin(DatasetCore):
     # -- files and versions ----------------------------------------------------
     async def compact_files(self, **options: Any) -> Any:
         """Compact small fragments (``LanceDataset.optimize.compact_files``, every
-        pylance 14 option accepted); returns its ``CompactionMetrics``."""
+        pylance option accepted); returns its ``CompactionMetrics``."""
         return await self.mutate(lambda d: d.optimize.compact_files(**options))
 
     async def cleanup_old_versions(

@@ -53,7 +53,7 @@ class MemWalMixin(LsmMethods, DatasetCore):
         return cast("AsyncDataset", self)
 
     async def initialize_mem_wal(self: D, *, manual_shards: bool = False, **options: Any) -> D:
-        """Enable the MemWAL (``LanceDataset.initialize_mem_wal``, every pylance 14
+        """Enable the MemWAL (``LanceDataset.initialize_mem_wal``, every pylance
         argument accepted); returns ``self`` at the new version.
 
         Every key must have one shard (Lance's MemWAL spec), so the MemWAL
@@ -73,14 +73,14 @@ class MemWalMixin(LsmMethods, DatasetCore):
         Raises
         ------
         InvalidInputError
-            The table (at its latest version) has no primary key (pylance 14
+            The table (at its latest version) has no primary key (pylance
             would accept the MemWAL, but LSM reads and compaction need the
             key, so its rows could never be read back); the MemWAL is already
             initialized, or was by a concurrent call; an unknown maintained
             index (the engine's "Invalid user input"). Nothing is committed.
         ValueError
             Conflicting sharding options (raised by pylance); ``num_buckets``
-            outside 1..1024 (the bound pylance 14 enforces; at the call).
+            outside 1..1024 (the bound pylance enforces; at the call).
         """
         chosen = sharding_options(self.schema, options, manual_shards)
         storage = self._storage_options

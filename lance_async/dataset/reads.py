@@ -94,7 +94,7 @@ class ReadsMixin(DatasetCore):
         """Scan the dataset as an ``async for`` stream of record batches.
 
         The twin of ``LanceDataset.scanner(...).to_reader()`` and
-        ``to_batches`` (pylance 14); extra keyword arguments are passed
+        ``to_batches`` (pylance); extra keyword arguments are passed
         through to ``scanner``.
 
         Parameters

@@ -58,7 +58,7 @@ class SchemaMixin(DatasetCore):
         Parameters
         ----------
         transforms : dict, callable, reader, pa.Field, list of pa.Field or pa.Schema
-            As pylance 14: ``{name: SQL expression}`` computed from existing
+            As pylance: ``{name: SQL expression}`` computed from existing
             columns; a batch UDF (``lance.batch_udf``, run on engine threads,
             so it must not touch the event loop); a reader of the new
             columns, one row per existing row; or fields, added as all-null
@@ -96,7 +96,7 @@ class SchemaMixin(DatasetCore):
         ----------
         *alterations : dict
             Each ``{"path": column, "name"?: new name, "nullable"?: bool,
-            "data_type"?: pa.DataType}``, as pylance 14 takes them.
+            "data_type"?: pa.DataType}``, as pylance takes them.
 
         Raises
         ------

@@ -38,7 +38,7 @@ def _check_tag(tag: object) -> str:
 
 
 class AsyncTags:
-    """The tags of a dataset, awaitable: the twin of pylance 14's ``LanceDataset.tags``.
+    """The tags of a dataset, awaitable: the twin of pylance's ``LanceDataset.tags``.
 
     Obtain it from :attr:`AsyncDataset.tags`. Every method runs the engine
     call on a worker thread. Tags name versions of the whole dataset, so

@@ -298,7 +298,7 @@ class WritesMixin(DatasetCore):
         self: D, transactions: Sequence[Any], *, max_retries: int = 20, **options: Any
     ) -> CommitBatchResult[D]:
         """Commit several transactions as one version (``LanceDataset.commit_batch``;
-        pylance 14 takes only append transactions here).
+        pylance takes only append transactions here).
 
         Returns
         -------
@@ -311,7 +311,7 @@ class WritesMixin(DatasetCore):
         ConflictError, ContentionError
             As :meth:`commit`.
         ValueError, TypeError
-            No transaction, one that is not an append (pylance 14 commits
+            No transaction, one that is not an append (pylance commits
             only appends in a batch), ``max_retries`` below 0 (at the call).
         """
         txns = list(transactions)
@@ -323,7 +323,7 @@ class WritesMixin(DatasetCore):
             if not isinstance(txn.operation, lance.LanceOperation.Append):
                 kind = type(txn.operation).__name__
                 raise ValueError(
-                    f"pylance 14 commits only append transactions in a batch, got {kind}; "
+                    f"pylance commits only append transactions in a batch, got {kind}; "
                     "commit it on its own with commit()"
                 )
         retries = check_int("max_retries", max_retries, minimum=0)

@@ -1,6 +1,6 @@
 """Shards left behind by an earlier MemWAL of the same table.
 
-pylance 14 keeps the ``<table>/_mem_wal/<shard uuid>/`` folders when a table
+pylance keeps the ``<table>/_mem_wal/<shard uuid>/`` folders when a table
 is overwritten: the overwrite drops the ``__lance_mem_wal`` index, not the
 shards. Those shards hold the WAL entries and flushed generations of the
 table that was replaced. Read as part of the new table's LSM view they would

@@ -1,7 +1,7 @@
 """``AsyncShardWriter``: a MemWAL shard writer with a bounded queue and group commit.
 
-A durable ``ShardWriter.put`` waits for a WAL flush (about 55 ms on pylance
-14 whatever the batch size) and puts on one writer serialize, so throughput
+A durable ``ShardWriter.put`` waits for a WAL flush whatever the batch size,
+and puts on one writer serialize, so throughput
 comes only from putting many rows per put. The writer coalesces: while one
 engine put is in flight, everything that arrives queues up; the next put
 takes all of it (up to ``max_put_rows`` / ``max_put_bytes``, concatenated
@@ -57,7 +57,7 @@ callers) still resolves. Closing the writer flushes everything queued
 
 Commit policies
 ---------------
-pylance 14 flushes a durable put's WAL when the buffered WAL bytes reach
+pylance flushes a durable put's WAL when the buffered WAL bytes reach
 ``max_wal_buffer_size`` (default 10 MiB), otherwise at the next
 ``max_wal_flush_interval_ms`` tick (default 100 ms). ``commit=`` chooses how
 the writer works with that (``policy.py``): ``"adaptive"`` (the default)

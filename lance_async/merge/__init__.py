@@ -1,7 +1,7 @@
 """Awaitable merge_insert (upsert) whose conflict retries replay the source.
 
 :class:`AsyncMergeInsertBuilder` mirrors ``lance.MergeInsertBuilder`` of
-pylance 14. What differs is how a commit conflict is retried, chosen by the
+pylance. What differs is how a commit conflict is retried, chosen by the
 source's :class:`~lance_async.SourceMode`:
 
 MATERIALIZED

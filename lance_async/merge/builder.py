@@ -58,7 +58,7 @@ _RETRIES_RE = re.compile(r"Attempted (\d+) retries")
 
 
 class AsyncMergeInsertBuilder:
-    """Configure and run an upsert, like ``lance.MergeInsertBuilder`` (pylance 14).
+    """Configure and run an upsert, like ``lance.MergeInsertBuilder`` (pylance).
 
     Obtain one from :meth:`AsyncDataset.merge_insert`. The configuration
     methods return ``self`` for chaining and do not block; :meth:`execute`,

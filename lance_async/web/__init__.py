@@ -77,7 +77,7 @@ What is here
 Retries of uploaded bodies
 --------------------------
 A request body is a one-shot (STREAMING) source: it cannot be read twice
-from the client. pylance 14 can retry a streamed merge itself
+from the client. pylance can retry a streamed merge itself
 (``conflict_retries > 0``) by buffering the stream -- but it keeps up to
 100 MB of it in memory before spilling (measured: a 100 MiB upload raised
 peak RSS by about 138 MiB, against about 6 MiB with Lance's retries off).

@@ -224,8 +224,8 @@ def ndjson_bytes(data: pa.Table | pa.RecordBatch) -> bytes:
     """Rows as NDJSON: one JSON object per line, each line ended by ``\\n`` (blocking).
 
     Values are converted column at a time by Arrow's kernels (see
-    :func:`json_texts`): about 10x faster than ``json.dumps`` over
-    ``to_pylist()`` rows.
+    :func:`json_texts`), not by ``json.dumps`` over ``to_pylist()`` rows
+    (bench/: the NDJSON figures).
     """
     if not data.num_rows:
         return b""

@@ -46,7 +46,7 @@ Endpoints
     Filters are comparisons ``column <op> literal`` combined with AND, OR,
     NOT and parentheses (repeated ``filter`` parameters must all hold)
     unless the server runs with ``--allow-raw-sql``. On MemWAL tables the rows
-    are the writer's LSM view (every acknowledged row); pylance 14 collects
+    are the writer's LSM view (every acknowledged row); pylance collects
     an LSM scan in the engine before it is streamed, so filter it.
 ``GET /tables/{name}/lookup/{key}``
     The newest row for a primary key, as JSON (404 when absent).

@@ -86,7 +86,7 @@ async def merge_body(
             Memory stays flat whatever the body size; the disk holds one copy.
         ``"lance"``
             Lance's own buffered retries (``conflict_retries > 0`` on the
-            stream): pylance 14 keeps up to 100 MB of the stream **in
+            stream): pylance keeps up to 100 MB of the stream **in
             memory** before spilling to disk, so a large body costs that much
             RAM per request.
         ``"none"``
