@@ -20,7 +20,15 @@ import pyarrow as pa
 from .._filters import sql_int
 from ..errors import InvalidInputError, SchemaMismatchError
 
-__all__ = ["key_array", "key_columns", "key_filter", "key_value", "key_values", "sql_literal"]
+__all__ = [
+    "key_array",
+    "key_columns",
+    "key_filter",
+    "key_value",
+    "key_values",
+    "keys_filter",
+    "sql_literal",
+]
 
 
 def key_value(value: Any, field: pa.Field) -> Any:
@@ -229,3 +237,25 @@ def key_columns(schema: pa.Schema, keys: Sequence[str], values: Any) -> list[pa.
     if len(keys) == 1:
         return [merged]
     return [merged.field(i) for i in range(len(keys))]
+
+
+def keys_filter(schema: pa.Schema, keys: Sequence[str], probe: Sequence[pa.Array]) -> str:
+    """A Lance SQL filter that matches exactly the given keys (does not block).
+
+    ``probe`` holds the key columns (one array per key column, m rows): one
+    ``IN`` list for a single-column key, an ``OR`` of ``AND``s otherwise.
+    Values are checked as :func:`key_value` checks them.
+    """
+    if len(keys) == 1:
+        field = schema.field(keys[0])
+        literals = sorted({sql_literal(v, field) for v in probe[0].to_pylist()})
+        return f"`{keys[0]}` IN ({', '.join(literals)})"
+    rows = zip(*(c.to_pylist() for c in probe), strict=True)
+    return " OR ".join(
+        "("
+        + " AND ".join(
+            f"`{k}` = {sql_literal(v, schema.field(k))}" for k, v in zip(keys, row, strict=True)
+        )
+        + ")"
+        for row in sorted(set(rows), key=repr)
+    )

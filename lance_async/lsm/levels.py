@@ -25,7 +25,7 @@ from __future__ import annotations
 import posixpath
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import Any, TypeVar
@@ -286,6 +286,14 @@ class MemLevel:
         """True where the newest state of the key is a delete."""
         return np.asarray(self.table.column(TOMBSTONE).to_numpy(zero_copy_only=False), dtype=bool)
 
+    def live(self) -> pa.Table | None:
+        """The rows whose newest state is not a delete, without ``_tombstone``
+        (None when there are none)."""
+        keep = ~self.tomb
+        if not keep.any():
+            return None
+        return self.table.filter(pa.array(keep)).drop_columns([TOMBSTONE])
+
 
 def resolve_memtable(shard_id: str, parts: Sequence[MemPart], keys: Sequence[str]) -> MemLevel:
     """The newest row per key among a shard's mirrored memtable parts (blocking)."""
@@ -346,6 +354,20 @@ class LsmView:
         index = KeyIndex([pa.concat_arrays([c[j] for c in cols]) for j in range(len(self.keys))])
         _shadow_cache.put(cache_key, (live, index))
         return index
+
+    def live_generations(self) -> Iterator[tuple[Generation, np.ndarray]]:
+        """Each flushed generation with the mask of its rows that are a key's
+        newest live version in the whole view (neither a delete nor hidden by
+        an unflushed level); generations with none are left out. Newest first
+        within a shard."""
+        by_unflushed = any(m.table.num_rows for m in self.memtables)
+        for shard in self.shards:
+            for gen, winner in zip(shard.generations, shard.winners, strict=True):
+                keep = winner & ~gen.tomb
+                if by_unflushed and keep.any():
+                    keep &= ~self.memtable_index.contains(gen.keys)
+                if keep.any():
+                    yield gen, keep
 
     def hidden(self, columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
         """Mask of base rows (given their key columns) that a newer level hides."""
@@ -494,7 +516,12 @@ async def _open(
             gens.append(
                 await run_engine(
                     partial(
-                        load_generation, read.uri, snap.shard_id, generation, path, keys,
+                        load_generation,
+                        read.uri,
+                        snap.shard_id,
+                        generation,
+                        path,
+                        keys,
                         read.options,
                     )
                 )

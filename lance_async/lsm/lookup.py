@@ -35,7 +35,7 @@ from .._loop import LoopHandle
 from ..errors import raise_mapped
 from .basekeys import base_keys
 from .keyindex import KeyIndex
-from .keyvalues import sql_literal
+from .keyvalues import keys_filter
 from .levels import LsmView
 from .scan import output_schema
 
@@ -45,22 +45,6 @@ BASE_QUERY_KEYS = 1024
 """Keys per base-table ``IN (...)`` query at most."""
 
 RunBatch = Callable[[list[pa.Array], "list[str] | None"], Awaitable[tuple[pa.Table, np.ndarray]]]
-
-
-def _in_filter(schema: pa.Schema, keys: Sequence[str], probe: list[pa.Array]) -> str:
-    if len(keys) == 1:
-        field = schema.field(keys[0])
-        literals = sorted({sql_literal(v, field) for v in probe[0].to_pylist()})
-        return f"`{keys[0]}` IN ({', '.join(literals)})"
-    rows = zip(*(c.to_pylist() for c in probe), strict=True)
-    return " OR ".join(
-        "("
-        + " AND ".join(
-            f"`{k}` = {sql_literal(v, schema.field(k))}" for k, v in zip(keys, row, strict=True)
-        )
-        + ")"
-        for row in sorted(set(rows), key=repr)
-    )
 
 
 def lookup_view(
@@ -148,7 +132,7 @@ def lookup_view(
             part = idx[start : start + BASE_QUERY_KEYS]
             keys_part = at(part)
             table = view.base.to_table(
-                columns=cols + need, filter=_in_filter(schema, keys, keys_part)
+                columns=cols + need, filter=keys_filter(schema, keys, keys_part)
             )
             if not table.num_rows:
                 continue

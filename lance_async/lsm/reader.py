@@ -426,8 +426,9 @@ class LsmReader:
 
         def count() -> dict[str, int]:
             return {
-                s.shard_id: read_wal_tail(uri, s.shard_id, s.replay_after, schema, options)
-                .rows.num_rows
+                s.shard_id: read_wal_tail(
+                    uri, s.shard_id, s.replay_after, schema, options
+                ).rows.num_rows
                 for s in snaps
             }
 

@@ -27,7 +27,6 @@ import pyarrow as pa
 
 from ..errors import raise_mapped
 from .levels import ROWADDR, LsmView
-from .wal import TOMBSTONE
 
 __all__ = ["DEFAULT_BATCH_ROWS", "ROWID", "output_schema", "scan_view"]
 
@@ -75,9 +74,7 @@ class _Emitter:
     """Relabels batches to the output schema, slices them, skips the offset,
     counts the limit, adds a null row id to rows that have none."""
 
-    def __init__(
-        self, schema: pa.Schema, limit: int | None, size: int, offset: int = 0
-    ) -> None:
+    def __init__(self, schema: pa.Schema, limit: int | None, size: int, offset: int = 0) -> None:
         self.schema = schema
         self.remaining = limit
         self.skip = offset
@@ -113,10 +110,9 @@ def _memtables(
     view: LsmView, cols: list[str], filter: str | None, emit: _Emitter
 ) -> Iterator[pa.RecordBatch]:
     for mem in view.memtables:
-        live = ~mem.tomb
-        if not live.any():
+        table = mem.live()
+        if table is None:
             continue
-        table = mem.table.filter(pa.array(live)).drop_columns([TOMBSTONE])
         yield from emit(filter_in_memory(table, cols, filter).select(cols))
         if emit.done:
             return
@@ -125,30 +121,23 @@ def _memtables(
 def _generations(
     view: LsmView, cols: list[str], filter: str | None, batch_size: int | None, emit: _Emitter
 ) -> Iterator[pa.RecordBatch]:
-    shadowed_by_mem = any(m.table.num_rows for m in view.memtables)
-    for shard in view.shards:
-        for gen, winner in zip(shard.generations, shard.winners, strict=True):
-            keep = winner & ~gen.tomb
-            if shadowed_by_mem and keep.any():
-                keep &= ~view.memtable_index.contains(gen.keys)
-            if not keep.any():
-                continue
-            every = bool(keep.all())
-            keep_addr = np.sort(gen.rowaddr[keep])
-            scanner = gen.dataset.scanner(
-                columns=cols, filter=filter, with_row_address=not every, batch_size=batch_size
-            )
-            reader = scanner.to_reader()
-            try:
-                for batch in reader:
-                    if not every:
-                        mask = _addr_mask(batch.column(ROWADDR).to_numpy(), keep_addr)
-                        batch = batch.filter(pa.array(mask))
-                    yield from emit(batch.select(cols))
-                    if emit.done:
-                        return
-            finally:
-                reader.close()
+    for gen, keep in view.live_generations():
+        every = bool(keep.all())
+        keep_addr = np.sort(gen.rowaddr[keep])
+        scanner = gen.dataset.scanner(
+            columns=cols, filter=filter, with_row_address=not every, batch_size=batch_size
+        )
+        reader = scanner.to_reader()
+        try:
+            for batch in reader:
+                if not every:
+                    mask = _addr_mask(batch.column(ROWADDR).to_numpy(), keep_addr)
+                    batch = batch.filter(pa.array(mask))
+                yield from emit(batch.select(cols))
+                if emit.done:
+                    return
+        finally:
+            reader.close()
 
 
 def _base(

@@ -31,7 +31,6 @@ import pyarrow as pa
 from ..errors import InvalidInputError, SchemaMismatchError
 from .levels import ROWADDR, LsmView
 from .scan import filter_in_memory
-from .wal import TOMBSTONE
 
 __all__ = ["exact_knn", "search_view", "vector_query"]
 
@@ -126,27 +125,20 @@ def search_view(
     found: list[pa.Table] = []
     hides_mem = any(m.table.num_rows for m in view.memtables)
     for mem in view.memtables:
-        live = ~mem.tomb
-        if live.any():
-            table = mem.table.filter(pa.array(live)).drop_columns([TOMBSTONE])
+        table = mem.live()
+        if table is not None:
             found.append(exact_knn(filter_in_memory(table, read, filter), column, query, k, metric))
-    for shard in view.shards:
-        for gen, winner in zip(shard.generations, shard.winners, strict=True):
-            keep = winner & ~gen.tomb
-            if hides_mem and keep.any():
-                keep &= ~view.memtable_index.contains(gen.keys)
-            if not keep.any():
-                continue
-            allow = None if keep.all() else _serialize(np.sort(gen.rowaddr[keep]))
-            found.append(
-                gen.dataset.scanner(
-                    columns=[*read, "_distance"],
-                    nearest={**nearest, "use_index": False},  # exact: generations are small
-                    filter=filter,
-                    prefilter=True,
-                    row_addr_allowlist=allow,
-                ).to_table()
-            )
+    for gen, keep in view.live_generations():
+        allow = None if keep.all() else _serialize(np.sort(gen.rowaddr[keep]))
+        found.append(
+            gen.dataset.scanner(
+                columns=[*read, "_distance"],
+                nearest={**nearest, "use_index": False},  # exact: generations are small
+                filter=filter,
+                prefilter=True,
+                row_addr_allowlist=allow,
+            ).to_table()
+        )
     base_nearest = dict(nearest)
     if nprobes is not None:
         base_nearest["nprobes"] = nprobes

@@ -40,7 +40,7 @@ from .._schema import primary_key
 from .._table import Table
 from .._threads import run_sync
 from ..errors import InvalidInputError, StaleCompactionError
-from ..lsm.keyvalues import sql_literal
+from ..lsm.keyvalues import keys_filter
 from ..lsm.levels import load_generation, resolve_shard
 from ..lsm.snapshots import ShardSnapshot, shard_snapshots
 from ..sources import replayable
@@ -132,23 +132,6 @@ def _live_rows(
                 yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
 
 
-def dead_keys_filter(schema: pa.Schema, keys: list[str], dead: pa.Table) -> str:
-    """A Lance SQL filter matching exactly the given keys (the base rows to delete)."""
-    if len(keys) == 1:
-        field_ = schema.field(keys[0])
-        literals = sorted({sql_literal(v, field_) for v in dead.column(keys[0]).to_pylist()})
-        return f"`{keys[0]}` IN ({', '.join(literals)})"
-    rows = zip(*(dead.column(k).to_pylist() for k in keys), strict=True)
-    return " OR ".join(
-        "("
-        + " AND ".join(
-            f"`{k}` = {sql_literal(v, schema.field(k))}" for k, v in zip(keys, row, strict=True)
-        )
-        + ")"
-        for row in sorted(set(rows), key=repr)
-    )
-
-
 async def compact_shard(
     table: Table,
     snapshot: ShardSnapshot,
@@ -198,7 +181,8 @@ async def compact_shard(
     )
     if dead:
         deletes = pa.concat_tables(dead).combine_chunks()
-        expr = await run_sync(partial(dead_keys_filter, schema, keys, deletes))
+        columns = [deletes.column(k) for k in keys]
+        expr = await run_sync(partial(keys_filter, schema, keys, columns))
         builder = builder.when_not_matched_by_source_delete(expr)
     factory = partial(_live_rows, levels.generations, levels.winners, schema, chunk_rows)
     try:
