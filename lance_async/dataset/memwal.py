@@ -60,7 +60,8 @@ class MemWalMixin(LsmMethods, DatasetCore):
         gets a sharding spec: with no sharding option, bucket sharding on the
         (first) primary-key column into
         :data:`~lance_async.memwal.sharding.DEFAULT_NUM_BUCKETS` buckets.
-        Pass ``bucket_column=`` and ``num_buckets=``, ``identity_column=`` or
+        ``num_buckets=`` alone buckets on the key; pass ``bucket_column=`` too,
+        ``identity_column=`` or
         ``unsharded=True`` to choose, or ``manual_shards=True`` for pylance's
         manual mode (shard ids are then the callers' to choose, and keeping
         every key in one shard is theirs too; see ``docs/sharding.md``).

@@ -145,9 +145,7 @@ class SchemaMixin(DatasetCore):
     ) -> dict[str, str]:
         """Set or remove schema metadata keys (``LanceDataset.update_schema_metadata``)."""
         checked = _string_map(values, "update_schema_metadata")
-        return dict(
-            await self.mutate(lambda d: d.update_schema_metadata(checked, replace=replace))
-        )
+        return dict(await self.mutate(lambda d: d.update_schema_metadata(checked, replace=replace)))
 
     async def update_field_metadata(
         self, field_updates: Mapping[str, Mapping[str, str | None]], *, replace: bool = False

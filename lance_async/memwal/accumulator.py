@@ -90,6 +90,11 @@ class Item:
         self.nbytes = nbytes
         self.queued_at = queued_at
 
+    def split(self) -> list[Item]:
+        """The entries to retry one by one after the engine rejected this one
+        among others: itself (a routed part gives one per send it carries)."""
+        return [self]
+
 
 class BatchAck(Ack):
     """The ack of a one-batch send that is also its queue entry.
@@ -552,6 +557,20 @@ class Accumulator:
             self._queue(Kind.PUT, pieces, ack)
         ack._seal()
         return ack
+
+    async def submit_part(self, part: Item) -> None:
+        """Queue an entry made elsewhere (a routing writer's part for this
+        shard: checked, relabelled and of this shard already), waiting for
+        room without a deadline (the routing writer's own queue bounds its
+        senders).
+
+        Raises
+        ------
+        ClosedError, WriterFailedError, FencedError
+            The writer can take no more rows (nothing was queued).
+        """
+        await self._reserve(part.rows, part.nbytes, None)
+        self._push(part)
 
     def submit_flush(self, ack: Ack) -> None:
         """Queue a marker that resolves ``ack`` once everything before it is written."""

@@ -601,14 +601,18 @@ class Committer:
         outcome = await self._try_engine(kind, run)
         if outcome is None:
             return
-        # The engine rejected the input. Retry one by one so only bad items fail.
-        if len(run) == 1:
-            self.fail_item(run[0], outcome)
+        # The engine rejected the input. Retry one by one so only bad items
+        # fail (a routed part: send by send), in place, so the shard's order holds.
+        pieces = [
+            piece for item in run for piece in (item.split() if isinstance(item, Item) else [item])
+        ]
+        if len(pieces) == 1:
+            self.fail_item(pieces[0], outcome)
             return
-        for item in run:
-            single = await self._try_engine(kind, [item])
+        for piece in pieces:
+            single = await self._try_engine(kind, [piece])
             if single is not None:
-                self.fail_item(item, single)
+                self.fail_item(piece, single)
 
     async def _try_engine(self, kind: Kind, run: list[Entry]) -> BaseException | None:
         """One engine call; resolve acks on success. Returns an input error to

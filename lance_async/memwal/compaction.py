@@ -278,6 +278,4 @@ async def compact_mem_wal(
             commits += 1
     if not commits:
         await anyio.lowlevel.checkpoint()
-    return CompactionResult(
-        done, upserted, deleted, commits, attempts, dataset.version, stale
-    )
+    return CompactionResult(done, upserted, deleted, commits, attempts, dataset.version, stale)

@@ -58,6 +58,7 @@ __all__ = [
     "retired_shards",
 ]
 
+
 async def current_epoch(dataset: Table) -> str | None:
     """:func:`mem_wal_epoch` of ``dataset``'s current version, read on a
     worker thread (for the callers that derive shard ids)."""

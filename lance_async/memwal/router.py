@@ -19,7 +19,8 @@ process owns the whole table, or the shards are divided among workers (see
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterable, Iterable, Sequence
+from collections.abc import AsyncIterable, Iterable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -27,27 +28,27 @@ import pyarrow as pa
 from anyio.abc import TaskGroup
 
 from .._args import check_batches
-from .._loop import aclose_shielded, unwrap_groups
+from .._loop import LoopHandle, unwrap_groups
 from .._schema import TableFit, primary_key
 from .._table import Table
-from .._threads import run_sync, stream_limiter
-from ..errors import ClosedError, InvalidInputError, SchemaMismatchError
+from .._threads import run_sync
+from ..errors import ClosedError, InvalidInputError
 from ..lsm.memtable import MemtableMirror
 from ..lsm.reader import LsmMethods, LsmReader
-from ..sources import SourceMode, resolve_source
-from .accumulator import Kind
+from .accumulator import Accumulator, Entry, Kind
 from .acks import Ack, PutSummary
+from .committer import DEFAULT_MAX_MEMTABLE_ROWS
 from .compactor import CompactionPolicy, Compactor
 from .policy import WriterConfig
+from .routing import FanOut, RoutedPart, ShardCut, cut_part, split_run
 from .sharding import Sharding, default_shard_id, read_sharding
 from .stats import RouterStats, WriterState, percentiles
 from .writer import AsyncShardWriter
 
-__all__ = ["ROUTE_INLINE_ROWS", "ShardRouter", "default_shard_id"]
+__all__ = ["ShardRouter", "default_shard_id"]
 
-ROUTE_INLINE_ROWS = 1_024
-"""Sends of up to this many rows are routed on the loop (a fraction of a
-millisecond); larger ones on a worker thread."""
+MAX_RUN_SHARDS = 8
+"""A routed run holds up to this many shard puts' rows (fewer shards: fewer)."""
 
 
 class ShardRouter(LsmMethods):
@@ -105,6 +106,9 @@ class ShardRouter(LsmMethods):
         self._tg: TaskGroup | None = None
         self._state = WriterState.NEW
         self._open_lock: anyio.Lock | None = None
+        self._loop: LoopHandle | None = None
+        self._acc: Accumulator | None = None
+        self._routed: anyio.Event | None = None  # set when the routing task ended
         self._keys = primary_key(dataset.schema)
         self._fit = TableFit(dataset.schema, self._keys)
         self._key_fit = TableFit(
@@ -151,46 +155,93 @@ class ShardRouter(LsmMethods):
                 "in one shard, or initialize the MemWAL with a sharding spec"
             )
         self._sharding = sharding
+        self._loop = LoopHandle()
+        self._acc = self._route_queue(sharding)
+        self._routed = anyio.Event()
         self._open_lock = anyio.Lock()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        self._tg.start_soon(self._route_task, name=f"lance_async router {self._dataset.uri}")
         self._state = WriterState.OPEN
         if self.compactor is not None:
             await self.compactor.start(self._tg)
         return self
 
+    def _route_queue(self, sharding: Sharding) -> Accumulator:
+        """The router's own queue: room for what waits to be routed, and runs
+        of up to one put per shard (:data:`MAX_RUN_SHARDS` at most)."""
+        config = self.config
+        put_rows, queue_rows = config.limits(
+            int(config.engine.get("max_memtable_rows") or DEFAULT_MAX_MEMTABLE_ROWS)
+        )
+        shards = min(MAX_RUN_SHARDS, sharding.num_buckets or 1)
+        run_rows = put_rows * shards
+        if config.max_queue_rows is None:  # room for a whole run, by default
+            queue_rows = max(queue_rows, run_rows)
+        return Accumulator(
+            fit=self._fit,
+            key_fit=self._key_fit,
+            keys=self._keys,
+            max_queue_rows=queue_rows,
+            max_queue_bytes=config.max_queue_bytes,
+            max_put_rows=min(run_rows, queue_rows),
+            max_put_bytes=config.max_put_bytes * shards,
+            linger=0.0,
+            min_put_interval=config.policy.min_put_interval,
+            check=self._check_open,
+            describe=self.__repr__,
+        )
+
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Flush and close every writer, then the router (safe to call twice)."""
+        """Route what is queued, then flush and close every writer, then the
+        router (safe to call twice)."""
         if self._state is not WriterState.OPEN:
             self._state = WriterState.CLOSED
             return
         self._state = WriterState.CLOSING
-        assert self._tg is not None
+        assert self._tg is not None and self._acc is not None and self._routed is not None
         try:
             if self.compactor is not None:
                 await self.compactor.aclose()
             with unwrap_groups(), anyio.CancelScope(shield=True):
+                self._acc.close()
+                await self._routed.wait()
                 async with anyio.create_task_group() as closing:
                     for writer in self._writers.values():
                         closing.start_soon(writer.aclose)
         finally:
             self._state = WriterState.CLOSED
+            self._acc.wake_senders()
             with unwrap_groups():
                 await self._tg.__aexit__(None, None, None)
 
     def _check_open(self) -> None:
+        if self._loop is not None and not self._loop.is_current():
+            self._loop.check(repr(self))
         if self._state is not WriterState.OPEN:
             raise ClosedError(f"{self!r} is not open; use `async with dataset.mem_wal_writer()`")
 
     async def writer(self, shard_id: str) -> AsyncShardWriter:
         """The writer of ``shard_id``, opened now if it is not open yet.
 
-        Opening claims the shard (a writer of it elsewhere is fenced).
+        Opening claims the shard (a writer of it elsewhere is fenced). Rows
+        sent to the router reach it through the router's queue; writing to
+        it directly bypasses that queue's order.
+
+        Raises
+        ------
+        ClosedError
+            The router is not open.
+        InvalidInputError, StorageError
+            As :meth:`AsyncShardWriter.open`.
         """
         self._check_open()
+        return await self._writer(shard_id)
+
+    async def _writer(self, shard_id: str) -> AsyncShardWriter:
         writer = self._writers.get(shard_id)
         if writer is not None:
             return writer
@@ -234,94 +285,137 @@ class ShardRouter(LsmMethods):
             await self.writer(shard_id)
         return ids
 
-    # -- routing -------------------------------------------------------------------
-    def _split_all(self, batches: Sequence[pa.RecordBatch]) -> list[tuple[str, pa.RecordBatch]]:
-        sharding = self.sharding
-        return [part for batch in batches for part in sharding.split(batch)]
+    # -- routing (the router's task) --------------------------------------------------
+    async def _route_task(self) -> None:
+        """Take runs of queued sends and hand each shard its part, until the
+        queue is closed and drained; then fail whatever is left."""
+        assert self._acc is not None and self._routed is not None
+        acc = self._acc
+        run: list[Entry] = []
+        try:
+            while True:
+                next_run = await acc.next_run()
+                if next_run is None:
+                    return
+                run = next_run
+                await self._route(run)
+                run = []
+        finally:
+            error = ClosedError(f"{self!r} closed before these rows were routed")
+            for entry in [*run, *acc.end()]:
+                if entry.batch is not None or entry.kind is Kind.FLUSH:
+                    entry.batch = None
+                    entry.ack._part_failed(error)
+            self._routed.set()
 
-    async def _split(self, batches: Sequence[pa.RecordBatch]) -> list[tuple[str, pa.RecordBatch]]:
-        if sum(b.num_rows for b in batches) <= ROUTE_INLINE_ROWS:
-            return self._split_all(batches)
-        return await run_sync(lambda: self._split_all(batches), limiter=stream_limiter())
+    async def _route(self, run: list[Entry]) -> None:
+        """Route one run: cut it per shard (one evaluation, on a worker thread),
+        queue one part per shard, then release the run's room."""
+        assert self._acc is not None
+        kind = run[0].kind
+        if kind is Kind.FLUSH:  # everything before it is in the writers' queues
+            for entry in run:
+                entry.ack._part_done()
+            return
+        fit = self._fit if kind is Kind.PUT else self._key_fit
+        rows = sum(e.rows for e in run)
+        nbytes = sum(e.nbytes for e in run)
+        try:
+            groups = [(run, await run_sync(partial(split_run, self.sharding, fit, run)))]
+        except Exception:  # route entry by entry: only the entry at fault fails
+            groups = []
+            for entry in run:
+                try:
+                    one = await run_sync(partial(split_run, self.sharding, fit, [entry]))
+                except Exception as exc:
+                    self._refuse(entry, exc)
+                else:
+                    groups.append(([entry], one))
+        for entries, cut in groups:
+            for entry, shards in zip(entries, cut.touched, strict=True):
+                # the entry's own part (held while it was routed) becomes one per shard
+                entry.batch = None
+                entry.ack._parts += shards - 1
+                if not shards:
+                    entry.ack._maybe_resolve()
+            for shard_cut in cut.cuts:
+                await self._hand_over(kind, entries, shard_cut)
+        self._acc.release(rows, nbytes)
 
-    def _conform_keys(self, batch: pa.RecordBatch, index: int) -> pa.RecordBatch:
-        if not self._keys:
-            raise InvalidInputError("delete needs a primary key, and the table has none")
-        missing = [k for k in self._keys if k not in batch.schema.names]
-        if missing:
-            raise SchemaMismatchError(f"delete keys lack column {missing[0]!r}", field=missing[0])
-        return self._key_fit.check(batch.select(self._keys), index)
+    @staticmethod
+    def _refuse(entry: Entry, exc: Exception) -> None:
+        """Fail an entry whose rows the sharding spec could not be evaluated on."""
+        error = (
+            exc
+            if isinstance(exc, InvalidInputError)
+            else InvalidInputError(f"the sharding spec could not be evaluated on these rows: {exc}")
+        )
+        if error is not exc:
+            error.__cause__ = exc
+        entry.batch = None
+        entry.ack._part_failed(error)
 
+    async def _hand_over(self, kind: Kind, run: list[Entry], cut: ShardCut) -> None:
+        """Queue one shard's part of a run with its writer (opened if need be),
+        cut to the writer's ``max_put_rows``."""
+        acks = [run[i].ack for i in cut.entries]
+        try:
+            writer = await self._writer(cut.shard_id)
+        except Exception as exc:  # the shard cannot take rows: its members fail
+            FanOut(kind, acks, cut.rows, cut.batches, cut.starts)._part_failed(exc)
+            return
+        queued_at = run[cut.entries[0]].queued_at
+        limit = writer.max_put_rows or cut.batch.num_rows
+        for i, fan in enumerate(cut_part(kind, cut, acks, limit)):
+            batch = cut.batch.slice(i * limit, limit)
+            part = RoutedPart(kind, batch, fan, batch.num_rows, batch.nbytes, queued_at)
+            try:
+                await writer.submit_part(part)
+            except Exception as exc:  # the writer failed or closed: its members fail
+                part.batch = None
+                fan._part_failed(exc)
+
+    # -- sending -------------------------------------------------------------------
     async def _send(self, kind: Kind, data: Any, timeout: float | None, schema: Any) -> Ack:
         self._check_open()
-        conform = self._fit.check if kind is Kind.PUT else self._conform_keys
-        acks: list[Ack] = []
-        if isinstance(data, (pa.RecordBatch, pa.Table)) and schema is None:
-            source = None
-            in_memory = [data] if isinstance(data, pa.RecordBatch) else data.to_batches()
-        elif _batch_list(data) and schema is None:
-            source, in_memory = None, data
-        else:
-            source = await resolve_source(
-                data, schema=schema, rows_into=self._fit.schema if kind is Kind.PUT else None
-            )
-            in_memory = source.batches() if source.mode is SourceMode.MATERIALIZED else None
-        if in_memory is not None:  # checked whole: a bad row anywhere queues nothing
-            checked = [conform(b, i) for i, b in enumerate(in_memory) if b.num_rows]
-            await self._hand_over(kind, await self._split(checked), acks, timeout)
-            await anyio.lowlevel.checkpoint()
-            return Ack.combine(acks)
-        assert source is not None
-        stream = source.open()
-        try:
-            index = 0
-            async for batch in stream:
-                checked = [conform(batch, index)] if batch.num_rows else []
-                await self._hand_over(kind, await self._split(checked), acks, timeout)
-                index += 1
-        finally:
-            await aclose_shielded(stream)
-        return Ack.combine(acks)
-
-    async def _hand_over(
-        self,
-        kind: Kind,
-        parts: list[tuple[str, pa.RecordBatch]],
-        acks: list[Ack],
-        timeout: float | None,
-    ) -> None:
-        """Each shard's parts to its writer: one send per shard, in order."""
-        by_shard: dict[str, list[pa.RecordBatch]] = {}
-        for shard_id, part in parts:
-            by_shard.setdefault(shard_id, []).append(part)
-        for shard_id, group in by_shard.items():
-            writer = await self.writer(shard_id)
-            data = group[0] if len(group) == 1 else group
-            acks.append(await writer._submit(kind, data, timeout, None, routed=True))
+        assert self._acc is not None
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        await anyio.lowlevel.checkpoint()  # every send is a checkpoint (trio's rule)
+        if kind is Kind.PUT and schema is None and data.__class__ is pa.RecordBatch:
+            fast = await self._acc.submit_batch(data, self._loop, deadline, routed=True)
+            if fast is not None:
+                return fast
+        ack = Ack(self._loop)
+        await self._acc.submit(kind, data, ack, deadline, schema, routed=True)
+        return ack
 
     async def send(
         self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
     ) -> Ack:
-        """Route rows to their shards' writers; wait only for queue room.
+        """Queue rows for routing to their shards' writers; wait only for queue room.
 
-        In-memory rows are checked against the table whole before any shard
-        receives a row, so a bad row anywhere queues nothing. A stream is
-        checked and routed batch by batch (batches before a bad one stay
-        queued, as with :meth:`AsyncShardWriter.send`). Routing a batch of
-        more than :data:`ROUTE_INLINE_ROWS` rows runs on a worker thread.
+        The router queues each send whole; its task routes what queued in
+        bulk (one evaluation of the sharding spec per run, on a worker
+        thread) and hands each shard one part. In-memory rows are checked
+        against the table whole before anything is queued, so a bad row
+        anywhere queues nothing. A stream is checked and queued batch by
+        batch (batches before a bad one stay queued, as with
+        :meth:`AsyncShardWriter.send`).
 
         Returns
         -------
         Ack
-            Resolves when every row, in every shard, is written.
+            Resolves when every row, in every shard it went to, is written;
+            fails with the error of a shard put that carried its rows (an
+            engine rejection fails only the send that caused it).
 
         Raises
         ------
         SchemaMismatchError
             Rows do not fit the table (nothing of an in-memory send is queued).
-        BackpressureTimeoutError, WriterFailedError, FencedError
-            As :meth:`AsyncShardWriter.send` (parts already handed to other
-            shards stay queued).
+        BackpressureTimeoutError
+            The router's queue stayed full past ``timeout`` (nothing of that
+            batch is queued).
         ClosedError
             The router is closed.
         """
@@ -331,18 +425,37 @@ class ShardRouter(LsmMethods):
         self, batches: Iterable[pa.RecordBatch], *, timeout: float | None = None
     ) -> Ack:
         """Route several in-memory batches under one ack (see
-        :meth:`AsyncShardWriter.send_many`): checked whole, then each shard's
-        rows handed to its writer in one send (one queue entry when they fit
-        one put).
+        :meth:`AsyncShardWriter.send_many`): checked whole, queued whole
+        (one entry when they fit one run), routed with whatever queued
+        beside them.
 
         Raises
         ------
         SchemaMismatchError
             A batch does not fit the table (nothing is queued).
-        BackpressureTimeoutError, WriterFailedError, FencedError, ClosedError
+        BackpressureTimeoutError, ClosedError
             As :meth:`send`.
         """
         return await self._send(Kind.PUT, check_batches("send_many", batches), timeout, None)
+
+    def send_nowait(self, data: pa.RecordBatch | pa.Table) -> Ack:
+        """Queue in-memory rows for routing at once, or fail at once when the
+        router's queue has no room (see :meth:`AsyncShardWriter.send_nowait`).
+
+        Raises
+        ------
+        anyio.WouldBlock
+            No room now (nothing was queued).
+        SchemaMismatchError
+            The rows do not fit the table (nothing was queued).
+        TypeError
+            ``data`` is not a RecordBatch or Table.
+        ClosedError, WrongEventLoopError
+            The router is not open, or is called from another event loop.
+        """
+        self._check_open()
+        assert self._acc is not None
+        return self._acc.submit_nowait(data, self._loop)
 
     async def put(
         self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
@@ -354,17 +467,17 @@ class ShardRouter(LsmMethods):
     async def put_stream(
         self, stream: AsyncIterable[Any] | Iterable[Any], *, timeout: float | None = None
     ) -> PutSummary:
-        """Drain a feed of batches through the writers' queues and wait for all of it."""
+        """Drain a feed of batches through the router's queue and wait for all of it."""
         return await self.put(stream, timeout=timeout)
 
     async def delete(self, keys: Any, *, timeout: float | None = None) -> PutSummary:
         """Delete rows by primary key, each key in its own shard (in order with
-        the puts queued there before it)."""
+        the puts sent before it)."""
         ack = await self._send(Kind.DELETE, keys, timeout, None)
         return await ack
 
     async def flush(self) -> None:
-        """Wait until every writer has written what was queued.
+        """Wait until everything sent before this call is written.
 
         Raises
         ------
@@ -375,7 +488,11 @@ class ShardRouter(LsmMethods):
             A shard's writer broke.
         """
         self._check_open()
+        assert self._acc is not None
+        marker = Ack(self._loop)
+        self._acc.submit_flush(marker)
         try:
+            await marker
             with unwrap_groups():
                 async with anyio.create_task_group() as tg:
                     for writer in list(self._writers.values()):
@@ -386,16 +503,19 @@ class ShardRouter(LsmMethods):
             raise
 
     def stats(self) -> RouterStats:
-        """Every open writer's statistics and their totals (does not block)."""
+        """Every open writer's statistics and their totals, the router's queue
+        included in the queue figures (does not block)."""
         writers = {sid: w.stats() for sid, w in self._writers.items()}
         samples = [lat for w in self._writers.values() for lat in w.ack_latencies()]
         p50, p99 = percentiles(samples, 0.50, 0.99)
+        acc = self._acc
         return RouterStats(
             writers=writers,
             engine_puts=sum(s.engine_puts for s in writers.values()),
             rows=sum(s.rows for s in writers.values()),
-            queue_rows=sum(s.queue_rows for s in writers.values()),
-            queue_bytes=sum(s.queue_bytes for s in writers.values()),
+            queue_rows=sum(s.queue_rows for s in writers.values()) + (acc.queue_rows if acc else 0),
+            queue_bytes=sum(s.queue_bytes for s in writers.values())
+            + (acc.queue_bytes if acc else 0),
             ack_latency_p50=p50,
             ack_latency_p99=p99,
         )
@@ -405,8 +525,3 @@ class ShardRouter(LsmMethods):
         """The memtables of every writer this router has open (for ``lsm``)."""
         self._check_open()
         return [m for w in self._writers.values() for m in w._memtables()]
-
-
-def _batch_list(data: Any) -> bool:
-    """Whether ``data`` is a list of record batches (``send_many``'s argument)."""
-    return isinstance(data, list) and all(isinstance(b, pa.RecordBatch) for b in data)

@@ -78,14 +78,16 @@ def sharding_options(
     With no sharding option given and ``manual_shards`` False: bucket sharding
     on the first primary-key column into :data:`DEFAULT_NUM_BUCKETS` buckets
     (every row of a key, composite or not, shares that column's value, so a
-    key has one bucket). A keyless table keeps pylance's default (its MemWAL
-    is refused later for having no key).
+    key has one bucket). ``num_buckets`` alone buckets on that column too.
+    A keyless table keeps pylance's default (its MemWAL is refused later for
+    having no key).
 
     Raises
     ------
     TypeError, ValueError
         ``manual_shards`` together with a sharding option; ``num_buckets``
-        not an int from 1 to :data:`MAX_NUM_BUCKETS`.
+        not an int from 1 to :data:`MAX_NUM_BUCKETS`; ``num_buckets`` alone on
+        a table without a primary key.
     """
     out = dict(options)
     if out.get("num_buckets") is not None:
@@ -97,13 +99,19 @@ def sharding_options(
         if given:
             raise ValueError(f"manual_shards=True cannot be combined with {given[0]}=")
         return out
-    if not given:
+    only_buckets = given == ["num_buckets"]
+    if not given or only_buckets:
         from .._schema import primary_key
 
         keys = primary_key(schema)
         if keys:
             out["bucket_column"] = keys[0]
-            out["num_buckets"] = DEFAULT_NUM_BUCKETS
+            out.setdefault("num_buckets", DEFAULT_NUM_BUCKETS)
+        elif only_buckets:
+            raise ValueError(
+                "num_buckets= without bucket_column= buckets on the primary key, and the "
+                "table has none: name the column (bucket_column=...)"
+            )
     return out
 
 

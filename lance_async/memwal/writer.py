@@ -95,7 +95,7 @@ from .._threads import run_sync
 from ..errors import ClosedError, InvalidInputError, LanceAsyncError
 from ..lsm.memtable import MemtableMirror
 from ..lsm.reader import LsmMethods, LsmReader
-from .accumulator import Accumulator, Kind
+from .accumulator import Accumulator, Item, Kind
 from .acks import Ack, PutSummary
 from .committer import Committer, start_engine
 from .policy import WriterConfig
@@ -386,6 +386,19 @@ class AsyncShardWriter(LsmMethods):
         ack = Ack(self._loop)
         await acc.submit(kind, data, ack, deadline, schema, routed=routed)
         return ack
+
+    async def submit_part(self, part: Item) -> None:
+        """Queue a routing writer's part for this shard (see ``routing.py``):
+        rows already checked, relabelled and of this shard. Waits for room
+        without a deadline; the part's ack settles the sends it carries.
+
+        Raises
+        ------
+        ClosedError, WriterFailedError, FencedError, StorageError
+            The writer can take no more rows (nothing was queued).
+        """
+        self._check_usable()
+        await self._parts()[0].submit_part(part)
 
     async def send(
         self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None

@@ -1,0 +1,190 @@
+"""Routing in bulk (issue 25): a run of sends cut once per shard, acks per send."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pyarrow as pa
+import pytest
+
+import lance_async as la
+from lance_async.memwal import router as router_module
+from lance_async.memwal.accumulator import BatchAck, Kind
+from lance_async.memwal.acks import Ack
+from lance_async.memwal.routing import RoutedPart, ShardCut, cut_part, split_run
+
+from ..helpers import KV_SCHEMA, kv_table
+
+
+async def keyed(uri: str, **init: Any) -> la.AsyncDataset:
+    ds = await la.write_dataset(kv_table([]), uri, schema=KV_SCHEMA)
+    return await ds.initialize_mem_wal(**init)
+
+
+async def ids_by_shard(ds: la.AsyncDataset, ids: range) -> dict[str, list[int]]:
+    sharding = await ds.sharding()
+    out: dict[str, list[int]] = {}
+    for shard, part in sharding.split(kv_table(ids).to_batches()[0]):
+        out[shard] = part.column("id").to_pylist()
+    return out
+
+
+@pytest.mark.asyncio
+async def test_sends_queued_together_are_routed_in_one_evaluation_and_one_put_per_shard(
+    table_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = await keyed(table_uri)
+    runs: list[int] = []
+
+    def counted(sharding: Any, fit: Any, entries: Any) -> Any:
+        runs.append(len(entries))
+        return split_run(sharding, fit, entries)
+
+    monkeypatch.setattr(router_module, "split_run", counted)
+    async with ds.mem_wal_writer(commit="throughput") as router:
+        # send_nowait queues without a checkpoint: all 100 wait for one run
+        acks = [
+            router.send_nowait(kv_table(range(i * 10, i * 10 + 10), value=i).to_batches()[0])
+            for i in range(100)
+        ]
+        assert all(isinstance(a, BatchAck) for a in acks)
+        summaries = [await a for a in acks]
+        assert runs == [100]
+        assert [s.rows for s in summaries] == [10] * 100
+        writers = router.writers
+        assert len(writers) == 4
+        assert {w.stats().entries for w in writers.values()} == {1}
+        assert sum(w.stats().engine_puts for w in writers.values()) == 4
+        # each message's ack counts the shard puts that carried its rows
+        spread = await ids_by_shard(ds, range(0, 10))
+        assert summaries[0].engine_puts == len(spread)
+    table = await ds.lsm_scan(columns=["id", "value"]).to_table()
+    assert sorted(table.column("id").to_pylist()) == list(range(1_000))
+    assert {r["id"]: r["value"] for r in table.to_pylist()} == {k: k // 10 for k in range(1_000)}
+
+
+@pytest.mark.asyncio
+async def test_puts_and_deletes_through_the_router_keep_their_order_per_key(
+    table_uri: str,
+) -> None:
+    ds = await keyed(table_uri)
+    async with ds.mem_wal_writer() as router:
+        acks = [
+            router.send_nowait(kv_table(range(50), value=1)),
+            router.send_nowait(kv_table(range(50), value=2)),
+        ]
+        deleted = await router.delete(kv_table(range(0, 50, 2)))
+        assert deleted.deletes == 25
+        again = router.send_nowait(kv_table(range(0, 10), value=3))
+        for ack in [*acks, again]:
+            await ack
+    table = await ds.lsm_scan(columns=["id", "value"]).to_table()
+    expected = {k: 3 if k < 10 else 2 for k in range(50) if k < 10 or k % 2}
+    assert {r["id"]: r["value"] for r in table.to_pylist()} == expected
+
+
+@pytest.mark.asyncio
+async def test_a_shard_put_limit_cuts_parts_and_every_ack_still_counts_its_rows(
+    table_uri: str,
+) -> None:
+    ds = await keyed(table_uri, num_buckets=2, max_memtable_rows=7)
+    async with ds.mem_wal_writer() as router:
+        acks = [router.send_nowait(kv_table(range(i * 6, i * 6 + 6), value=i)) for i in range(20)]
+        acks.append(await router.send(kv_table(range(500, 540), value=99)))
+        summaries = [await a for a in acks]
+        assert [s.rows for s in summaries] == [6] * 20 + [40]
+        assert all(w.max_put_rows <= 7 for w in router.writers.values())
+    table = await ds.lsm_scan(columns=["id"]).to_table()
+    assert sorted(table.column("id").to_pylist()) == [*range(120), *range(500, 540)]
+
+
+@pytest.mark.asyncio
+async def test_a_fenced_shard_fails_only_the_sends_with_rows_in_it(table_uri: str) -> None:
+    ds = await keyed(table_uri)
+    spread = await ids_by_shard(ds, range(200))
+    fenced, healthy = sorted(spread)[:2]
+    async with ds.mem_wal_writer() as router:
+        await router.put(kv_table(range(200)))  # every shard's writer is open
+        other = await la.open_dataset(table_uri)
+        async with other.mem_wal_writer(fenced) as owner:
+            await owner.put(kv_table(spread[fenced][:1], value=7))  # claims the shard
+            bad = router.send_nowait(kv_table(spread[fenced][1:3], value=8))
+            good = router.send_nowait(kv_table(spread[healthy][:2], value=8))
+            mixed = router.send_nowait(kv_table([spread[fenced][3], spread[healthy][2]], value=8))
+            assert (await good).rows == 2
+            for ack in (bad, mixed):
+                with pytest.raises(la.errors.FencedError):
+                    await ack
+            # the router goes on routing to its healthy shards
+            assert (await router.put(kv_table(spread[healthy][3:5], value=9))).rows == 2
+    table = await ds.lsm_scan(columns=["id", "value"]).to_table()
+    values = {r["id"]: r["value"] for r in table.to_pylist()}
+    assert values[spread[healthy][0]] == 8 and values[spread[healthy][3]] == 9
+    assert values[spread[fenced][0]] == 7 and values[spread[fenced][1]] == 0
+
+
+@pytest.mark.asyncio
+async def test_a_full_router_queue_times_out_and_stays_usable(table_uri: str) -> None:
+    ds = await keyed(table_uri)
+    async with ds.mem_wal_writer(max_queue_rows=10, max_put_rows=10) as router:
+        first = router.send_nowait(kv_table(range(10)))
+        with pytest.raises(anyio.WouldBlock):
+            router.send_nowait(kv_table(range(10, 20)))
+        await first
+        await router.flush()
+        assert (await router.put(kv_table(range(10, 20)))).rows == 10
+        assert router.stats().queue_rows == 0
+
+
+@pytest.mark.asyncio
+async def test_num_buckets_alone_buckets_on_the_primary_key(table_uri: str) -> None:
+    ds = await keyed(table_uri, num_buckets=3)
+    sharding = await ds.sharding()
+    assert (sharding.kind, sharding.column, sharding.num_buckets) == ("bucket", "id", 3)
+    keyless = await la.write_dataset(
+        pa.table({"x": [1]}), table_uri.replace(".lance", "-keyless.lance")
+    )
+    with pytest.raises(ValueError, match="primary key"):
+        await keyless.initialize_mem_wal(num_buckets=3)
+
+
+def _ack() -> Ack:
+    ack = Ack()
+    ack._add_part()  # the part a routed run holds until it is cut
+    return ack
+
+
+def test_a_rejected_part_splits_into_one_entry_per_send_each_settling_its_own_ack() -> None:
+    batch = kv_table(range(9)).to_batches()[0]
+    acks = [_ack() for _ in range(3)]
+    cut = ShardCut("s", batch, [0, 1, 2], [2, 3, 4], [1, 1, 1], [0, 2, 5])
+    (fan,) = cut_part(Kind.PUT, cut, acks, limit=100)
+    for ack in acks:
+        ack._seal()
+    part = RoutedPart(Kind.PUT, batch, fan, 9, 900, 0.0)
+    pieces = part.split()
+    assert [p.batch.column(0).to_pylist() for p in pieces] == [[0, 1], [2, 3, 4], [5, 6, 7, 8]]
+    assert sum(p.nbytes for p in pieces) == 900
+    pieces[0].ack._part_done(rows=2, put_id=("s", 1))
+    pieces[1].ack._part_failed(la.InvalidInputError("rejected"))
+    pieces[2].ack._part_done(rows=4, put_id=("s", 2))
+    assert acks[0].result().rows == 2
+    with pytest.raises(la.InvalidInputError):
+        acks[1].result()
+    assert acks[2].result().rows == 4
+
+
+def test_cutting_a_part_at_the_put_limit_gives_a_send_across_two_pieces_two_parts() -> None:
+    batch = kv_table(range(10)).to_batches()[0]
+    acks = [_ack() for _ in range(2)]
+    cut = ShardCut("s", batch, [0, 1], [6, 4], [1, 1], [0, 6])
+    fans = cut_part(Kind.PUT, cut, acks, limit=4)
+    assert [f.row_counts for f in fans] == [[4], [2, 2], [2]]
+    assert [f.starts for f in fans] == [[0], [0, 2], [0]]
+    for ack in acks:
+        ack._seal()
+    for i, fan in enumerate(fans):
+        fan._part_done(put_id=("s", i))
+    assert acks[0].result().rows == 6 and acks[0].result().engine_puts == 2
+    assert acks[1].result().rows == 4 and acks[1].result().engine_puts == 2
