@@ -74,7 +74,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of 1-3 minutes")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes: a smoke run of 1-3 minutes"
+    )
     parser.add_argument(
         "--out",
         type=Path,

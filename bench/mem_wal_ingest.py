@@ -1,8 +1,13 @@
 """MemWAL ingestion of a feed of small messages: rows/s, ack latency, peak RSS.
 
-Issue 4. A Kafka-like feed of 10-row messages (an int64 key, a timestamp, a
-sensor id, a float and a short string per row), produced incrementally by a
-generator (never materialized), written durably into one MemWAL shard:
+Issues 4, 16 and 25. A Kafka-like feed of 10-row messages (an int64 key, a
+timestamp, a sensor id, a float and a short string per row), produced
+incrementally by a generator (never materialized), written durably. The
+lance_async rows use what a user gets by default -- ``ds.mem_wal_writer()``
+on a table whose MemWAL came from ``initialize_mem_wal()`` (the routing
+writer, 4 bucket shards on the key) -- and the ``*_one_shard`` rows the old
+default beside them: one manual shard, named. The pylance rows write one
+manual shard:
 
 ``naive_durable``
     ``ShardWriter.put`` per message with ``durable_write=True`` (each put
@@ -17,9 +22,15 @@ generator (never materialized), written durably into one MemWAL shard:
     One thread putting pre-batched 10,000-row batches, durable: the engine's
     own throughput, the floor to reach.
 ``lance_async``
-    ``AsyncShardWriter`` (durable, the default ``commit="adaptive"``) fed
-    10-row messages with ``send``; a committer task takes the acks in order
-    (as a feed would commit offsets).
+    The default routing writer (durable, ``commit="adaptive"``) fed 10-row
+    messages with ``send``; a committer task takes the acks in order (as a
+    feed would commit offsets).
+``lance_async_one_shard``, ``lance_async_send_many_one_shard``, ``lance_async_ingest_one_shard``
+    The same three ways of handing messages over, to one manual shard's
+    ``AsyncShardWriter``.
+``lance_async_10k_msgs_per_s``
+    The default writer offered 10,000 messages/s (ack latency and loop lag
+    below saturation).
 ``lance_async_throughput``
     The same with ``commit="throughput"``: the engine's WAL tick and puts
     of up to half a memtable -- the writer's behaviour before the commit
@@ -50,6 +61,9 @@ Targets (issue 16): each measures lance_async's own cost -- ack p99 of the
 default policy, its rows/s against the old behaviour measured in the same
 run, the low-latency policy's p99, 500,000 rows/s, event-loop lag, and
 peak RSS growth against the engine floor's own growth on the same feeds.
+Issue 25: the default routed writer against the manual single shard (send,
+send_many, ingest), against the floor and the harness's ceiling, and its
+ack p99 and loop lag when offered 10,000 messages/s.
 """
 
 from __future__ import annotations
@@ -103,18 +117,32 @@ THROUGHPUT = "lance_async_throughput"
 LATENCY = "lance_async_latency"
 SEND_MANY = "lance_async_send_many"
 INGEST = "lance_async_ingest"
+ONE_SHARD = "lance_async_one_shard"
+SEND_MANY_ONE = "lance_async_send_many_one_shard"
+INGEST_ONE = "lance_async_ingest_one_shard"
+PACED = "lance_async_10k_msgs_per_s"
+PACED_RATE = 10_000
+"""Messages per second the paced run offers the default writer."""
 HARNESS = "harness_only"
 """The bench's own per-message cost, no writer: making each message, one
 checkpoint per message (what a send costs the loop at least), handing a
 pre-resolved ack to the same consumer task: the ceiling of one-send-per-
 message rows/s on this machine (informational)."""
-#: lance_async configurations: (writer options, how messages are handed over)
-LANCE_ASYNC_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {
-    LANCE_ASYNC: ({}, "send"),
-    THROUGHPUT: ({"commit": "throughput"}, "send"),
-    LATENCY: ({"commit": "latency"}, "send"),
-    SEND_MANY: ({}, "send_many"),
-    INGEST: ({}, "ingest"),
+#: lance_async configurations: (writer options, how messages are handed over,
+#: routed). Routed: the default -- ``ds.mem_wal_writer()`` on a table whose
+#: MemWAL came from ``initialize_mem_wal()`` (bucket sharding on the key, 4
+#: shards). Not routed: a manual single shard (``initialize_mem_wal(
+#: manual_shards=True)``, ``ds.mem_wal_writer(shard_id)``), the old default.
+LANCE_ASYNC_CONFIGS: dict[str, tuple[dict[str, Any], str, bool]] = {
+    LANCE_ASYNC: ({}, "send", True),
+    THROUGHPUT: ({"commit": "throughput"}, "send", True),
+    LATENCY: ({"commit": "latency"}, "send", True),
+    SEND_MANY: ({}, "send_many", True),
+    INGEST: ({}, "ingest", True),
+    PACED: ({}, "paced", True),
+    ONE_SHARD: ({}, "send", False),
+    SEND_MANY_ONE: ({}, "send_many", False),
+    INGEST_ONE: ({}, "ingest", False),
 }
 SEND_MANY_GROUP = 100
 INGEST_MICRO_BATCH = 1_000
@@ -182,9 +210,12 @@ def feed(messages: int, rows_per_msg: int, first_id: int = 0) -> Iterator[pa.Rec
         yield pa.RecordBatch.from_arrays([key, ts, sensor, value, tag], schema=SCHEMA)
 
 
-def new_table(uri: str, mem_wal: bool = True) -> None:
-    """A one-row table, with the MemWAL initialized (manual shards) if asked."""
+def new_table(uri: str, mem_wal: bool = True, routed: bool = False) -> None:
+    """A one-row table, with the MemWAL initialized if asked: manual shards,
+    or with ``routed`` lance_async's default (bucket sharding on the key)."""
     import lance
+
+    from lance_async.memwal.sharding import sharding_options
 
     first = pa.RecordBatch.from_arrays(
         [
@@ -198,7 +229,7 @@ def new_table(uri: str, mem_wal: bool = True) -> None:
     )
     ds = lance.write_dataset(pa.Table.from_batches([first]), uri, schema=SCHEMA, mode="create")
     if mem_wal:
-        ds.initialize_mem_wal()
+        ds.initialize_mem_wal(**sharding_options(SCHEMA, {}, manual_shards=not routed))
 
 
 # ---------------------------------------------------------------------------
@@ -226,7 +257,8 @@ def child_ingest(
     """
     import lance
 
-    new_table(uri, mem_wal=config != "lancedb_async")  # LanceDB sets up its own
+    routed = config in LANCE_ASYNC_CONFIGS and LANCE_ASYNC_CONFIGS[config][2]
+    new_table(uri, mem_wal=config != "lancedb_async", routed=routed)  # LanceDB: its own
     hist = LatencyHistogram()
     meter = Meter()
     total_rows = messages * rows_per_msg
@@ -283,9 +315,11 @@ def child_ingest(
         out.update(asyncio.run(main()))
         out["rows_per_put"] = float(rows_per_msg)
     elif config in LANCE_ASYNC_CONFIGS:
-        options, mode = LANCE_ASYNC_CONFIGS[config]
+        options, mode, routed = LANCE_ASYNC_CONFIGS[config]
         out.update(
-            _lance_async_ingest(uri, messages, rows_per_msg, lag, hist, meter, options, mode)
+            _lance_async_ingest(
+                uri, messages, rows_per_msg, lag, hist, meter, options, mode, routed
+            )
         )
     elif config == HARNESS:
         out.update(_harness_only(messages, rows_per_msg, hist, meter))
@@ -374,9 +408,12 @@ def _lance_async_ingest(
     meter: Meter,
     options: dict[str, Any],
     mode: str,
+    routed: bool,
 ) -> dict[str, float]:
-    """Feed the messages to an ``AsyncShardWriter`` by ``mode``: ``send`` (one
-    per message), ``send_many`` (groups) or ``ingest`` (``feeds.ingest``)."""
+    """Feed the messages to the default routing writer (``routed``) or a
+    manual shard's ``AsyncShardWriter`` by ``mode``: ``send`` (one per
+    message), ``paced`` (one per message at :data:`PACED_RATE` messages/s),
+    ``send_many`` (groups) or ``ingest`` (``feeds.ingest``)."""
     import anyio
     from anyio.streams.memory import MemoryObjectReceiveStream
 
@@ -384,7 +421,12 @@ def _lance_async_ingest(
 
     async def main() -> dict[str, float]:
         ads = await la.open_dataset(uri)
-        async with ads.mem_wal_writer(_shard(), durable_write=True, **options) as writer:
+        opened = (
+            ads.mem_wal_writer(durable_write=True, **options)
+            if routed
+            else ads.mem_wal_writer(_shard(), durable_write=True, **options)
+        )
+        async with opened as writer:
 
             async def committer(acks: MemoryObjectReceiveStream[la.Ack]) -> None:
                 async with acks:
@@ -409,6 +451,13 @@ def _lance_async_ingest(
                             if mode == "send":
                                 for batch in feed(messages, rows_per_msg):
                                     send.send_nowait(await writer.send(batch))
+                            elif mode == "paced":
+                                start = time.monotonic()
+                                for i, batch in enumerate(feed(messages, rows_per_msg)):
+                                    ahead = start + i / PACED_RATE - time.monotonic()
+                                    if ahead > 0.001:
+                                        await anyio.sleep(ahead)
+                                    send.send_nowait(await writer.send(batch))
                             else:
                                 group: list[pa.RecordBatch] = []
                                 for batch in feed(messages, rows_per_msg):
@@ -421,11 +470,10 @@ def _lance_async_ingest(
 
             out = (await with_ticker(op, lag))[1]
             stats = writer.stats()
-            out["rows_per_put"] = stats.rows_per_put
             out["engine_puts"] = float(stats.engine_puts)
+            out["rows_per_put"] = stats.rows / max(1, stats.engine_puts)
             out["writer_ack_p50_ms"] = stats.ack_latency_p50 * 1000
             out["writer_ack_p99_ms"] = stats.ack_latency_p99 * 1000
-            out["max_queue_rows_seen"] = float(stats.max_queue_rows_seen)
         return out
 
     result: dict[str, float] = anyio.run(main, backend="asyncio")
@@ -553,8 +601,10 @@ def plan(settings: Settings) -> list[tuple[str, str, int]]:
         label = case_label(N, mult)
         cases.append((label, "floor", mult * N))
         cases.append((label, LANCE_ASYNC, mult * N))
-    for config in (THROUGHPUT, LATENCY, SEND_MANY, INGEST, HARNESS):
+    for config in (ONE_SHARD, THROUGHPUT, LATENCY, SEND_MANY, SEND_MANY_ONE, INGEST, INGEST_ONE):
         cases.append((case_label(N, 10), config, 10 * N))
+    cases.append((case_label(N, 10), HARNESS, 10 * N))
+    cases.append((case_label(N, 1), PACED, N))
     return cases
 
 
@@ -587,7 +637,10 @@ def sweep(settings: Settings) -> list[Series]:
 
 
 NAIVE_FACTOR = 100.0
-FLOOR_SHARE = 0.8
+FLOOR_SHARE = 1.5  # issue 25: the default routed writer vs the engine floor
+VS_ONE_SHARD = 0.8  # issue 25: the default routed writer vs a manual single shard
+VS_ONE_SHARD_MOONSHOT = 1.0
+VS_HARNESS = 0.5  # issue 25's moonshot: one send per message vs the harness's ceiling
 ACK_P99_MS = 50.0
 LATENCY_P99_MS = 20.0
 VS_OLD_DEFAULT = 0.95
@@ -684,6 +737,7 @@ def targets(series: list[Series], lag: list[Series], settings: Settings) -> list
                 rate >= ROWS_PER_S,
             )
         )
+    out.extend(routing_targets(series, lag, big))
     lag_default = next((s for s in lag if s.config == LANCE_ASYNC), None)
     if lag_default:
         worst = lag_default.median("lag_max_ms")
@@ -714,6 +768,76 @@ def targets(series: list[Series], lag: list[Series], settings: Settings) -> list
     return out
 
 
+def routing_targets(series: list[Series], lag: list[Series], big: str) -> list[Target]:
+    """Issue 25's targets: the default routed writer against a manual single
+    shard (send, send_many, ingest), the harness's ceiling, and a paced feed."""
+    out: list[Target] = []
+    for routed, one, what, limit in (
+        (LANCE_ASYNC, ONE_SHARD, "one send per 10-row message", VS_ONE_SHARD),
+        (SEND_MANY, SEND_MANY_ONE, f"send_many of {SEND_MANY_GROUP} messages", VS_ONE_SHARD),
+        (INGEST, INGEST_ONE, "feeds.ingest", VS_ONE_SHARD),
+    ):
+        a, b = find(series, big, routed), find(series, big, one)
+        if a is None or b is None:
+            continue
+        r = ratio(a.median("rows_per_s"), b.median("rows_per_s"))
+        per_run = ", ".join(
+            fmt_ratio(ratio(x["rows_per_s"], y["rows_per_s"]))
+            for x, y in zip(a.samples, b.samples, strict=False)
+        )
+        out.append(
+            Target(
+                f"mem_wal_ingest rows/s, default routed writer vs a manual single shard, {what} "
+                "(10xN)",
+                f"{fmt_vs_limit(r, limit, at_most=False)} ({a.median('rows_per_s'):,.0f} vs "
+                f"{b.median('rows_per_s'):,.0f} rows/s; per run {per_run})",
+                f"≥ {limit:.2f}x"
+                + (f" (moonshot {VS_ONE_SHARD_MOONSHOT:.1f}x)" if routed == LANCE_ASYNC else ""),
+                r >= limit,
+            )
+        )
+    default, harness = find(series, big, LANCE_ASYNC), find(series, big, HARNESS)
+    if default and harness:
+        r = ratio(default.median("rows_per_s"), harness.median("rows_per_s"))
+        out.append(
+            Target(
+                "mem_wal_ingest moonshot: one send per 10-row message (default writer) vs the "
+                f"{HARNESS} ceiling (10xN)",
+                f"{fmt_vs_limit(r, VS_HARNESS, at_most=False)} "
+                f"({default.median('rows_per_s'):,.0f} vs "
+                f"{harness.median('rows_per_s'):,.0f} rows/s)",
+                f"≥ {VS_HARNESS:.1f}x",
+                r >= VS_HARNESS,
+            )
+        )
+    paced = next((s for s in series if s.config == PACED), None)
+    paced_lag = next((s for s in lag if s.config == PACED), None)
+    if paced:
+        p99 = paced.median("ack_p99_ms")
+        out.append(
+            Target(
+                f"mem_wal_ingest ack p99, default routed writer offered {PACED_RATE:,} messages/s",
+                f"{fmt_vs_limit(p99, ACK_P99_MS, 1, ' ms')} (p50 "
+                f"{paced.median('ack_p50_ms'):.1f} ms; {paced.median('rows_per_s'):,.0f} rows/s)",
+                f"≤ {ACK_P99_MS:.0f} ms",
+                p99 <= ACK_P99_MS,
+            )
+        )
+    if paced_lag:
+        worst = paced_lag.median("lag_max_ms")
+        out.append(
+            Target(
+                f"mem_wal_ingest event-loop lag max, default routed writer offered "
+                f"{PACED_RATE:,} messages/s",
+                f"{fmt_vs_limit(worst, LAG_MAX_MS, 1, ' ms')} (median over runs of each run's "
+                f"max; p99 {paced_lag.median('lag_p99_ms'):.1f} ms)",
+                f"≤ {LAG_MAX_MS:.0f} ms",
+                worst <= LAG_MAX_MS,
+            )
+        )
+    return out
+
+
 def run(settings: Settings, shared: dict[str, Any]) -> Section:
     """Measure issue 4's comparison, issue 16's policies and the message-size sweep."""
     n = sizes(settings.quick)
@@ -733,6 +857,7 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
     shared["ingest_series"] = series
     lag_plan = [
         (LANCE_ASYNC, n["N"]),
+        (PACED, n["N"]),
         (THROUGHPUT, n["N"]),
         (INGEST, n["N"]),
         ("pylance_in_async_def", n["naive"]),
@@ -750,7 +875,12 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
     intro = (
         f"A feed of 10-row messages (N = {n['N']:,} messages, {10 * n['N']:,} rows; 10xN = "
         f"{10 * n['N']:,} messages) generated one message at a time, written durably into "
-        "a MemWAL shard of a fresh table (pylance defaults: max_wal_flush_interval_ms=100, "
+        "the MemWAL of a fresh table: by default (lance_async, its policies, send_many, "
+        "ingest, the paced run) through the routing writer, ds.mem_wal_writer(), on a table "
+        "whose MemWAL came from initialize_mem_wal() (bucket sharding on the key, 4 "
+        "shards; consecutive ids, so every message's rows span the shards); the *_one_shard "
+        "rows and the pylance ones into one manual shard (pylance defaults: "
+        "max_wal_flush_interval_ms=100, "
         "max_memtable_rows=100,000). rows/s = rows acknowledged durable ÷ seconds from the "
         "first message to the last ack. Ack latency = from handing a message over to its "
         "durable acknowledgement (lance_async: Ack creation to resolution, so waiting for "
@@ -787,6 +917,12 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         "mostly time spent in the queue: about max_queue_rows ÷ rows/s plus one put. The "
         "p99 target of the low-latency setting therefore measures its queue bound as much "
         "as its puts.",
+        f"{ONE_SHARD}, {SEND_MANY_ONE}, {INGEST_ONE}: the same on a table with manual "
+        "shards, through one named shard's AsyncShardWriter -- the old default, beside the "
+        "routed default it is compared with (issue 25).",
+        f"{PACED}: the default writer offered {PACED_RATE:,} messages/s (a sleep whenever "
+        "the feed runs a millisecond ahead of schedule); its lag is measured in the lag "
+        "runs.",
         f"{SEND_MANY}: groups of {SEND_MANY_GROUP} messages, one ack each (its latency counts "
         f"from the group's hand-over). {INGEST}: feeds.ingest with micro-batches of "
         f"{INGEST_MICRO_BATCH:,} messages; latency from a micro-batch's fetch to its "
@@ -814,7 +950,7 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         notes.append(f"LanceDB not measured: {settings.lancedb_note}")
     return Section(
         key="mem_wal_ingest",
-        title="MemWAL ingestion of small messages (issues 4 and 16)",
+        title="MemWAL ingestion of small messages (issues 4, 16 and 25)",
         intro=intro,
         tables=[
             summary_table(

@@ -213,6 +213,9 @@ class Accumulator:
         self.put_interval = min_put_interval
         """The pacing now (seconds): ``pace(last put's duration)``, see ``policy.py``."""
         self._pace = pace
+        self.paced = True
+        """Whether runs wait out :attr:`put_interval` (a routing writer's shard
+        writers do not: the router paces its runs, see ``router.py``)."""
         self._check = check
         self._describe = describe
         self._shard_check = shard_check
@@ -605,7 +608,7 @@ class Accumulator:
             deadline = -math.inf
             if self.linger > 0:
                 deadline = pending[0].queued_at + self.linger
-            if self.put_interval > 0:
+            if self.put_interval > 0 and self.paced:
                 deadline = max(deadline, self._last_run + self.put_interval)
             if deadline > time.monotonic() and self.pending_rows < self.max_put_rows:
                 await self._linger(deadline)

@@ -39,7 +39,9 @@ class PutSummary:
         routing writer counts a batch split across shards once per shard.
     engine_puts : int
         Engine ``ShardWriter.put`` calls that carried them (coalesced puts
-        carry many sends; a large send may span several puts).
+        carry many sends; a large send may span several puts; through the
+        routing writer, one per shard part, so a send cut into two pieces
+        that one put happened to carry counts it twice).
     deletes : int
         Keys deleted (for :meth:`~lance_async.AsyncShardWriter.delete`).
     """
@@ -73,6 +75,7 @@ class Ack:
         "_event",
         "_loop",
         "_parts",
+        "_put_count",
         "_puts",
         "_rows",
         "_sealed",
@@ -92,6 +95,7 @@ class Ack:
         # the engine puts that carried the rows: None, one put id, or a set
         # of them (made lazily: most acks are carried by one put)
         self._puts: Any = None
+        self._put_count = 0  # puts counted without ids (a routed send's shard parts)
         self._deletes = 0
         self._callbacks: list[Callable[[Ack], None]] | None = None
         self.created = time.monotonic()
@@ -182,6 +186,7 @@ class Ack:
             if child._error is not None:
                 parent._part_failed(child._error)
             else:
+                parent._put_count += child._put_count
                 parent._part_done(
                     rows=child._rows,
                     batches=child._batches,
@@ -219,7 +224,8 @@ class Ack:
             raise LanceAsyncError("the ack is not resolved yet; await it")
         if self._error is not None:
             raise self._error
-        return PutSummary(self._rows, self._batches, len(self._put_ids()), self._deletes)
+        engine_puts = len(self._put_ids()) + self._put_count
+        return PutSummary(self._rows, self._batches, engine_puts, self._deletes)
 
     def exception(self) -> BaseException | None:
         """The error of a resolved ack, or None."""

@@ -188,7 +188,7 @@ class ShardRouter(LsmMethods):
             max_put_bytes=config.max_put_bytes * shards,
             linger=0.0,
             min_put_interval=config.policy.min_put_interval,
-            check=self._check_open,
+            check=self._check_state,
             describe=self.__repr__,
         )
 
@@ -221,6 +221,9 @@ class ShardRouter(LsmMethods):
     def _check_open(self) -> None:
         if self._loop is not None and not self._loop.is_current():
             self._loop.check(repr(self))
+        self._check_state()
+
+    def _check_state(self) -> None:
         if self._state is not WriterState.OPEN:
             raise ClosedError(f"{self!r} is not open; use `async with dataset.mem_wal_writer()`")
 
@@ -251,6 +254,7 @@ class ShardRouter(LsmMethods):
             if writer is None:
                 writer = AsyncShardWriter(self._dataset, shard_id, **self._options)
                 await writer.open(self._tg)
+                writer.unpaced()  # the router paces its runs instead
                 self._writers[shard_id] = writer
         return writer
 
@@ -341,6 +345,10 @@ class ShardRouter(LsmMethods):
             for shard_cut in cut.cuts:
                 await self._hand_over(kind, entries, shard_cut)
         self._acc.release(rows, nbytes)
+        # the next run waits as long as the slowest shard's last put asks
+        self._acc.put_interval = max(
+            [self.config.policy.min_put_interval] + [w.put_interval for w in self._writers.values()]
+        )
 
     @staticmethod
     def _refuse(entry: Entry, exc: Exception) -> None:

@@ -85,17 +85,17 @@ class FanOut(Ack):
         deletes: int = 0,
         put_ids: Iterable[Any] = (),
     ) -> None:
-        # the hot path of a routed feed: one pass, attribute updates inline
+        # the hot path of a routed feed: one pass, attribute updates inline;
+        # each part is one put of its own shard, so it is counted, not named
         deleting = self.kind is Kind.DELETE
         for ack, n, b in zip(self.acks, self.row_counts, self.batch_counts, strict=True):
             ack._parts -= 1
+            ack._put_count += 1
             if deleting:
                 ack._deletes += n
             else:
                 ack._rows += n
                 ack._batches += b
-            if put_id is not None:
-                ack._add_put(put_id)
             if ack._parts <= 0:
                 ack._maybe_resolve()
         self.acks = []

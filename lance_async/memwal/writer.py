@@ -387,6 +387,20 @@ class AsyncShardWriter(LsmMethods):
         await acc.submit(kind, data, ack, deadline, schema, routed=routed)
         return ack
 
+    @property
+    def put_interval(self) -> float:
+        """Seconds the commit policy asks between the starts of two puts now
+        (adaptive: four times the last put's duration, within the policy's
+        bounds); 0 before the writer is open."""
+        return self._acc.put_interval if self._acc is not None else 0.0
+
+    def unpaced(self) -> None:
+        """Put whatever is queued at once, without waiting out
+        :attr:`put_interval` (which is still computed). A
+        :class:`~lance_async.ShardRouter` does this to its shard writers: it
+        paces its own runs, each of which hands every shard one part."""
+        self._parts()[0].paced = False
+
     async def submit_part(self, part: Item) -> None:
         """Queue a routing writer's part for this shard (see ``routing.py``):
         rows already checked, relabelled and of this shard. Waits for room
