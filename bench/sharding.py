@@ -12,11 +12,12 @@ routing
         ``evaluate_sharding_spec``).
     ``routed_one_shard``
         The routing writer (``dataset.mem_wal_writer()``) with the same
-        messages: the router evaluates the spec and hands the message to
-        the one shard writer it opened (no second check).
+        messages: the router queues them, evaluates the spec once per run
+        of queued messages on a worker thread, and hands the one shard
+        writer it opened one part per run (no second check).
     ``routed_all_shards``
-        The routing writer with messages of random keys: each message is
-        split across the 4 shards (4 parts, 4 writers).
+        The routing writer with messages of random keys: each run is cut
+        across the 4 shards (one part per shard per run, 4 writers).
     ``manual_unchecked``
         A table with manual shards (no spec, nothing to check): the cost of
         a message before shard affinity existed.
