@@ -292,6 +292,7 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
     ("ShardRouter.put", lambda c: c.router.put(kv_table([1]), timeout=float("nan"))),
     ("ShardRouter.put_stream", lambda c: c.router.put_stream([kv_table([1])], timeout=-1)),
     ("ShardRouter.send", lambda c: c.router.send(kv_table([1]), timeout=-1)),
+    ("ShardRouter.send_nowait", lambda c: c.router.send_nowait([1])),  # type: ignore[arg-type]
     ("ShardRouter.send_many", lambda c: c.router.send_many(kv_table([1]).to_batches(), timeout=-1)),
     ("ShardRouter.send_many", lambda c: c.router.send_many([kv_table([1])])),  # type: ignore[list-item]
     ("ShardRouter.writer", lambda c: c.router.writer("shard-1")),

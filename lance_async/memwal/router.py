@@ -43,7 +43,7 @@ from .policy import WriterConfig
 from .routing import FanOut, RoutedPart, ShardCut, cut_part, split_run
 from .sharding import Sharding, default_shard_id, read_sharding
 from .stats import RouterStats, WriterState, percentiles
-from .writer import AsyncShardWriter
+from .writer import AsyncShardWriter, room_deadline
 
 __all__ = ["ShardRouter", "default_shard_id"]
 
@@ -342,8 +342,16 @@ class ShardRouter(LsmMethods):
                 entry.ack._parts += shards - 1
                 if not shards:
                     entry.ack._maybe_resolve()
-            for shard_cut in cut.cuts:
+        parts = [(entries, shard_cut) for entries, cut in groups for shard_cut in cut.cuts]
+        for done, (entries, shard_cut) in enumerate(parts):
+            try:
                 await self._hand_over(kind, entries, shard_cut)
+            except BaseException:  # cancelled: the parts not handed over fail
+                error = ClosedError(f"{self!r} was cancelled before these rows were routed")
+                for rest, left in parts[done + 1 :]:
+                    acks = [rest[i].ack for i in left.entries]
+                    FanOut(kind, acks, left.rows, left.batches, left.starts)._part_failed(error)
+                raise
         self._acc.release(rows, nbytes)
         # the next run waits as long as the slowest shard's last put asks
         self._acc.put_interval = max(
@@ -374,20 +382,26 @@ class ShardRouter(LsmMethods):
             return
         queued_at = run[cut.entries[0]].queued_at
         limit = writer.max_put_rows or cut.batch.num_rows
-        for i, fan in enumerate(cut_part(kind, cut, acks, limit)):
+        fans = cut_part(kind, cut, acks, limit)
+        for i, fan in enumerate(fans):
             batch = cut.batch.slice(i * limit, limit)
             part = RoutedPart(kind, batch, fan, batch.num_rows, batch.nbytes, queued_at)
             try:
-                await writer.submit_part(part)
+                await writer._submit_part(part)
             except Exception as exc:  # the writer failed or closed: its members fail
                 part.batch = None
                 fan._part_failed(exc)
+            except BaseException:  # cancelled: this piece and the rest fail
+                error = ClosedError(f"{self!r} was cancelled before these rows were queued")
+                for rest in fans[i:]:
+                    rest._part_failed(error)
+                raise
 
     # -- sending -------------------------------------------------------------------
     async def _send(self, kind: Kind, data: Any, timeout: float | None, schema: Any) -> Ack:
         self._check_open()
         assert self._acc is not None
-        deadline = None if timeout is None else anyio.current_time() + timeout
+        deadline = room_deadline(timeout)
         await anyio.lowlevel.checkpoint()  # every send is a checkpoint (trio's rule)
         if kind is Kind.PUT and schema is None and data.__class__ is pa.RecordBatch:
             fast = await self._acc.submit_batch(data, self._loop, deadline, routed=True)

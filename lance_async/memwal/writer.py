@@ -105,8 +105,15 @@ from .stats import WriterState, WriterStats, collect_stats
 __all__ = ["AsyncShardWriter"]
 
 
-def _deadline(timeout: float | None) -> float | None:
-    """When a wait for room of ``timeout`` seconds from now ends (None: never)."""
+def room_deadline(timeout: float | None) -> float | None:
+    """When a wait for room of ``timeout`` seconds from now ends (None: never),
+    on anyio's clock.
+
+    Raises
+    ------
+    ValueError
+        ``timeout`` is negative, NaN or infinite.
+    """
     if timeout is None:
         return None
     if not (timeout >= 0 and math.isfinite(timeout)):
@@ -375,7 +382,7 @@ class AsyncShardWriter(LsmMethods):
         routed: bool = False,
     ) -> Ack:
         self._check_usable()
-        deadline = _deadline(timeout)
+        deadline = room_deadline(timeout)
         await anyio.lowlevel.checkpoint()  # every send is a checkpoint (trio's rule)
         acc = self._parts()[0]
         if kind is Kind.PUT and schema is None and data.__class__ is pa.RecordBatch:
@@ -401,7 +408,7 @@ class AsyncShardWriter(LsmMethods):
         paces its own runs, each of which hands every shard one part."""
         self._parts()[0].paced = False
 
-    async def submit_part(self, part: Item) -> None:
+    async def _submit_part(self, part: Item) -> None:
         """Queue a routing writer's part for this shard (see ``routing.py``):
         rows already checked, relabelled and of this shard. Waits for room
         without a deadline; the part's ack settles the sends it carries.

@@ -194,7 +194,8 @@ async def make_setup(
         await close_feed(feed)
 
 
-@pytest_asyncio.fixture(params=["nats-s3", "kafka-s3"])  # redis on local disk: tests/cluster/test_chaos.py
+# redis on local disk: tests/cluster/test_chaos.py
+@pytest_asyncio.fixture(params=["nats-s3", "kafka-s3"])
 async def chaos_setup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Setup]:
     async for setup in make_setup(request.param, request, tmp_path):
         yield setup
