@@ -444,11 +444,25 @@ async def test_cancel_during_an_attempt_leaves_a_committed_version(table_uri: st
 @pytest.mark.commit_lock
 async def test_cancel_after_the_commit_landed_reports_the_outcome(table_uri: str) -> None:
     await la.write_dataset(BASE, table_uri)
-    hook = CommitHook(lambda: time.sleep(0.3), times=1)  # slow, but no conflict
+    committing, release = threading.Event(), threading.Event()
+
+    def hold_the_commit() -> None:  # no conflict: the commit waits until cancelled
+        committing.set()
+        release.wait(30)
+
+    hook = CommitHook(hold_the_commit, times=1)
     ds = await la.open_dataset(table_uri, commit_lock=hook)
     builder = upsert(ds)
-    with anyio.move_on_after(0.1) as scope:
-        await builder.execute(la.replayable(lambda: OURS, schema=KV_SCHEMA))
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_once_committing() -> None:
+                await anyio.to_thread.run_sync(committing.wait, 30)
+                scope.cancel()
+                release.set()  # the commit goes on after the cancellation
+
+            tg.start_soon(cancel_once_committing)
+            await builder.execute(la.replayable(lambda: OURS, schema=KV_SCHEMA))
     assert scope.cancelled_caught
     assert builder.last_result is not None
     assert builder.last_result.version == lance.dataset(table_uri).version
