@@ -430,8 +430,15 @@ async def test_cancel_during_an_attempt_leaves_a_committed_version(table_uri: st
     hook = CommitHook(slow_competitor, times=1)
     ds = await la.open_dataset(table_uri, commit_lock=hook)
     builder = upsert(ds)
-    with anyio.move_on_after(0.1) as scope:
-        await builder.execute(la.replayable(lambda: OURS, schema=KV_SCHEMA))
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_once_started() -> None:  # the attempt is in its commit
+                await anyio.to_thread.run_sync(started.wait, 30)
+                scope.cancel()
+
+            tg.start_soon(cancel_once_started)
+            await builder.execute(la.replayable(lambda: OURS, schema=KV_SCHEMA))
     assert scope.cancelled_caught
     assert started.is_set()
     latest = lance.dataset(table_uri)
@@ -472,8 +479,28 @@ async def test_cancel_after_the_commit_landed_reports_the_outcome(table_uri: str
 @pytest.mark.commit_lock
 async def test_cancel_during_backoff_leaves_a_committed_version(table_uri: str) -> None:
     ds, hook = await contended(table_uri, times=100)
-    with anyio.move_on_after(0.5) as scope:
-        await upsert(ds).conflict_retries(50).execute(la.replayable(lambda: OURS, schema=KV_SCHEMA))
+    retried = threading.Event()
+    competitor = hook.competitor
+
+    def competing() -> object:
+        if len(hook.commits) >= 2:
+            retried.set()  # the second attempt is committing: a retry happened
+        return competitor()
+
+    hook.competitor = competing
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_after_a_retry() -> None:
+                await anyio.to_thread.run_sync(retried.wait, 30)
+                scope.cancel()
+
+            tg.start_soon(cancel_after_a_retry)
+            await (
+                upsert(ds)
+                .conflict_retries(50)
+                .execute(la.replayable(lambda: OURS, schema=KV_SCHEMA))
+            )
     assert scope.cancelled_caught
     latest = lance.dataset(table_uri)
     assert rows_by_key(latest.to_table()) == apply_upserts(BASE, COMPETITOR)
