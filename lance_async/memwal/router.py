@@ -45,10 +45,18 @@ from .sharding import Sharding, default_shard_id, read_sharding
 from .stats import RouterStats, WriterState, percentiles
 from .writer import AsyncShardWriter, room_deadline
 
-__all__ = ["ShardRouter", "default_shard_id"]
+__all__ = ["MAX_RUN_SHARDS", "ROUTE_INLINE_ROWS", "ShardRouter", "default_shard_id"]
 
 MAX_RUN_SHARDS = 8
 """A routed run holds up to this many shard puts' rows (fewer shards: fewer)."""
+
+ROUTE_INLINE_ROWS = 4_096
+"""Runs of up to this many rows are cut on the event loop (one evaluation of
+the spec, one sort, one take: about a millisecond), larger ones on a worker
+thread. For a small run the thread hop and the worker thread's competition
+for the GIL cost the loop more than the cut itself (bench/: the default
+writer's one-send-per-message rows/s fell by about a quarter when every run
+went to a thread)."""
 
 
 class ShardRouter(LsmMethods):
@@ -313,7 +321,8 @@ class ShardRouter(LsmMethods):
             self._routed.set()
 
     async def _route(self, run: list[Entry]) -> None:
-        """Route one run: cut it per shard (one evaluation, on a worker thread),
+        """Route one run: cut it per shard (one evaluation; a large run on a worker
+        thread, see :data:`ROUTE_INLINE_ROWS`),
         queue one part per shard, then release the run's room."""
         assert self._acc is not None
         kind = run[0].kind
@@ -325,7 +334,10 @@ class ShardRouter(LsmMethods):
         rows = sum(e.rows for e in run)
         nbytes = sum(e.nbytes for e in run)
         try:
-            groups = [(run, await run_sync(partial(split_run, self.sharding, fit, run)))]
+            if rows <= ROUTE_INLINE_ROWS:  # cheaper than the thread hop it would take
+                groups = [(run, split_run(self.sharding, fit, run))]
+            else:
+                groups = [(run, await run_sync(partial(split_run, self.sharding, fit, run)))]
         except Exception:  # route entry by entry: only the entry at fault fails
             groups = []
             for entry in run:
@@ -353,10 +365,10 @@ class ShardRouter(LsmMethods):
                     FanOut(kind, acks, left.rows, left.batches, left.starts)._part_failed(error)
                 raise
         self._acc.release(rows, nbytes)
-        # the next run waits as long as the slowest shard's last put asks
-        self._acc.put_interval = max(
-            [self.config.policy.min_put_interval] + [w.put_interval for w in self._writers.values()]
-        )
+        # the shards' puts share the machine: the next run waits as the policy
+        # asks after one put as long as their last puts together
+        busy = sum(w.last_put_seconds for w in self._writers.values())
+        self._acc.put_interval = self.config.policy.pace(busy)
 
     @staticmethod
     def _refuse(entry: Entry, exc: Exception) -> None:

@@ -3,12 +3,13 @@
 The :class:`~lance_async.ShardRouter` queues every send whole, in an
 :class:`~lance_async.memwal.accumulator.Accumulator` of its own (the same
 room, backpressure and coalescing as a shard writer's queue). Its routing
-task takes what queued while it routed the previous run and, on a worker
-thread, assigns every row of the run to its shard in *one* evaluation of the
-sharding spec (:func:`split_run`), then hands each shard one
+task takes what queued while it routed the previous run (paced as the commit
+policy paces puts) and assigns every row of the run to its shard in *one*
+evaluation of the sharding spec (:func:`split_run`; a large run on a worker
+thread, see ``router.ROUTE_INLINE_ROWS``), then hands each shard one
 :class:`RoutedPart`: one queue entry, one engine put. Per message the event
 loop does what a shard writer's send does (a schema check and a queue entry);
-the spec, the sort and the cuts are paid once per run, off the loop.
+the spec, the sort and the cuts are paid once per run.
 
 A part carries the rows of many sends. Its ack (:class:`FanOut`) settles
 every send with its own rows once the put holding them is durable, so a
@@ -170,7 +171,7 @@ def cut_part(kind: Kind, cut: ShardCut, acks: list[Ack], limit: int) -> list[Fan
 
 
 class ShardCut(NamedTuple):
-    """One shard's rows of a run (made on a worker thread, no acks touched).
+    """One shard's rows of a run (made by :func:`split_run`, which touches no ack).
 
     Attributes
     ----------
