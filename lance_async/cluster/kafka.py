@@ -27,6 +27,12 @@ say) is restarted in place, after the back-off the worker asks for: revoked,
 rewound to its committed offset, and assigned again. A fenced partition is
 not: a fence means the group gave it to another member, and the rebalance
 that follows revokes it here.
+
+A worker waits for its broker: a consumer that finds no broker to bootstrap
+from (one restarting, or not up yet) tries again after a back-off (doubling,
+up to :data:`MAX_START_BACKOFF`), until the broker answers or the worker is
+stopped (then it returns at once, having owned nothing). Once started, aiokafka
+itself reconnects and rejoins the group.
 """
 
 from __future__ import annotations
@@ -46,6 +52,11 @@ from .balancer import Assign, Revoke
 __all__ = ["KafkaCoordinator"]
 
 log = logging.getLogger("lance_async.cluster")
+
+#: Seconds before a consumer that found no broker to bootstrap from tries
+#: again, doubled per failure in a row up to :data:`MAX_START_BACKOFF`.
+START_BACKOFF = 0.2
+MAX_START_BACKOFF = 5.0
 
 
 class _PartitionFeed:
@@ -121,6 +132,7 @@ class KafkaCoordinator:
         self._restarts: dict[int, float] = {}  # partition -> monotonic time to restart it
         self._restart_wake: anyio.Event | None = None
         self._changing: anyio.Lock | None = None  # rebalances and restarts, one at a time
+        self._starting: anyio.CancelScope | None = None  # the consumer's start, until stop()
 
     # -- the Coordinator protocol ---------------------------------------------------
     def valid(self, partition: int) -> bool:
@@ -142,8 +154,13 @@ class KafkaCoordinator:
                 self._restart_wake.set()
 
     def stop(self) -> None:
-        """Leave the group cleanly: every partition is drained and committed."""
+        """Leave the group cleanly: every partition is drained and committed.
+
+        A consumer still starting (waiting for its broker) stops at once.
+        """
         self._stop.set()
+        if self._starting is not None:
+            self._starting.cancel()
 
     async def open_partition(self, partition: int) -> _PartitionFeed:
         """The feed of an assigned partition (records from the shared consumer)."""
@@ -171,8 +188,9 @@ class KafkaCoordinator:
 
         self._on_assign, self._on_revoke = on_assign, on_revoke
         self._consumer.subscribe([self._topic], listener=Listener())
-        await self._consumer.start()
         try:
+            if not await self._start():
+                return  # stopped before the broker answered
             partitions = self._consumer.partitions_for_topic(self._topic)
             if partitions is not None and len(partitions) != self.num_partitions:
                 from ..errors import InvalidInputError
@@ -194,6 +212,36 @@ class KafkaCoordinator:
                 await self._consumer.stop()
 
     # -- internals --------------------------------------------------------------------
+    async def _start(self) -> bool:
+        """Start the consumer (join the group), waiting for the broker: a
+        bootstrap that reaches no broker is tried again after a back-off.
+        False when :meth:`stop` came first."""
+        from aiokafka.errors import KafkaConnectionError
+
+        delay = START_BACKOFF
+        while not self._stop.is_set():
+            with anyio.CancelScope() as self._starting:
+                try:
+                    await self._consumer.start()
+                    return True
+                except KafkaConnectionError as exc:
+                    # raised by the bootstrap, before anything was started: start() may
+                    # be called again
+                    log.warning(
+                        "lance_async worker %s: no Kafka broker answers (%s); "
+                        "trying again in %.1f s",
+                        self.member,
+                        exc,
+                        delay,
+                        extra={"member": self.member},
+                    )
+                finally:
+                    self._starting = None
+            with anyio.move_on_after(delay):
+                await self._stop.wait()
+            delay = min(delay * 2, MAX_START_BACKOFF)
+        return False
+
     def _lock(self) -> anyio.Lock:
         if self._changing is None:
             self._changing = anyio.Lock()
