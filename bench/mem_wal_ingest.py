@@ -121,6 +121,7 @@ ONE_SHARD = "lance_async_one_shard"
 SEND_MANY_ONE = "lance_async_send_many_one_shard"
 INGEST_ONE = "lance_async_ingest_one_shard"
 PACED = "lance_async_10k_msgs_per_s"
+PACED_ONE = "lance_async_10k_msgs_per_s_one_shard"
 PACED_RATE = 10_000
 """Messages per second the paced run offers the default writer."""
 HARNESS = "harness_only"
@@ -140,6 +141,7 @@ LANCE_ASYNC_CONFIGS: dict[str, tuple[dict[str, Any], str, bool]] = {
     SEND_MANY: ({}, "send_many", True),
     INGEST: ({}, "ingest", True),
     PACED: ({}, "paced", True),
+    PACED_ONE: ({}, "paced", False),
     ONE_SHARD: ({}, "send", False),
     SEND_MANY_ONE: ({}, "send_many", False),
     INGEST_ONE: ({}, "ingest", False),
@@ -605,6 +607,7 @@ def plan(settings: Settings) -> list[tuple[str, str, int]]:
         cases.append((case_label(N, 10), config, 10 * N))
     cases.append((case_label(N, 10), HARNESS, 10 * N))
     cases.append((case_label(N, 1), PACED, N))
+    cases.append((case_label(N, 1), PACED_ONE, N))
     return cases
 
 
@@ -811,6 +814,7 @@ def routing_targets(series: list[Series], lag: list[Series], big: str) -> list[T
             )
         )
     paced = next((s for s in series if s.config == PACED), None)
+    paced_one = next((s for s in series if s.config == PACED_ONE), None)
     paced_lag = next((s for s in lag if s.config == PACED), None)
     if paced:
         p99 = paced.median("ack_p99_ms")
@@ -818,7 +822,15 @@ def routing_targets(series: list[Series], lag: list[Series], big: str) -> list[T
             Target(
                 f"mem_wal_ingest ack p99, default routed writer offered {PACED_RATE:,} messages/s",
                 f"{fmt_vs_limit(p99, ACK_P99_MS, 1, ' ms')} (p50 "
-                f"{paced.median('ack_p50_ms'):.1f} ms; {paced.median('rows_per_s'):,.0f} rows/s)",
+                f"{paced.median('ack_p50_ms'):.1f} ms; {paced.median('rows_per_s'):,.0f} rows/s"
+                + (
+                    f"; a manual single shard offered the same: p99 "
+                    f"{paced_one.median('ack_p99_ms'):.1f} ms, p50 "
+                    f"{paced_one.median('ack_p50_ms'):.1f} ms"
+                    if paced_one
+                    else ""
+                )
+                + ")",
                 f"≤ {ACK_P99_MS:.0f} ms",
                 p99 <= ACK_P99_MS,
             )
@@ -920,7 +932,8 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         f"{ONE_SHARD}, {SEND_MANY_ONE}, {INGEST_ONE}: the same on a table with manual "
         "shards, through one named shard's AsyncShardWriter -- the old default, beside the "
         "routed default it is compared with (issue 25).",
-        f"{PACED}: the default writer offered {PACED_RATE:,} messages/s (a sleep whenever "
+        f"{PACED}, {PACED_ONE}: the default writer and a manual single shard offered "
+        f"{PACED_RATE:,} messages/s (a sleep whenever "
         "the feed runs a millisecond ahead of schedule); its lag is measured in the lag "
         "runs.",
         f"{SEND_MANY}: groups of {SEND_MANY_GROUP} messages, one ack each (its latency counts "

@@ -214,8 +214,6 @@ class Accumulator:
         """The pacing now (seconds): ``pace(last put's duration)``, see ``policy.py``."""
         self._pace = pace
         self.paced = True
-        self.last_put_seconds = 0.0
-        """How long the last engine put took (seconds)."""
         """Whether runs wait out :attr:`put_interval` (a routing writer's shard
         writers do not: the router paces its runs, see ``router.py``)."""
         self._check = check
@@ -316,7 +314,6 @@ class Accumulator:
 
     def put_took(self, seconds: float) -> None:
         """An engine put took ``seconds``: set the pacing of the next ones."""
-        self.last_put_seconds = seconds
         if self._pace is not None:
             self.put_interval = self._pace(seconds)
 

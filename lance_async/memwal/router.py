@@ -45,10 +45,21 @@ from .sharding import Sharding, default_shard_id, read_sharding
 from .stats import RouterStats, WriterState, percentiles
 from .writer import AsyncShardWriter, room_deadline
 
-__all__ = ["MAX_RUN_SHARDS", "ROUTE_INLINE_ROWS", "ShardRouter", "default_shard_id"]
+__all__ = [
+    "MAX_RUN_SHARDS",
+    "ROUTE_INLINE_ROWS",
+    "ROUTE_MIN_INTERVAL",
+    "ShardRouter",
+    "default_shard_id",
+]
 
 MAX_RUN_SHARDS = 8
 """A routed run holds up to this many shard puts' rows (fewer shards: fewer)."""
+
+ROUTE_MIN_INTERVAL = 0.001
+"""Seconds between the starts of two routed runs at least, whatever the
+commit policy (the latency and throughput policies pace no puts): without
+it a busy router would route each send as a run of its own."""
 
 ROUTE_INLINE_ROWS = 4_096
 """Runs of up to this many rows are cut on the event loop (one evaluation of
@@ -195,7 +206,7 @@ class ShardRouter(LsmMethods):
             max_put_rows=min(run_rows, queue_rows),
             max_put_bytes=config.max_put_bytes * shards,
             linger=0.0,
-            min_put_interval=config.policy.min_put_interval,
+            min_put_interval=max(ROUTE_MIN_INTERVAL, config.policy.min_put_interval),
             check=self._check_state,
             describe=self.__repr__,
         )
@@ -365,10 +376,12 @@ class ShardRouter(LsmMethods):
                     FanOut(kind, acks, left.rows, left.batches, left.starts)._part_failed(error)
                 raise
         self._acc.release(rows, nbytes)
-        # the shards' puts share the machine: the next run waits as the policy
-        # asks after one put as long as their last puts together
-        busy = sum(w.last_put_seconds for w in self._writers.values())
-        self._acc.put_interval = self.config.policy.pace(busy)
+        # the next run waits as long as the slowest shard's pacing asks, and
+        # at least ROUTE_MIN_INTERVAL: a run's fixed cost is paid per run, not per send
+        self._acc.put_interval = max(
+            [ROUTE_MIN_INTERVAL, self.config.policy.min_put_interval]
+            + [w.put_interval for w in self._writers.values()]
+        )
 
     @staticmethod
     def _refuse(entry: Entry, exc: Exception) -> None:

@@ -401,11 +401,6 @@ class AsyncShardWriter(LsmMethods):
         bounds); 0 before the writer is open."""
         return self._acc.put_interval if self._acc is not None else 0.0
 
-    @property
-    def last_put_seconds(self) -> float:
-        """How long the last engine put took (seconds; 0 before the first)."""
-        return self._acc.last_put_seconds if self._acc is not None else 0.0
-
     def unpaced(self) -> None:
         """Put whatever is queued at once, without waiting out
         :attr:`put_interval` (which is still computed). A
