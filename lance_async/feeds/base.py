@@ -333,9 +333,9 @@ async def ingest(
         Micro-batches sent but not yet acknowledged before fetching pauses
         (default 16); with the writer's queue limits this bounds memory.
     idle_timeout : float, optional
-        Return after this many seconds without a message (default: run until
-        the feed is exhausted, or forever for an endless feed, until
-        cancelled).
+        Return after this many seconds without a message: once a fetch begun
+        after that long finds nothing (default: run until the feed is
+        exhausted, or forever for an endless feed, until cancelled).
     on_progress : callable, optional
         Called with the running :class:`IngestStats` after each acknowledged
         micro-batch.
@@ -411,12 +411,13 @@ async def ingest(
             tg.start_soon(acker)
             async with to_ack:
                 while not feed.exhausted and not (stop is not None and stop.is_set()):
+                    fetched_at = time.monotonic()
                     batch = await feed.fetch(max_batch, fetch_timeout)
                     if not batch:
-                        if (
-                            idle_timeout is not None
-                            and time.monotonic() - idle_since > idle_timeout
-                        ):
+                        # idle: a fetch begun once the timeout had passed found nothing
+                        # (one begun earlier may have slept through a SIGSTOP while
+                        # messages arrived)
+                        if idle_timeout is not None and fetched_at - idle_since > idle_timeout:
                             break
                         continue
                     idle_since = time.monotonic()
