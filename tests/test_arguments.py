@@ -173,6 +173,7 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
     ),
     ("AsyncDataset.mem_wal_writer", lambda c: c.ds.mem_wal_writer("shard-1")),
     ("AsyncDataset.mem_wal_writer", lambda c: c.ds.mem_wal_writer(close_timeout=-1)),
+    ("AsyncDataset.mem_wal_writer", lambda c: c.ds.mem_wal_writer(max_put_rowz=10)),
     ("AsyncDataset.merge_insert", lambda c: c.ds.merge_insert(3)),  # type: ignore[arg-type]
     ("AsyncDataset.prewarm_index", lambda c: c.ds.prewarm_index("")),
     ("AsyncDataset.sample", lambda c: c.ds.sample(-1)),

@@ -48,6 +48,7 @@ when it differs from pylance's own default.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -290,6 +291,7 @@ class WriterConfig:
                 )
         if storage_timeout is not None:
             storage_timeout = check_seconds("storage_timeout", storage_timeout, positive=True)
+        _check_engine_options(engine)
         return cls(
             policy,
             max_queue_rows,
@@ -314,3 +316,52 @@ class WriterConfig:
         put = self.max_put_rows or self.policy.max_put_rows or max(1, memtable_rows // 2)
         put = min(put, memtable_rows)
         return put, self.max_queue_rows or self.policy.queue_puts * put
+
+
+WRITER_OPTIONS = (
+    "commit",
+    "min_put_interval",
+    "max_queue_rows",
+    "max_queue_bytes",
+    "max_put_rows",
+    "max_put_bytes",
+    "linger",
+    "close_timeout",
+    "max_memtable_age",
+    "storage_timeout",
+)
+"""lance_async's own writer options (the rest go to the engine's writer)."""
+
+
+@functools.lru_cache(maxsize=1)
+def engine_option_names() -> frozenset[str]:
+    """The keywords pylance's ``LanceDataset.mem_wal_writer`` takes (besides
+    the shard id), read from its signature once."""
+    import inspect
+
+    import lance
+
+    params = inspect.signature(lance.LanceDataset.mem_wal_writer).parameters
+    return frozenset(name for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def _check_engine_options(engine: Mapping[str, Any]) -> None:
+    """Refuse a keyword that is neither lance_async's nor the engine's.
+
+    Raises
+    ------
+    TypeError
+        Naming the unknown option and the closest known one.
+    """
+    known = engine_option_names()
+    for name in engine:
+        if name in known:
+            continue
+        import difflib
+
+        close = difflib.get_close_matches(name, [*WRITER_OPTIONS, *sorted(known)], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise TypeError(
+            f"unknown MemWAL writer option {name!r}{hint}: lance_async's options are "
+            f"{', '.join(WRITER_OPTIONS)}; the engine's are {', '.join(sorted(known))}"
+        )
