@@ -80,8 +80,8 @@ def ingest_cmd(
         ...,
         metavar="SOURCE",
         help="A file (.ndjson/.jsonl, .json, .csv, .arrow/.arrows/.ipc), '-' for stdin, "
-        "nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME&ack_wait=S] or "
-        "redis://HOST:PORT/STREAM[?group=G&consumer=NAME&min_idle=S]. "
+        "nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME&ack_wait=S&max_ack_pending=N] or "
+        "redis://HOST:PORT/STREAM[?group=G&consumer=NAME&min_idle=S&field=F]. "
         "Exit status 3: stopped idle with messages out of reach.",
     ),
     table_uri: str = typer.Argument(

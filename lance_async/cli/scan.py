@@ -53,7 +53,12 @@ def scan(
         metavar="FORMAT",
         help="table, ndjson or ipc (default: table on a terminal, ndjson in a pipe).",
     ),
-    lsm: bool = typer.Option(False, "--lsm", help="Include flushed MemWAL generations."),
+    lsm: bool = typer.Option(
+        False,
+        "--lsm",
+        help="Read the LSM view: the base table, flushed MemWAL generations and the rows "
+        "acknowledged in the WAL by any writer, newest per key.",
+    ),
     storage_option: list[str] | None = STORAGE_OPTION,
 ) -> None:
     """Stream TABLE_URI's rows to standard output."""
@@ -203,7 +208,8 @@ def _key_value(text: str, field: pa.Field) -> Any:
             return text
     except ValueError:
         raise typer.BadParameter(
-            f"{text[:64]!r} is not a {dtype} (the key column {field.name!r})", param_hint="'KEY'"
+            f"{text[:64]!r} is not a value of type {dtype} (the key column {field.name!r})",
+            param_hint="'KEY'",
         ) from None
     raise typer.BadParameter(f"lookups by a {dtype} key are not supported", param_hint="'KEY'")
 

@@ -454,12 +454,12 @@ def check(
             f"{report.misplaced_keys:,} in the wrong shard",
             markup=False,
         )
-        # the rows counted are info's flushed and unflushed ones (every version of a key,
-        # deletions included), not its LSM figure (the newest row per key)
+        # what check reads is what the files hold; info's figures come from elsewhere
         err.print(
-            "note: rows are counted as info counts its flushed and unflushed rows (every "
-            "version of a key, every deletion); info's LSM figure is the newest row per key; "
-            "the base table is not checked",
+            "note: these are the rows stored in the flushed generations and the WAL tails "
+            "(deletions included); info's figures can differ (its generation counts are the "
+            "shard manifests', its LSM figure the newest row per key); the base table is "
+            "not checked",
             markup=False,
         )
         for example in report.examples:

@@ -306,9 +306,11 @@ class Accumulator:
                     await self._space.wait()
                 if scope.cancelled_caught:
                     raise BackpressureTimeoutError(
-                        f"{self._describe()}: the queue stayed full ({self.queue_rows} rows, "
-                        f"{self.queue_bytes} bytes) past the timeout; this batch was not "
-                        "queued (batches of the same send before it were)"
+                        f"{self._describe()}: no room for {rows} more rows ({nbytes} bytes) "
+                        f"before the timeout: the queue held {self.queue_rows} of "
+                        f"{self.max_queue_rows} rows, {self.queue_bytes} of "
+                        f"{self.max_queue_bytes} bytes. These rows were not queued (of a "
+                        "stream, the batches before them were)"
                     )
         self._take_room(rows, nbytes)
 

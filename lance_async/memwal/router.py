@@ -519,7 +519,29 @@ class ShardRouter(LsmMethods):
 
     async def delete(self, keys: Any, *, timeout: float | None = None) -> PutSummary:
         """Delete rows by primary key, each key in its own shard (in order with
-        the puts sent before it)."""
+        the puts sent before it); wait until every shard has written the deletes.
+
+        Parameters
+        ----------
+        keys : rows holding the key columns
+            As :meth:`AsyncShardWriter.delete`: a dict of key columns
+            (``{"id": [1, 2]}``), a list of dict rows (``[{"id": 1}]``), a
+            RecordBatch or Table; other columns are ignored.
+
+        Returns
+        -------
+        PutSummary
+            ``deletes`` counts the keys.
+
+        Raises
+        ------
+        SchemaMismatchError
+            A key column is missing, mistyped or null.
+        InvalidInputError
+            The table has no primary key.
+        BackpressureTimeoutError, ClosedError, WriterFailedError, FencedError
+            As :meth:`send`.
+        """
         ack = await self._send(Kind.DELETE, keys, timeout, None)
         return await ack
 
