@@ -133,6 +133,7 @@ class ShardRouter(LsmMethods):
         self._key_fit = TableFit(
             pa.schema([dataset.schema.field(k) for k in self._keys]), self._keys
         )
+        self._route_key_fit = self._key_fit  # with the sharded column too, once open
         self.lsm = LsmReader(dataset, self._memtables, path="writer")
         """The LSM reads of the table with every open writer's memtable included."""
 
@@ -195,12 +196,20 @@ class ShardRouter(LsmMethods):
         )
         shards = min(MAX_RUN_SHARDS, sharding.num_buckets or 1)
         run_rows = put_rows * shards
+        # a delete's shard comes from the sharded column: keep it when it is no key
+        # column (identity sharding on another column); the parts drop it again
+        routed = list(self._keys)
+        if sharding.column is not None and sharding.column not in routed:
+            routed.append(sharding.column)
+        self._route_key_fit = TableFit(
+            pa.schema([self._dataset.schema.field(c) for c in routed]), self._keys
+        )
         if config.max_queue_rows is None:  # room for a whole run, by default
             queue_rows = max(queue_rows, run_rows)
         return Accumulator(
             fit=self._fit,
-            key_fit=self._key_fit,
-            keys=self._keys,
+            key_fit=self._route_key_fit,
+            keys=routed,
             max_queue_rows=queue_rows,
             max_queue_bytes=config.max_queue_bytes,
             max_put_rows=min(run_rows, queue_rows),
@@ -341,7 +350,7 @@ class ShardRouter(LsmMethods):
             for entry in run:
                 entry.ack._part_done()
             return
-        fit = self._fit if kind is Kind.PUT else self._key_fit
+        fit = self._fit if kind is Kind.PUT else self._route_key_fit
         rows = sum(e.rows for e in run)
         nbytes = sum(e.nbytes for e in run)
         try:
@@ -402,14 +411,24 @@ class ShardRouter(LsmMethods):
         acks = [run[i].ack for i in cut.entries]
         try:
             writer = await self._writer(cut.shard_id)
-        except Exception as exc:  # the shard cannot take rows: its members fail
-            FanOut(kind, acks, cut.rows, cut.batches, cut.starts)._part_failed(exc)
+        except BaseException as exc:  # the shard cannot take rows: its members fail
+            error = (
+                exc
+                if isinstance(exc, Exception)
+                else ClosedError(f"{self!r} was cancelled before these rows were queued")
+            )
+            FanOut(kind, acks, cut.rows, cut.batches, cut.starts)._part_failed(error)
+            if error is not exc:
+                raise
             return
         queued_at = run[cut.entries[0]].queued_at
         limit = writer.max_put_rows or cut.batch.num_rows
         fans = cut_part(kind, cut, acks, limit)
+        rows = cut.batch
+        if kind is Kind.DELETE and rows.num_columns > len(self._keys):
+            rows = rows.select(self._keys)  # the sharded column routed it; the engine takes keys
         for i, fan in enumerate(fans):
-            batch = cut.batch.slice(i * limit, limit)
+            batch = rows.slice(i * limit, limit)
             part = RoutedPart(kind, batch, fan, batch.num_rows, batch.nbytes, queued_at)
             try:
                 await writer._submit_part(part)
@@ -454,7 +473,10 @@ class ShardRouter(LsmMethods):
         Ack
             Resolves when every row, in every shard it went to, is written;
             fails with the error of a shard put that carried its rows (an
-            engine rejection fails only the send that caused it).
+            engine rejection fails only the send that caused it). A failed
+            ack does not mean that none of its rows were written: its rows in
+            other shards (or in another put of the same shard) may have been.
+            Send it again: an upsert of the same rows is idempotent.
 
         Raises
         ------

@@ -188,3 +188,46 @@ def test_cutting_a_part_at_the_put_limit_gives_a_send_across_two_pieces_two_part
         fan._part_done(put_id=("s", i))
     assert acks[0].result().rows == 6 and acks[0].result().engine_puts == 2
     assert acks[1].result().rows == 4 and acks[1].result().engine_puts == 2
+
+
+@pytest.mark.asyncio
+async def test_cancelling_the_router_while_it_opens_shard_writers_resolves_every_ack(
+    table_uri: str,
+) -> None:
+    ds = await keyed(table_uri, num_buckets=16)
+    acks: list[Ack] = []
+    with anyio.CancelScope() as outer:
+        async with ds.mem_wal_writer() as router:
+            for i in range(16):
+                acks.append(await router.send(kv_table(range(i * 100, i * 100 + 100), value=i)))
+            outer.cancel()  # the routing task is opening the 16 shards' writers
+            await anyio.sleep(10)
+    assert outer.cancelled_caught
+    for ack in acks:
+        with anyio.fail_after(30):  # only stops a hung test
+            try:
+                await ack
+            except la.ClosedError:
+                pass
+
+
+@pytest.mark.asyncio
+async def test_deletes_route_by_a_non_key_identity_column(tmp_path: Any) -> None:
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False, metadata=KV_SCHEMA.field("id").metadata),
+            pa.field("region", pa.string()),
+            pa.field("v", pa.int64()),
+        ]
+    )
+    ds = await la.write_dataset(schema.empty_table(), str(tmp_path / "t.lance"), schema=schema)
+    await ds.initialize_mem_wal(identity_column="region")
+    async with ds.mem_wal_writer() as router:
+        await router.put(
+            pa.table({"id": [1, 2], "region": ["eu", "us"], "v": [1, 2]}, schema=schema)
+        )
+        with pytest.raises(la.SchemaMismatchError, match="region"):
+            await router.delete({"id": [1]})  # which shard? the region says
+        assert (await router.delete({"id": [1], "region": ["eu"]})).deletes == 1
+    table = await ds.lsm_scan(columns=["id"]).to_table()
+    assert table.column("id").to_pylist() == [2]
