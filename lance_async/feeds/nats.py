@@ -16,9 +16,18 @@ write and the ack therefore costs a redelivery, never a loss, and the
 primary key's newest-wins makes the table the same. Set ``ack_wait`` above
 the longest time a message may spend between fetch and ack (the writer's
 ack latency under backpressure); a message that outlives it is delivered
-twice while the first copy is still in flight -- harmless with a primary
-key, but wasted work. ``max_deliver`` (optional) caps the deliveries of a
-poison message.
+again while the first copy is still in flight. That redelivery is *not*
+harmless: it comes after messages delivered since, so writing it again
+would put an old version of its keys over newer ones (newest-wins is by
+arrival, not by version). A feed that took its durable over (``take_over``:
+the only reader) therefore never hands out a stream sequence twice: a
+redelivered copy of a message still in flight is held back and
+acknowledged with it, one of a message already acknowledged is
+acknowledged again at once (its rows are durable: that is what the first
+ack said). What such a feed handed out and never acknowledged comes again
+when the durable is next taken over (restarted at its ack floor, in stream
+order), not after ``ack_wait``. ``max_deliver`` (optional) caps the
+deliveries of a poison message.
 
 The design follows JetStream's own pull-consumer guidance (``Fetch`` in
 batches, ``AckExplicit``, durable names survive restarts) and nats-py's
@@ -107,6 +116,7 @@ class JetStreamFeed(BrokerFeed):
         ack_sync: bool = False,
         ack_sync_timeout: float = 5.0,
         close_timeout: float = 5.0,
+        took_over: bool = False,
     ) -> None:
         self._client = client
         self._sub = subscription
@@ -122,6 +132,12 @@ class JetStreamFeed(BrokerFeed):
         """Messages handed out by :meth:`fetch` so far (redeliveries included)."""
         self.acked = 0
         """Messages acknowledged so far."""
+        self.held_back = 0
+        """Redelivered copies of messages this feed had handed out already,
+        not handed out again (only with ``take_over``: see the module notes)."""
+        self._took_over = took_over
+        self._highest = 0  # highest stream sequence handed out
+        self._in_flight: dict[int, list[Msg]] = {}  # handed out, not acked -> held copies
 
     # -- construction ---------------------------------------------------------
     @classmethod
@@ -303,6 +319,7 @@ class JetStreamFeed(BrokerFeed):
             owns_client=owns_client,
             ack_sync=ack_sync,
             close_timeout=close_timeout,
+            took_over=take_over,
         )
 
     def __repr__(self) -> str:
@@ -323,8 +340,47 @@ class JetStreamFeed(BrokerFeed):
             else:
                 await msg.ack()
             self.acked += 1
+            for copy in self._in_flight.pop(sequence, ()):
+                await self._ack_copy(copy)
 
         return Message(sequence, msg.data, dict(msg.headers or {}), _ack=ack)
+
+    async def _ack_copy(self, msg: Msg) -> None:
+        """Acknowledge a held-back copy of a message whose rows are durable."""
+        if self._ack_sync:
+            await msg.ack_sync(timeout=self._ack_sync_timeout)
+        else:
+            await msg.ack()
+
+    async def _fresh(self, msgs: list[Msg]) -> list[Msg]:
+        """The messages this feed has not handed out before (``take_over`` only).
+
+        With the durable taken over, this feed is its only reader and its
+        first deliveries come in stream order: a sequence at or below the
+        highest one handed out is a redelivery (``ack_wait`` ran out while
+        the first copy was in flight, or the server missed its ack). Handing
+        it out again would write an old version after newer ones. A copy of
+        a message in flight is acknowledged with it; one of a message
+        acknowledged already is acknowledged now (its rows are durable).
+        """
+        out = []
+        for m in msgs:
+            sequence = m.metadata.sequence.stream
+            if sequence > self._highest:
+                self._highest = sequence
+                self._in_flight[sequence] = []
+                out.append(m)
+                continue
+            self.held_back += 1
+            held = self._in_flight.get(sequence)
+            if held is not None:
+                held.append(m)
+                continue
+            try:
+                await self._ack_copy(m)
+            except (nats.errors.Error, asyncio.TimeoutError) as exc:  # delivered again later
+                log.debug("%r: acknowledging a redelivered copy of %d: %r", self, sequence, exc)
+        return out
 
     async def backlog(self) -> int:
         """Messages of the subject this durable has not seen acknowledged.
@@ -386,6 +442,8 @@ class JetStreamFeed(BrokerFeed):
             msgs = await self._sub.fetch(max_messages, timeout=max(timeout, MIN_FETCH_TIMEOUT))
         except (nats.errors.TimeoutError, asyncio.TimeoutError):
             return []
+        if self._took_over:
+            msgs = await self._fresh(msgs)
         out = [self._message(m) for m in msgs]
         self.fetched += len(out)
         return out
