@@ -19,6 +19,9 @@ from ..errors import (
     LanceAsyncError,
     PayloadTooLargeError,
     SourceError,
+    StorageFullError,
+    StorageTimeoutError,
+    StorageUnavailableError,
     WriterFailedError,
 )
 from .errors import (
@@ -64,6 +67,9 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (FilterError, 400),
     (UnknownTableError, 404),
     (DatasetNotFoundError, 404),
+    (StorageFullError, 507),
+    (StorageUnavailableError, 503),
+    (StorageTimeoutError, 503),
     (NoShardWriterError, 409),
     (ConflictError, 409),
     (BackpressureTimeoutError, 503),
@@ -90,6 +96,9 @@ def http_status(exc: BaseException) -> int:
     ServerBusyError (with Retry-After)                      503
     BodyConsumedError, EmptyBodyError, FilterError          400
     UnknownTableError, DatasetNotFoundError                 404
+    StorageFullError (the table's store is full)            507
+    StorageUnavailableError, StorageTimeoutError            503
+    other StorageError (permission, missing bucket)         500
     NoShardWriterError, ConflictError, ContentionError      409
     BackpressureTimeoutError, WriterFailedError, Closed...  503
     SchemaMismatchError, DecodeError, InvalidInputError     422

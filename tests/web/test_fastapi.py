@@ -39,7 +39,13 @@ import pyarrow.compute as pc
 import pytest
 
 from lance_async import open_dataset
-from lance_async.errors import SchemaMismatchError
+from lance_async.errors import (
+    SchemaMismatchError,
+    StorageFullError,
+    StoragePermissionError,
+    StorageTimeoutError,
+    StorageUnavailableError,
+)
 from lance_async.fastapi import (
     BodyBatches,
     BodyLimits,
@@ -1218,6 +1224,10 @@ def test_error_statuses() -> None:
     assert http_status(SchemaMismatchError("x", field="a")) == 422
     assert http_status(FilterError("x")) == 400
     assert http_status(NotAcceptableError("x")) == 406
+    assert http_status(StorageFullError("x")) == 507
+    assert http_status(StorageUnavailableError("x", status=503)) == 503
+    assert http_status(StorageTimeoutError("x")) == 503
+    assert http_status(StoragePermissionError("x", status=403)) == 500
     assert http_status(ValueError("x")) == 500
 
 
