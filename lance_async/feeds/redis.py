@@ -20,10 +20,12 @@ in three phases, as the Redis Streams documentation recommends:
    delivered again -- on start, and then every ``claim_interval`` seconds;
 3. **new entries** (``XREADGROUP ... >`` with ``BLOCK``).
 
-Delivery is at least once; a primary key makes the end state the same.
-``min_idle_time`` must exceed the longest time a live consumer may hold an
-entry between delivery and ack (the writer's ack latency under
-backpressure), or a live consumer's entries are claimed and written twice.
+Delivery is at least once; a primary key makes the end state the same
+when the copies come in stream order. ``min_idle_time`` must exceed the
+longest time a live consumer may hold an entry between delivery and ack (the
+writer's ack latency under backpressure): otherwise a live consumer's
+entries are claimed and written again *after* newer entries, and an old
+version of their keys lands over a newer one (newest-wins is by arrival).
 
 Entries
 -------
