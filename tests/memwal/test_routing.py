@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -231,3 +232,49 @@ async def test_deletes_route_by_a_non_key_identity_column(tmp_path: Any) -> None
         assert (await router.delete({"id": [1], "region": ["eu"]})).deletes == 1
     table = await ds.lsm_scan(columns=["id"]).to_table()
     assert table.column("id").to_pylist() == [2]
+
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+"""The repository root (the claiming process imports ``tests.helpers``)."""
+
+_CLAIM = """
+import sys, anyio, lance_async as la
+from tests.helpers import kv_table
+async def main():
+    ds = await la.open_dataset(sys.argv[1])
+    async with ds.mem_wal_writer(sys.argv[2]) as w:
+        await w.put(kv_table([int(sys.argv[3])], value=7))
+anyio.run(main)
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_writer_in_another_process_fences_only_its_shard_of_the_router(
+    table_uri: str,
+) -> None:
+    import subprocess
+    import sys
+
+    ds = await keyed(table_uri)
+    spread = await ids_by_shard(ds, range(200))
+    fenced, healthy = sorted(spread)[:2]
+    async with ds.mem_wal_writer() as router:
+        await router.put(kv_table(range(200)))  # every shard's writer is open here
+        claim = [sys.executable, "-c", _CLAIM, table_uri, fenced, str(spread[fenced][0])]
+        done = await anyio.to_thread.run_sync(
+            lambda: subprocess.run(claim, cwd=_ROOT, capture_output=True, text=True, timeout=120)
+        )
+        assert done.returncode == 0, done.stderr
+        bad = router.send_nowait(kv_table(spread[fenced][1:3], value=8))
+        good = router.send_nowait(kv_table(spread[healthy][:2], value=8))
+        assert (await good).rows == 2
+        with pytest.raises(la.errors.FencedError):
+            await bad
+        assert (await router.put(kv_table(spread[healthy][3:5], value=9))).rows == 2
+    values = {
+        r["id"]: r["value"]
+        for r in (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+    }
+    assert values[spread[fenced][0]] == 7  # the other process's row
+    assert values[spread[fenced][1]] == 0  # nothing of the fenced send
+    assert values[spread[healthy][0]] == 8 and values[spread[healthy][3]] == 9
