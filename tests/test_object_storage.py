@@ -96,6 +96,12 @@ async def test_the_whole_stack_runs_on_s3_with_storage_options_only(
             await writer.put(rows(range(start, start + 20), 5))
         await writer.delete({"id": [100, 5]})  # a new row and a base row
         assert (await writer.lsm_point_lookup(101)).column("value").to_pylist() == [5]
+        # another reader (no writer of its own) sees the acked rows, the unflushed
+        # ones through the WAL tails, read from the bucket with the table's options
+        reader = await la.open_dataset(uri, storage_options=options)
+        assert isinstance(await reader.lsm.unflushed_rows(), dict)
+        seen = await reader.lsm_point_lookups(list(range(200, 220)), columns=["id"])
+        assert sorted(seen.column("id").to_pylist()) == list(range(200, 220))
     snaps = await ds.shard_snapshots()  # read through the table's options
     assert snaps and sum(len(s.sstables) for s in snaps) >= 4
     scanned = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
