@@ -48,6 +48,7 @@ when it differs from pylance's own default.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 from collections.abc import Mapping
@@ -357,8 +358,6 @@ def _check_engine_options(engine: Mapping[str, Any]) -> None:
     for name in engine:
         if name in known:
             continue
-        import difflib
-
         close = difflib.get_close_matches(name, [*WRITER_OPTIONS, *sorted(known)], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise TypeError(

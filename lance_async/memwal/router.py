@@ -130,10 +130,10 @@ class ShardRouter(LsmMethods):
         self._routed: anyio.Event | None = None  # set when the routing task ended
         self._keys = primary_key(dataset.schema)
         self._fit = TableFit(dataset.schema, self._keys)
+        # deletes: the key columns, and the sharded column once open (_route_queue)
         self._key_fit = TableFit(
             pa.schema([dataset.schema.field(k) for k in self._keys]), self._keys
         )
-        self._route_key_fit = self._key_fit  # with the sharded column too, once open
         self.lsm = LsmReader(dataset, self._memtables, path="writer")
         """The LSM reads of the table with every open writer's memtable included."""
 
@@ -201,14 +201,14 @@ class ShardRouter(LsmMethods):
         routed = list(self._keys)
         if sharding.column is not None and sharding.column not in routed:
             routed.append(sharding.column)
-        self._route_key_fit = TableFit(
+        self._key_fit = TableFit(
             pa.schema([self._dataset.schema.field(c) for c in routed]), self._keys
         )
         if config.max_queue_rows is None:  # room for a whole run, by default
             queue_rows = max(queue_rows, run_rows)
         return Accumulator(
             fit=self._fit,
-            key_fit=self._route_key_fit,
+            key_fit=self._key_fit,
             keys=routed,
             max_queue_rows=queue_rows,
             max_queue_bytes=config.max_queue_bytes,
@@ -350,7 +350,7 @@ class ShardRouter(LsmMethods):
             for entry in run:
                 entry.ack._part_done()
             return
-        fit = self._fit if kind is Kind.PUT else self._route_key_fit
+        fit = self._fit if kind is Kind.PUT else self._key_fit
         rows = sum(e.rows for e in run)
         nbytes = sum(e.nbytes for e in run)
         try:

@@ -207,12 +207,11 @@ def _entry_batches(entry: Entry) -> list[pa.RecordBatch]:
     return [] if batch is None else [batch]
 
 
-def _codes(values: pa.Array) -> tuple[np.ndarray, list[Any]]:
-    """Each row's shard value as a small integer code, and the values by code."""
+def _codes(values: pa.Array) -> tuple[np.ndarray, list[Any] | None]:
+    """Each row's shard value as an integer to sort by, and the values by that
+    integer (None when the integers are the values: buckets)."""
     if pa.types.is_integer(values.type) and values.null_count == 0:
-        ints = values.to_numpy()
-        uniques, inverse = np.unique(ints, return_inverse=True)
-        return inverse, uniques.tolist()
+        return values.to_numpy(), None
     encoded = pc.dictionary_encode(values, null_encoding="encode")
     if isinstance(encoded, pa.ChunkedArray):
         encoded = encoded.combine_chunks()
@@ -252,19 +251,22 @@ def split_run(sharding: Sharding, fit: TableFit, entries: Sequence[Entry]) -> Ru
         else pa.Table.from_batches(whole).combine_chunks().to_batches()[0]
     )
     codes, values = _codes(sharding.values(table))
+
+    def value(code: Any) -> Any:
+        return int(code) if values is None else values[int(code)]
+
     lengths = np.fromiter((b.num_rows for b in batches), dtype=np.int64, count=len(batches))
     row_batch = np.repeat(np.arange(len(batches), dtype=np.int64), lengths)
     batch_owner = np.asarray(owner, dtype=np.int64)
-    if len(values) == 1:
-        order = None
-        cuts = [(0, table.num_rows, values[0])]
+    if (codes == codes[0]).all():  # one shard: no sort, no take
+        cuts = [(0, table.num_rows, value(codes[0]))]
         taken = table
         sorted_batch = row_batch
-    else:
+    else:  # one stable sort: each shard's rows a slice, in run order within it
         order = np.argsort(codes, kind="stable")
         ranked = codes[order]
         edges = [0, *(np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist(), len(ranked)]
-        cuts = [(a, b, values[int(ranked[a])]) for a, b in itertools.pairwise(edges)]
+        cuts = [(a, b, value(ranked[a])) for a, b in itertools.pairwise(edges)]
         taken = table.take(pa.array(order))
         sorted_batch = row_batch[order]
     out: list[ShardCut] = []
