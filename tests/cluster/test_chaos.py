@@ -156,7 +156,9 @@ class Bus:
             for p in range(PARTITIONS):
                 try:
                     info = await js.consumer_info(self.name, f"{self.group}-p{p}")
-                except nats.js.errors.NotFoundError:
+                except (nats.js.errors.NotFoundError, TypeError):
+                    # TypeError: nats-py cannot parse the reply while a take-over
+                    # deletes and recreates the durable (not drained yet)
                     out[p] = (0, 1)
                     continue
                 out[p] = (info.ack_floor.stream_seq, info.num_pending + info.num_ack_pending)

@@ -89,6 +89,8 @@ class Feed:
                 info = await js.consumer_info(self.name, f"{self.group}-p{p}")
             except nats.js.errors.NotFoundError:
                 return False
+            except TypeError:  # nats-py cannot parse the reply while a take-over
+                return False  # deletes and recreates the durable: not drained yet
             if info.num_pending or info.num_ack_pending:
                 return False
         return True
