@@ -321,6 +321,78 @@ def test_a_bad_nats_message_is_set_aside_within_the_limit_and_stops_past_it(
         asyncio.run(drop())
 
 
+@pytest.mark.broker
+def test_bad_redis_messages_go_to_a_jetstream_subject_and_a_missing_broker_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+    import uuid
+
+    import nats
+    import redis
+
+    from .conftest import broker_or_skip
+
+    broker_or_skip("Redis", 6379)
+    broker_or_skip("NATS", 4222)
+    client = redis.Redis(port=6379)
+    key = f"la-dl-{uuid.uuid4().hex}"
+    dead = f"LADEAD{uuid.uuid4().hex[:10]}"
+    source = f"redis://127.0.0.1:6379/{key}?group=g"
+    uri = mem_wal_table(tmp_path / "t.lance")
+    try:
+        ids = [client.xadd(key, {"data": p}) for p in (row(101), BAD, row(103))]
+        # a dead-letter broker that is not there: refused before anything is written
+        nowhere = run(
+            "ingest", source, uri, "--dead-letter", "redis://127.0.0.1:1/dead", "--max-bad", "1"
+        )
+        assert nowhere.returncode != 0 and "Traceback" not in nowhere.stderr
+        assert lsm_ids_of(uri) == [0, 1, 2, 3, 4]
+        # an unknown form of destination: a usage error, before any I/O
+        odd = run(
+            "ingest", source, uri, "--dead-letter", "nats://127.0.0.1:4222/x", "--max-bad", "1"
+        )
+        assert odd.returncode == 2 and "dead-letter destination" in odd.stderr
+        subject = f"{dead}.letters"
+        done = run(
+            "ingest",
+            source,
+            uri,
+            "--dead-letter",
+            f"nats://127.0.0.1:4222/{dead}/{subject}",
+            "--max-bad",
+            "1",
+            "--idle-timeout",
+            "2",
+        )
+        assert done.returncode == 0, done.stderr
+        assert "1 dead letter" in done.stdout
+        assert lsm_ids_of(uri) == [0, 1, 2, 3, 4, 101, 103]
+        assert client.xpending(key, "g")["pending"] == 0
+
+        async def letters() -> list[tuple[bytes, dict[str, str]]]:
+            nc = await nats.connect("nats://127.0.0.1:4222")
+            js = nc.jetstream()
+            try:
+                info = await js.stream_info(dead)
+                out = []
+                for seq in range(1, info.state.messages + 1):
+                    msg = await js.get_msg(dead, seq)
+                    out.append((msg.data, dict(msg.headers or {})))
+                await js.delete_stream(dead)
+                return out
+            finally:
+                await nc.close()
+
+        ((body, headers),) = asyncio.run(letters())
+        assert body == BAD
+        assert json.loads(headers["dead-letter-offset"]) == ids[1].decode()
+        assert headers["dead-letter-feed"] == f"redis://127.0.0.1:6379/{key}"
+    finally:
+        client.delete(key)
+        client.close()
+
+
 # -- 6. object storage configured the way pylance is -------------------------------
 
 

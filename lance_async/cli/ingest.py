@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import uuid
@@ -19,11 +20,12 @@ from .common import (
     Progress,
     Writes,
     app,
+    check_dead_letter,
     count,
-    dead_letter_hook,
     err,
     file_size,
     number,
+    open_dead_letter,
     open_table,
     out,
     require_mem_wal,
@@ -41,6 +43,12 @@ if TYPE_CHECKING:
 #: Exit status of an ingest that stopped idle while its feed still reported
 #: messages it could not fetch (held by another consumer, unacknowledged).
 NO_PROGRESS = 3
+
+
+async def _close_shielded(feed: Feed) -> None:
+    """Close ``feed``, even while the run is being cancelled."""
+    with anyio.CancelScope(shield=True):
+        await feed.aclose()
 
 
 async def _outstanding(feed: Feed) -> int | None:
@@ -128,8 +136,9 @@ def ingest_cmd(
     """Stream SOURCE into TABLE_URI's MemWAL; ack each message once durable.
 
     A message that cannot be decoded stops the ingest (the messages before
-    it are written and acknowledged); with --dead-letter FILE --max-bad N,
-    up to N bad messages are recorded in FILE and acknowledged instead.
+    it are written and acknowledged); with --dead-letter FILE|URL --max-bad N,
+    up to N bad messages are recorded there (a file, or a Redis stream, a
+    NATS subject, a Kafka topic) and acknowledged instead.
     """
     check_format(format)
     options = writer_options(commit, min_put_interval)
@@ -159,9 +168,9 @@ def ingest_cmd(
         )
     if max_bad and dead_letter is None:
         raise typer.BadParameter(
-            "give --dead-letter FILE too: where the bad messages go", param_hint="'--max-bad'"
+            "give --dead-letter FILE|URL too: where the bad messages go", param_hint="'--max-bad'"
         )
-    hook = dead_letter_hook(dead_letter, max_bad, source)
+    check_dead_letter(dead_letter)
     if not scheme:
         check_source(source)
     if is_file and format is None:
@@ -192,25 +201,22 @@ def ingest_cmd(
             def tick(stats: IngestStats) -> None:
                 progress.update(stats.rows)
 
-            async with (
-                ds.mem_wal_writer(shard_id, **options) as writer,
-                Compactor(ds, CompactionPolicy()),
-            ):
-                feed: Feed = feed_or_cm
+            feed: Feed = feed_or_cm
+            async with contextlib.AsyncExitStack() as stack:
+                # the dead-letter sink first: a broker that is not there writes nothing
+                stack.push_async_callback(_close_shielded, feed)
+                hook = await open_dead_letter(dead_letter, max_bad, source)
+                if hook is not None:
+                    await stack.enter_async_context(hook)
+                writer = ds.mem_wal_writer(shard_id, **options)
+                await stack.enter_async_context(writer)
+                await stack.enter_async_context(Compactor(ds, CompactionPolicy()))
                 writes.started = True
                 gc.freeze()  # start-up objects out of the collector's way (README, GC)
-                try:
-                    stats = await ingest(
-                        feed,
-                        writer,
-                        idle_timeout=idle_timeout,
-                        on_progress=tick,
-                        dead_letter=hook,
-                    )
-                    return target, stats, await _outstanding(feed)
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await feed.aclose()
+                stats = await ingest(
+                    feed, writer, idle_timeout=idle_timeout, on_progress=tick, dead_letter=hook
+                )
+                return target, stats, await _outstanding(feed)
 
     # one ingest per table and broker: a second refuses (exit 2) before it fences anything
     target, stats, outstanding = run_command(exclusive_ingest(source, table_uri, run), writes)

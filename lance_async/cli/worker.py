@@ -25,10 +25,11 @@ from .common import (
     MIN_PUT_INTERVAL,
     STORAGE_OPTION,
     app,
-    dead_letter_hook,
+    check_dead_letter,
     err,
     fail,
     number,
+    open_dead_letter,
     open_table,
     out,
     require_mem_wal,
@@ -198,9 +199,9 @@ def worker(
         raise typer.BadParameter("--lease-ttl and --ack-wait must be > 0")
     if max_bad is not None and dead_letter is None:
         raise typer.BadParameter(
-            "give --dead-letter FILE too: where the bad messages go", param_hint="'--max-bad'"
+            "give --dead-letter FILE|URL too: where the bad messages go", param_hint="'--max-bad'"
         )
-    hook = dead_letter_hook(dead_letter, max_bad, feed)
+    check_dead_letter(dead_letter)
     if metrics and health_port is None:
         raise typer.BadParameter("--metrics needs --health-port", param_hint="'--metrics'")
     export = None
@@ -267,6 +268,9 @@ def worker(
                         )
                     except TableClaimedError as exc:
                         fail(str(exc), 2)
+                hook = await open_dead_letter(dead_letter, max_bad, feed)
+                if hook is not None:
+                    await stack.enter_async_context(hook)
                 coordinator, close = await open_partitioned(
                     feed, group, name, partitions, lease_ttl, ack_wait
                 )

@@ -11,7 +11,11 @@ Connectors (the broker ones imported lazily, from their optional packages --
   IPC files read in chunks (aiofiles on asyncio, anyio on trio), optionally
   followed as they grow, resumable from a stored byte offset;
 * :class:`DeadLetterFile` (:mod:`lance_async.feeds.deadletter`) -- a
-  dead-letter hook that records bad messages as NDJSON, up to a limit;
+  dead-letter hook that records bad messages as NDJSON, up to a limit; its
+  base :class:`DeadLetterSink`, and the sinks that keep bad messages in a
+  broker instead (:mod:`lance_async.feeds.deadletter_brokers`):
+  :class:`RedisDeadLetterStream`, :class:`JetStreamDeadLetters`,
+  :class:`KafkaDeadLetterTopic`;
 * :class:`PipeFeed` (:mod:`lance_async.feeds.pipe`) -- a pipe that stays
   open (standard input): rows handed out as they arrive;
 * :class:`JetStreamFeed` (:mod:`lance_async.feeds.nats`) -- a NATS JetStream
@@ -35,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from .base import DeadLetter, Feed, IngestStats, IterableFeed, Message, decode_json, ingest
 from .broker import FeedState
-from .deadletter import DeadLetterFile
+from .deadletter import DeadLetterFile, DeadLetterSink
+from .deadletter_brokers import JetStreamDeadLetters, KafkaDeadLetterTopic, RedisDeadLetterStream
 from .files import FileFeed
 from .pipe import PipeFeed
 
@@ -49,13 +54,17 @@ if TYPE_CHECKING:
 __all__ = [
     "DeadLetter",
     "DeadLetterFile",
+    "DeadLetterSink",
     "Feed",
     "FeedState",
     "FileFeed",
     "IngestStats",
     "IterableFeed",
+    "JetStreamDeadLetters",
+    "KafkaDeadLetterTopic",
     "Message",
     "PipeFeed",
+    "RedisDeadLetterStream",
     "decode_json",
     "ingest",
 ]

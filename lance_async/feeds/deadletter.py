@@ -1,5 +1,6 @@
-"""Poison messages set aside: :class:`DeadLetterFile`, a dead-letter hook that
-writes NDJSON records and gives up past a limit.
+"""Poison messages set aside: :class:`DeadLetterSink`, a dead-letter hook that
+records bad messages and gives up past a limit, and :class:`DeadLetterFile`,
+the sink that writes NDJSON records to a file.
 
 :func:`~lance_async.feeds.ingest` calls its ``dead_letter`` hook for a
 message that cannot be decoded and acknowledges the message once the hook
@@ -9,7 +10,9 @@ per bad message to a file (fsynced before it returns, so a message is
 acknowledged only once its record is durable) and, past ``max_bad`` bad
 messages, raises instead, which stops the ingest as if there were no hook.
 The records are what Kafka Connect's dead-letter queue keeps (the message,
-where it came from, why it failed), in a form ``jq`` reads.
+where it came from, why it failed), in a form ``jq`` reads. The broker sinks
+(a Redis stream, a NATS JetStream subject, a Kafka topic) live in
+:mod:`lance_async.feeds.deadletter_brokers`.
 
 A record::
 
@@ -28,16 +31,19 @@ import base64
 import datetime
 import json
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 import pyarrow as pa
 
 from .._threads import run_sync, stream_limiter
 from ..errors import DecodeError
 from .base import Message
 
-__all__ = ["DeadLetterFile"]
+_S = TypeVar("_S", bound="DeadLetterSink")
+
+__all__ = ["DeadLetterFile", "DeadLetterSink"]
 
 
 def _offset(value: Any) -> Any:
@@ -50,14 +56,14 @@ def _offset(value: Any) -> Any:
     return str(value)
 
 
-class DeadLetterFile:
-    """A dead-letter hook for :func:`~lance_async.feeds.ingest` (and
-    :class:`~lance_async.cluster.Worker`) that appends NDJSON records to ``path``.
+class DeadLetterSink:
+    """The base of the dead-letter hooks of :func:`~lance_async.feeds.ingest`
+    (and :class:`~lance_async.cluster.Worker`): counts bad messages, stops past
+    a limit, and hands each record to :meth:`store` one at a time, in feed
+    order.
 
     Parameters
     ----------
-    path : str or PathLike
-        The file; created when missing, appended to otherwise.
     max_bad : int or None
         Bad messages recorded at most; the next one is not recorded and stops
         the ingest (:class:`~lance_async.DecodeError` naming its offset).
@@ -70,20 +76,24 @@ class DeadLetterFile:
     ----------
     count : int
         Messages recorded so far.
+    where : str
+        Where the records go, for messages (a path, a stream, a subject).
 
     Notes
     -----
-    Called on the event loop; the write and its ``fsync`` run on the
-    library's ``stream`` worker threads, one record at a time (a lock keeps
-    them in feed order).
+    A subclass implements :meth:`store`, which returns once the record is
+    durable where it goes: the message is acknowledged after that. An async
+    context manager; :meth:`aclose` releases what the sink holds (a
+    connection it opened). The idea is Kafka Connect's
+    ``errors.deadletterqueue``: a bad record goes aside with its error, the
+    feed goes on.
     """
 
-    def __init__(
-        self, path: str | os.PathLike[str], *, max_bad: int | None = None, feed: str | None = None
-    ) -> None:
+    where: str = ""
+
+    def __init__(self, *, max_bad: int | None = None, feed: str | None = None) -> None:
         if max_bad is not None and max_bad < 0:
             raise ValueError(f"max_bad must be >= 0 or None, got {max_bad}")
-        self.path = os.fspath(path)
         self.max_bad = max_bad
         self.feed = feed
         self.count = 0
@@ -108,11 +118,15 @@ class DeadLetterFile:
         out["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         return out
 
-    def _append(self, line: bytes) -> None:
-        with open(self.path, "ab") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+    async def store(self, message: Message, record: dict[str, Any]) -> None:
+        """Keep ``record`` (of ``message``) durably; the subclass's job.
+
+        Raises
+        ------
+        NotImplementedError
+            On the base class.
+        """
+        raise NotImplementedError
 
     async def __call__(self, message: Message, error: BaseException) -> None:
         """Record ``message`` (durably), or raise once ``max_bad`` were recorded.
@@ -122,8 +136,9 @@ class DeadLetterFile:
         DecodeError
             Past ``max_bad``: the message's own error, naming its offset and
             the limit (the ingest stops; this message is not acknowledged).
-        OSError
-            The file cannot be written (the ingest stops).
+        Exception
+            What :meth:`store` raises (the file or the broker cannot be
+            written): the ingest stops, the message is not acknowledged.
         """
         async with self._lock:
             if self.max_bad is not None and self.count >= self.max_bad:
@@ -132,8 +147,60 @@ class DeadLetterFile:
                 )
                 text = f"message at offset {message.offset!r}: {error}"
                 if limit:
-                    text += f"; stopped after {limit}, recorded in {self.path}"
+                    text += f"; stopped after {limit}, recorded in {self.where}"
                 raise DecodeError(text, offset=message.offset) from error
-            line = json.dumps(self.record(message, error), default=str) + "\n"
-            await run_sync(lambda: self._append(line.encode()), limiter=stream_limiter())
+            await self.store(message, self.record(message, error))
             self.count += 1
+
+    async def aclose(self) -> None:
+        """Release what the sink holds (nothing here). Idempotent."""
+        await anyio.lowlevel.checkpoint()
+
+    async def __aenter__(self: _S) -> _S:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.aclose()
+
+
+class DeadLetterFile(DeadLetterSink):
+    """A dead-letter sink that appends NDJSON records to ``path``.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The file; created when missing, appended to otherwise.
+    max_bad, feed
+        See :class:`DeadLetterSink`.
+
+    Notes
+    -----
+    Called on the event loop; the write and its ``fsync`` run on the
+    library's ``stream`` worker threads, one record at a time (a lock keeps
+    them in feed order).
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_bad: int | None = None, feed: str | None = None
+    ) -> None:
+        super().__init__(max_bad=max_bad, feed=feed)
+        self.path = os.fspath(path)
+        self.where = self.path
+
+    def _append(self, line: bytes) -> None:
+        with open(self.path, "ab") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    async def store(self, message: Message, record: dict[str, Any]) -> None:
+        """Append ``record`` as one JSON line and ``fsync`` the file.
+
+        Raises
+        ------
+        OSError
+            The file cannot be written.
+        """
+        line = json.dumps(record, default=str) + "\n"
+        await run_sync(lambda: self._append(line.encode()), limiter=stream_limiter())

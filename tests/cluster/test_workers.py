@@ -219,6 +219,7 @@ class Workers:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     current: dict[str, Path] = field(default_factory=dict)
     started: int = 0
+    extra: list[str] = field(default_factory=list)
 
     def start(self, member: str) -> None:
         self.started += 1
@@ -247,6 +248,7 @@ class Workers:
                 "5",
                 "--stats-interval",
                 "1",
+                *self.extra,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -383,6 +385,7 @@ async def test_a_paused_worker_is_fenced_and_acknowledges_nothing_after(
         # only after it saw every partition lost and took some back afresh
         # (the group's fair share gives a rejoining member its part again)
         await publish_version(feed, partitioner, 2)
+
         def lost_all() -> bool:  # "lost N" counts up; a later loss may skip a line
             counts = [int(n) for n in re.findall(r"lost (\d+)", workers.output("a"))]
             return max(counts, default=0) >= feed.partitions
@@ -400,6 +403,39 @@ async def test_a_paused_worker_is_fenced_and_acknowledges_nothing_after(
     finally:
         workers.kill_everything()
     await assert_final(setup, 2)
+
+
+@pytest_asyncio.fixture
+async def redis_setup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Setup]:
+    async for setup in make_setup("redis-local", request, tmp_path):
+        yield setup
+
+
+@pytest.mark.asyncio
+async def test_a_worker_sets_bad_messages_aside_in_a_redis_stream_and_goes_on(
+    redis_setup: Setup, tmp_path: Path
+) -> None:
+    setup, feed = redis_setup, redis_setup.feed
+    partitioner = await setup.table()
+    dead = f"{feed.name}:dead"
+    workers = Workers(setup, tmp_path)
+    workers.extra = ["--dead-letter", f"redis://127.0.0.1:6379/{dead}", "--max-bad", "2"]
+    bad = b'{"id": 3, "nme": "typo"}'
+    try:
+        workers.start("a")
+        await feed.publish(1, bad)
+        await publish_version(feed, partitioner, 0)
+        await eventually(feed.drained, 60, "the worker to consume everything")
+        assert await workers.stop_all() == {"a": 0}
+        letters = await feed.client.xrange(dead)
+        assert [fields[b"data"] for _, fields in letters] == [bad]
+        (fields,) = [f for _, f in letters]
+        assert b"nme" in fields[b"dead-letter-error"]
+        assert json.loads(fields[b"dead-letter-offset"])  # the entry id it had
+    finally:
+        workers.kill_everything()
+        await feed.client.delete(dead)
+    await assert_final(setup, 0)
 
 
 def _stats_lines(output: str) -> list[tuple[int, int, int]]:

@@ -1,0 +1,385 @@
+"""Dead letters kept in a broker: :class:`RedisDeadLetterStream`,
+:class:`JetStreamDeadLetters` and :class:`KafkaDeadLetterTopic`.
+
+Each is a :class:`~lance_async.feeds.deadletter.DeadLetterSink`: a bad
+message goes to the broker with its raw payload as the body, byte for byte,
+and what went wrong beside it, so the dead letters can be read, fixed and
+fed again with the tools that read the feed itself (``lance-async ingest``
+of the stream or subject, ``XRANGE``, ``nats stream view``,
+``kafka-console-consumer``). The layout is Kafka Connect's dead-letter
+queue: the record as it came, the error context in headers.
+
+One entry per bad message:
+
+* the body: the message's payload (rows a file feed already decoded go as
+  NDJSON);
+* the message's own headers (Redis: its other fields), unchanged, so a
+  ``lance-op: delete`` is still one when fed again;
+* the context, as text headers (Redis: fields): ``dead-letter-offset`` (the
+  feed's offset, JSON), ``dead-letter-feed``, ``dead-letter-error``,
+  ``dead-letter-error-type``, ``dead-letter-time`` (ISO 8601, UTC).
+
+:meth:`~DeadLetterSink.store` returns once the broker has the entry (Redis:
+``XADD`` answered; JetStream: the publish acknowledged by the stream;
+Kafka: acknowledged by all in-sync replicas), and only then is the bad
+message acknowledged on the feed. Redis keeps it as durably as the server
+is configured to (AOF); JetStream and Kafka as their stream or topic is.
+
+The clients are those of the feeds (redis.asyncio, nats-py, aiokafka),
+imported when a sink connects; all three run on asyncio only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ..errors import InvalidInputError
+from .base import Message
+from .deadletter import DeadLetterSink
+
+if TYPE_CHECKING:
+    import redis.asyncio
+    from aiokafka import AIOKafkaProducer
+    from nats.aio.client import Client as NatsClient
+
+__all__ = [
+    "JetStreamDeadLetters",
+    "KafkaDeadLetterTopic",
+    "RedisDeadLetterStream",
+    "dead_letter_body",
+    "dead_letter_headers",
+]
+
+#: The prefix of the context headers (fields) a dead letter carries.
+PREFIX = "dead-letter-"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return str(value)
+
+
+def dead_letter_body(message: Message) -> bytes:
+    """The body of a dead letter: the raw payload, or decoded rows as NDJSON
+    (pure; does not block)."""
+    payload = message.payload
+    if isinstance(payload, pa.RecordBatch):
+        return b"".join(
+            json.dumps(row, default=str).encode() + b"\n" for row in payload.to_pylist()
+        )
+    return bytes(payload)
+
+
+def dead_letter_headers(message: Message, record: Mapping[str, Any]) -> dict[str, str]:
+    """The message's own headers and the context of ``record`` (see the module
+    notes), as text (pure; does not block). Values hold no line breaks."""
+    out = {_text(k): _text(v) for k, v in message.headers.items()}
+    for key in ("offset", "feed", "error", "error_type", "time"):
+        if key in record:
+            value = record[key]
+            text = value if isinstance(value, str) and key != "offset" else json.dumps(value)
+            out[PREFIX + key.replace("_", "-")] = " ".join(text.split())
+    return out
+
+
+class RedisDeadLetterStream(DeadLetterSink):
+    """A dead-letter sink that adds each bad message to a Redis stream (``XADD``).
+
+    Parameters
+    ----------
+    client : redis.asyncio.Redis
+        The client.
+    stream : str
+        The stream key (created by the first ``XADD``).
+    field : str
+        The entry field that holds the payload (default ``"data"``, what
+        :class:`~lance_async.feeds.RedisStreamFeed` reads).
+    max_bad, feed
+        See :class:`~lance_async.feeds.deadletter.DeadLetterSink`.
+    owns_client : bool
+        Close ``client`` in :meth:`aclose` (default False).
+
+    Notes
+    -----
+    Does not block the loop (redis.asyncio). A stream entry is one flat
+    mapping, so the payload field, the message's own fields and the context
+    fields share it; a message field named like ours is overwritten by the
+    context.
+    """
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        stream: str,
+        *,
+        field: str = "data",
+        max_bad: int | None = None,
+        feed: str | None = None,
+        owns_client: bool = False,
+    ) -> None:
+        super().__init__(max_bad=max_bad, feed=feed)
+        if not stream:
+            raise ValueError("stream must be a non-empty key")
+        self._client = client
+        self.stream = stream
+        self.field = field
+        self._owns_client = owns_client
+        self.where = f"the Redis stream {stream!r}"
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        stream: str,
+        *,
+        field: str = "data",
+        max_bad: int | None = None,
+        feed: str | None = None,
+    ) -> RedisDeadLetterStream:
+        """Connect to Redis at ``url`` and check the key is a stream or free.
+
+        Returns
+        -------
+        RedisDeadLetterStream
+            Owning its client.
+
+        Raises
+        ------
+        redis.exceptions.ConnectionError
+            Redis is not reachable.
+        InvalidInputError
+            ``stream`` holds something other than a stream.
+        """
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            kind = _text(await client.type(stream))
+            if kind not in ("none", "stream"):
+                raise InvalidInputError(
+                    f"the dead-letter key {stream!r} holds a Redis {kind}, not a stream: "
+                    "name another key"
+                )
+        except BaseException:
+            await client.aclose()
+            raise
+        return cls(client, stream, field=field, max_bad=max_bad, feed=feed, owns_client=True)
+
+    async def store(self, message: Message, record: dict[str, Any]) -> None:
+        """``XADD`` the dead letter; returns once Redis answered.
+
+        Raises
+        ------
+        redis.exceptions.RedisError
+            Redis refused or is not reachable.
+        """
+        fields: dict[Any, Any] = dict(dead_letter_headers(message, record))
+        fields[self.field] = dead_letter_body(message)
+        await self._client.xadd(self.stream, fields)
+
+    async def aclose(self) -> None:
+        """Close the client if this sink owns it. Idempotent."""
+        if self._owns_client:
+            self._owns_client = False
+            await self._client.aclose()
+
+
+class JetStreamDeadLetters(DeadLetterSink):
+    """A dead-letter sink that publishes each bad message to a NATS JetStream subject.
+
+    Parameters
+    ----------
+    client : nats.aio.client.Client
+        A connected client.
+    subject : str
+        The subject; a JetStream stream must capture it (see :meth:`connect`).
+    max_bad, feed
+        See :class:`~lance_async.feeds.deadletter.DeadLetterSink`.
+    owns_client : bool
+        Close ``client`` in :meth:`aclose` (default False).
+    timeout : float
+        Seconds a publish waits for the stream's acknowledgement (default 5).
+
+    Notes
+    -----
+    Does not block the loop (nats-py). The stream acknowledges a publish
+    once stored, so a dead letter is as durable as its stream.
+    """
+
+    def __init__(
+        self,
+        client: NatsClient,
+        subject: str,
+        *,
+        max_bad: int | None = None,
+        feed: str | None = None,
+        owns_client: bool = False,
+        timeout: float = 5.0,
+    ) -> None:
+        super().__init__(max_bad=max_bad, feed=feed)
+        if not subject:
+            raise ValueError("subject must be non-empty")
+        self._client = client
+        self._js = client.jetstream(timeout=timeout)
+        self.subject = subject
+        self._owns_client = owns_client
+        self.where = f"the NATS subject {subject!r}"
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        stream: str,
+        subject: str,
+        *,
+        max_bad: int | None = None,
+        feed: str | None = None,
+    ) -> JetStreamDeadLetters:
+        """Connect to NATS and make sure a stream captures ``subject``.
+
+        A stream that captures ``subject`` already is used as it is;
+        otherwise the stream ``stream`` is created on it (file storage).
+
+        Returns
+        -------
+        JetStreamDeadLetters
+            Owning its client.
+
+        Raises
+        ------
+        nats.errors.NoServersError
+            NATS is not reachable.
+        InvalidInputError
+            ``stream`` exists and does not capture ``subject``.
+        """
+        import nats
+        import nats.js.errors
+
+        nc = await nats.connect(url, connect_timeout=3, max_reconnect_attempts=2)
+        try:
+            js = nc.jetstream()
+            try:
+                await js.find_stream_name_by_subject(subject)
+            except nats.js.errors.NotFoundError:
+                try:
+                    await js.add_stream(name=stream, subjects=[subject])
+                except nats.js.errors.BadRequestError as exc:
+                    raise InvalidInputError(
+                        f"the JetStream stream {stream!r} exists and does not capture "
+                        f"{subject!r}: add the subject to it, or name another stream ({exc})"
+                    ) from None
+        except BaseException:
+            await nc.close()
+            raise
+        return cls(nc, subject, max_bad=max_bad, feed=feed, owns_client=True)
+
+    async def store(self, message: Message, record: dict[str, Any]) -> None:
+        """Publish the dead letter; returns once the stream acknowledged it.
+
+        Raises
+        ------
+        nats.errors.Error
+            No stream answered (``NoRespondersError``), a timeout, or the
+            connection closed.
+        """
+        await self._js.publish(
+            self.subject, dead_letter_body(message), headers=dead_letter_headers(message, record)
+        )
+
+    async def aclose(self) -> None:
+        """Close the client if this sink owns it (draining nothing). Idempotent."""
+        if self._owns_client:
+            self._owns_client = False
+            await self._client.close()
+
+
+class KafkaDeadLetterTopic(DeadLetterSink):
+    """A dead-letter sink that sends each bad message to a Kafka topic.
+
+    Parameters
+    ----------
+    producer : aiokafka.AIOKafkaProducer
+        A started producer (``acks="all"`` for a dead letter that survives a
+        broker).
+    topic : str
+        The topic.
+    max_bad, feed
+        See :class:`~lance_async.feeds.deadletter.DeadLetterSink`.
+    owns_producer : bool
+        Stop ``producer`` in :meth:`aclose` (default False).
+
+    Notes
+    -----
+    Does not block the loop (aiokafka). The records have no key (the
+    topic's partitioner spreads them).
+    """
+
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        topic: str,
+        *,
+        max_bad: int | None = None,
+        feed: str | None = None,
+        owns_producer: bool = False,
+    ) -> None:
+        super().__init__(max_bad=max_bad, feed=feed)
+        if not topic:
+            raise ValueError("topic must be non-empty")
+        self._producer = producer
+        self.topic = topic
+        self._owns_producer = owns_producer
+        self.where = f"the Kafka topic {topic!r}"
+
+    @classmethod
+    async def connect(
+        cls,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        max_bad: int | None = None,
+        feed: str | None = None,
+    ) -> KafkaDeadLetterTopic:
+        """Start a producer (``acks="all"``) on ``bootstrap_servers``.
+
+        Returns
+        -------
+        KafkaDeadLetterTopic
+            Owning its producer.
+
+        Raises
+        ------
+        aiokafka.errors.KafkaConnectionError
+            No broker answered.
+        """
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all")
+        await producer.start()
+        return cls(producer, topic, max_bad=max_bad, feed=feed, owns_producer=True)
+
+    async def store(self, message: Message, record: dict[str, Any]) -> None:
+        """Send the dead letter; returns once the brokers acknowledged it.
+
+        Raises
+        ------
+        aiokafka.errors.KafkaError
+            The send failed.
+        """
+        headers = dead_letter_headers(message, record)
+        await self._producer.send_and_wait(
+            self.topic,
+            value=dead_letter_body(message),
+            headers=[(k, v.encode()) for k, v in headers.items()],
+        )
+
+    async def aclose(self) -> None:
+        """Stop the producer if this sink owns it. Idempotent."""
+        if self._owns_producer:
+            self._owns_producer = False
+            await self._producer.stop()

@@ -1,0 +1,171 @@
+"""Dead letters kept in a broker: a Redis stream, a JetStream subject, a Kafka topic.
+
+Each sink is driven by :func:`ingest` from a real feed (or called as the
+hook with a real message, for Kafka) and read back from the real broker:
+the raw payload as the body, the feed's own headers kept, the error beside
+it; the bad message acknowledged on its feed, the good ones around it
+written.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import nats
+import pytest
+import redis.asyncio
+from aiokafka import AIOKafkaConsumer
+
+import lance_async as la
+from lance_async.feeds import (
+    JetStreamDeadLetters,
+    JetStreamFeed,
+    KafkaDeadLetterTopic,
+    Message,
+    RedisDeadLetterStream,
+    RedisStreamFeed,
+    ingest,
+)
+
+from ..conftest import broker_or_skip
+from ..services import create_topic
+from .support import expected_rows, lsm_rows, mem_wal_table, new_shard, row_json
+
+pytestmark = [pytest.mark.broker, pytest.mark.asyncio]
+
+REDIS = "redis://127.0.0.1:6379"
+NATS = "nats://127.0.0.1:4222"
+BAD = b'{"id": 7, "nme": "x"}'
+
+
+async def test_a_redis_dead_letter_keeps_the_raw_message_and_its_fields(tmp_path: Path) -> None:
+    broker_or_skip("Redis", 6379)
+    client = redis.asyncio.Redis.from_url(REDIS)
+    source, aside = f"la:dl:{uuid.uuid4().hex}", f"la:dl:{uuid.uuid4().hex}:dead"
+    try:
+        ids = [
+            (await client.xadd(source, {"data": p, "tenant": b"t1"})).decode()
+            for p in (row_json(1), BAD, row_json(3))
+        ]
+        ds = await mem_wal_table(tmp_path)
+        async with (
+            ds.mem_wal_writer(new_shard()) as writer,
+            await RedisStreamFeed.connect(REDIS, stream=source, group="g") as feed,
+            await RedisDeadLetterStream.connect(
+                REDIS, aside, max_bad=5, feed=f"{REDIS}/{source}"
+            ) as sink,
+        ):
+            stats = await ingest(
+                feed, writer, dead_letter=sink, fetch_timeout=0.2, idle_timeout=0.5
+            )
+            assert (stats.messages, stats.dead_letters, stats.rows) == (3, 1, 2)
+            assert await lsm_rows(writer) == expected_rows([1, 3])
+        assert sink.count == 1
+        ((_, fields),) = await client.xrange(aside)
+        got = {k.decode(): v for k, v in fields.items()}
+        assert got["data"] == BAD  # byte for byte
+        assert got["tenant"] == b"t1"  # the entry's own fields kept
+        assert json.loads(got["dead-letter-offset"]) == ids[1]
+        assert b"nme" in got["dead-letter-error"]
+        assert got["dead-letter-error-type"] == b"DecodeError"
+        assert got["dead-letter-feed"] == f"{REDIS}/{source}".encode()
+        assert (await client.xpending(source, "g"))["pending"] == 0
+    finally:
+        await client.delete(source, aside)
+        await client.aclose()
+
+
+async def test_a_redis_key_that_is_not_a_stream_is_refused_before_anything() -> None:
+    broker_or_skip("Redis", 6379)
+    client = redis.asyncio.Redis.from_url(REDIS)
+    key = f"la:dl:{uuid.uuid4().hex}"
+    try:
+        await client.set(key, b"x")
+        with pytest.raises(la.InvalidInputError, match="holds a Redis string"):
+            await RedisDeadLetterStream.connect(REDIS, key)
+    finally:
+        await client.delete(key)
+        await client.aclose()
+
+
+async def test_a_jetstream_dead_letter_is_published_to_a_stream_it_creates(
+    tmp_path: Path,
+) -> None:
+    broker_or_skip("NATS", 4222)
+    name = f"LADL{uuid.uuid4().hex[:10]}"
+    dead = f"{name}DEAD"
+    nc = await nats.connect(NATS)
+    js = nc.jetstream()
+    try:
+        await js.add_stream(name=name, subjects=[f"{name}.rows"])
+        for payload in (row_json(1), BAD, row_json(3)):
+            await js.publish(f"{name}.rows", payload, headers={"tenant": "t1"})
+        ds = await mem_wal_table(tmp_path)
+        async with (
+            ds.mem_wal_writer(new_shard()) as writer,
+            await JetStreamFeed.connect(
+                NATS, stream=name, subject=f"{name}.rows", durable="d", ack_wait=5.0
+            ) as feed,
+            await JetStreamDeadLetters.connect(NATS, dead, f"{dead}.letters", max_bad=1) as sink,
+        ):
+            stats = await ingest(
+                feed, writer, dead_letter=sink, fetch_timeout=0.2, idle_timeout=0.5
+            )
+            assert (stats.messages, stats.dead_letters, stats.rows) == (3, 1, 2)
+            assert await lsm_rows(writer) == expected_rows([1, 3])
+        stored = await js.get_msg(dead, 1)
+        assert stored.data == BAD and stored.headers is not None
+        assert stored.headers["tenant"] == "t1"
+        assert json.loads(stored.headers["dead-letter-offset"]) == 2  # its stream sequence
+        assert "nme" in stored.headers["dead-letter-error"]
+        consumer = await js.consumer_info(name, "d")
+        assert (consumer.num_ack_pending, consumer.num_pending) == (0, 0)
+    finally:
+        for stream in (name, dead):
+            try:
+                await js.delete_stream(stream)
+            except nats.js.errors.NotFoundError:
+                pass
+        await nc.close()
+
+
+async def test_a_jetstream_stream_that_does_not_capture_the_subject_is_refused() -> None:
+    broker_or_skip("NATS", 4222)
+    name = f"LADL{uuid.uuid4().hex[:10]}"
+    nc = await nats.connect(NATS)
+    js = nc.jetstream()
+    try:
+        await js.add_stream(name=name, subjects=[f"{name}.other"])
+        with pytest.raises(la.InvalidInputError, match="does not capture"):
+            await JetStreamDeadLetters.connect(NATS, name, f"{name}.letters")
+    finally:
+        await js.delete_stream(name)
+        await nc.close()
+
+
+async def test_a_kafka_dead_letter_is_acknowledged_by_the_brokers(kafka_bootstrap: str) -> None:
+    topic = f"la-dl-{uuid.uuid4().hex[:10]}"
+    await create_topic(kafka_bootstrap, topic)
+    message = Message((2, 41), b"\xff not json", {"tenant": b"t1"})
+    async with await KafkaDeadLetterTopic.connect(
+        kafka_bootstrap, topic, max_bad=1, feed="kafka://broker/orders"
+    ) as sink:
+        await sink(message, la.DecodeError("line 1: not JSON", offset=(2, 41)))
+        with pytest.raises(la.DecodeError, match="the Kafka topic"):  # past max_bad
+            await sink(message, la.DecodeError("again", offset=(2, 42)))
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        record = await consumer.getone()
+    finally:
+        await consumer.stop()
+    headers = {k: v.decode() for k, v in record.headers}
+    assert record.value == b"\xff not json"
+    assert headers["tenant"] == "t1"
+    assert json.loads(headers["dead-letter-offset"]) == [2, 41]
+    assert headers["dead-letter-feed"] == "kafka://broker/orders"
+    assert headers["dead-letter-error"] == "line 1: not JSON"
