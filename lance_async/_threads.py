@@ -67,6 +67,7 @@ import contextlib
 import contextvars
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -83,11 +84,13 @@ from .errors import StorageTimeoutError, raise_mapped
 
 __all__ = [
     "DEFAULT_STORAGE_TIMEOUT",
+    "STORAGE_TIMEOUT_ENV",
     "AbandonedCall",
     "ThreadLimits",
     "abandoned_calls",
     "call_timeouts",
     "configure_threads",
+    "default_storage_timeout",
     "engine_limiter",
     "reader_limiter",
     "run_engine",
@@ -103,7 +106,34 @@ log = logging.getLogger("lance_async.threads")
 
 DEFAULT_STORAGE_TIMEOUT = 60.0
 """Seconds a call that waits on the store may take before it is abandoned
-(``storage_timeout`` of datasets and MemWAL writers)."""
+(``storage_timeout`` of datasets and MemWAL writers), unless the
+environment says otherwise (:func:`default_storage_timeout`)."""
+
+#: The environment variable that sets the default ``storage_timeout``.
+STORAGE_TIMEOUT_ENV = "LANCE_ASYNC_STORAGE_TIMEOUT"
+
+
+def default_storage_timeout() -> float:
+    """The ``storage_timeout`` a dataset gets when none is given, in seconds:
+    ``LANCE_ASYNC_STORAGE_TIMEOUT`` when set (the command line's
+    ``--storage-timeout`` sets it), else :data:`DEFAULT_STORAGE_TIMEOUT`.
+    Read at each call; does not block.
+
+    Raises
+    ------
+    ValueError
+        The variable is set to something that is not a number of seconds > 0.
+    """
+    raw = os.environ.get(STORAGE_TIMEOUT_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_STORAGE_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{STORAGE_TIMEOUT_ENV} must be a number of seconds > 0, got {raw!r}")
+    return value
 
 
 @dataclass

@@ -328,6 +328,34 @@ def test_the_command_exits_with_the_storage_errors_code(store: FaultyStore) -> N
     assert len(result.output.strip().splitlines()) == 1  # one line, as every error
 
 
+def test_storage_timeout_given_to_the_command_bounds_a_silent_store(
+    store: FaultyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lance-async --storage-timeout S`` (or ``LANCE_ASYNC_STORAGE_TIMEOUT``):
+    a store that never answers fails the command with exit 75 once S seconds
+    passed, not the default minute; the datasets it opens carry S."""
+    from typer.testing import CliRunner
+
+    from lance_async._threads import STORAGE_TIMEOUT_ENV
+    from lance_async.cli import app
+
+    uri = store.uri("cli-timeout")
+    anyio.run(
+        lambda: la.write_dataset(kv_table(range(3)), uri, storage_options=store.storage_options)
+    )
+    monkeypatch.setenv(STORAGE_TIMEOUT_ENV, "4.5")  # restored after the test
+    opened = anyio.run(lambda: la.open_dataset(uri, storage_options=store.storage_options))
+    assert opened.storage_timeout == 4.5  # the environment's default
+    options = [f"--storage-option={k}={v}" for k, v in store.quick_options.items()]
+    store.proxy.set(Mode.black_hole())
+    before = store.proxy.count("black_hole")
+    result = CliRunner().invoke(app, ["--storage-timeout", "1.5", "info", uri, *options])
+    assert result.exit_code == 75, result.output
+    assert "within 1.5 s" in result.output and "Traceback" not in result.output
+    assert store.proxy.count("black_hole") > before  # it did reach the silent store
+    assert la.AsyncDataset(opened._ds).storage_timeout == 1.5  # the command's, for the process
+
+
 @pytest.mark.parametrize(
     ("error", "code"),
     [

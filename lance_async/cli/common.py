@@ -87,6 +87,16 @@ def _root(
         is_eager=True,
         help="Print the version of lance-async and pylance, and exit.",
     ),
+    storage_timeout: float | None = typer.Option(
+        None,
+        "--storage-timeout",
+        metavar="SECONDS",
+        envvar="LANCE_ASYNC_STORAGE_TIMEOUT",
+        help="Seconds a call to the table's store may wait before it fails (exit 75, "
+        "retry): opening the table, each MemWAL put, flush and close (default 60). "
+        "Given before the command.",
+        callback=lambda value: number("--storage-timeout", above=True, maximum=1e9)(value),
+    ),
 ) -> None:
     """Async streaming for Lance: create tables, upsert, ingest feeds into the MemWAL, scan,
     serve.
@@ -96,6 +106,10 @@ def _root(
     store: 66 no such bucket, 74 an I/O error or a full disk, 75 unavailable or
     timed out (retry), 77 permission denied.
     """
+    if storage_timeout is not None:  # every dataset the command opens takes it
+        from .._threads import STORAGE_TIMEOUT_ENV
+
+        os.environ[STORAGE_TIMEOUT_ENV] = repr(storage_timeout)
 
 
 def main(args: Sequence[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from lance.dataset import LanceDataset
 from .._args import check_seconds
 from .._schema import primary_key
 from .._table import Table
-from .._threads import DEFAULT_STORAGE_TIMEOUT, run_sync
+from .._threads import default_storage_timeout, run_sync
 from ..errors import raise_mapped
 from ..lsm.reader import LsmReader
 
@@ -56,9 +56,10 @@ class DatasetCore:
         The object-store options it was opened with; every file lance_async
         reads itself (MemWAL manifests, generations) is read with them, and
         so is the dataset when it is used as a source.
-    storage_timeout : float
+    storage_timeout : float, optional
         Seconds a call that waits on the store may take before it is given
-        up (see :attr:`storage_timeout`; default 60).
+        up (see :attr:`storage_timeout`; default: the
+        ``LANCE_ASYNC_STORAGE_TIMEOUT`` environment variable, else 60).
     """
 
     def __init__(
@@ -66,8 +67,10 @@ class DatasetCore:
         dataset: LanceDataset,
         *,
         storage_options: Mapping[str, str] | None = None,
-        storage_timeout: float = DEFAULT_STORAGE_TIMEOUT,
+        storage_timeout: float | None = None,
     ) -> None:
+        if storage_timeout is None:
+            storage_timeout = default_storage_timeout()
         self._ds = dataset
         self._storage_options = dict(storage_options) if storage_options else None
         self.storage_timeout = check_seconds("storage_timeout", storage_timeout, positive=True)

@@ -37,7 +37,7 @@ from lance.dataset import LanceDataset
 
 from .._args import check_int, check_seconds
 from .._schema import describe_difference
-from .._threads import DEFAULT_STORAGE_TIMEOUT, run_sync
+from .._threads import default_storage_timeout, run_sync
 from ..errors import DatasetNotFoundError, SchemaMismatchError, map_engine_error
 from ..sources import WriteSource, coerce_source
 from ..sources.kinds import LanceDatasetSource
@@ -117,7 +117,7 @@ async def open_dataset(
     *,
     version: int | str | None = None,
     storage_options: Mapping[str, str] | None = None,
-    storage_timeout: float = DEFAULT_STORAGE_TIMEOUT,
+    storage_timeout: float | None = None,
     **options: Any,
 ) -> AsyncDataset:
     """Open a Lance dataset without blocking the loop.
@@ -130,10 +130,11 @@ async def open_dataset(
         A version number or tag; default the latest.
     storage_options : dict, optional
         Passed to pylance.
-    storage_timeout : float
+    storage_timeout : float, optional
         Seconds the open, and each engine call of the dataset's MemWAL
-        writers, may wait on the store before it is given up (default 60;
-        see :attr:`AsyncDataset.storage_timeout`).
+        writers, may wait on the store before it is given up (default: the
+        ``LANCE_ASYNC_STORAGE_TIMEOUT`` environment variable, else 60; see
+        :attr:`AsyncDataset.storage_timeout`).
     **options
         Other ``lance.dataset`` arguments (``commit_lock``, caches, ...).
 
@@ -155,6 +156,8 @@ async def open_dataset(
     """
     if version is not None and not isinstance(version, str):
         check_int("version", version, minimum=1)
+    if storage_timeout is None:
+        storage_timeout = default_storage_timeout()
     check_seconds("storage_timeout", storage_timeout, positive=True)
     path = os.fspath(uri)
 
@@ -192,7 +195,7 @@ async def write_dataset(
     *,
     mode: str = "create",
     schema: pa.Schema | None = None,
-    storage_timeout: float = DEFAULT_STORAGE_TIMEOUT,
+    storage_timeout: float | None = None,
     **lance_kwargs: Any,
 ) -> AsyncDataset:
     """Write a source to a Lance dataset, streaming it from the source.
@@ -209,9 +212,10 @@ async def write_dataset(
         Schema of the rows (and of a new dataset: put primary-key metadata
         here). Materialized inputs are converted to it losslessly; streams
         are checked against it batch by batch.
-    storage_timeout : float
-        The returned dataset's :attr:`~AsyncDataset.storage_timeout` (default
-        60; the write itself streams for as long as the source lasts).
+    storage_timeout : float, optional
+        The returned dataset's :attr:`~AsyncDataset.storage_timeout` (default:
+        ``LANCE_ASYNC_STORAGE_TIMEOUT``, else 60; the write itself streams
+        for as long as the source lasts).
     **lance_kwargs
         Passed to ``lance.write_dataset`` (``max_rows_per_file``,
         ``data_storage_version``, ``storage_options``, ...).
@@ -233,6 +237,8 @@ async def write_dataset(
     BaseException
         Whatever the source raised, as itself (nothing is committed).
     """
+    if storage_timeout is None:
+        storage_timeout = default_storage_timeout()
     check_seconds("storage_timeout", storage_timeout, positive=True)
     written = await write_source(source, uri, mode=mode, schema=schema, lance_kwargs=lance_kwargs)
     return AsyncDataset(
