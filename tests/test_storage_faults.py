@@ -283,6 +283,11 @@ async def test_merges_and_compaction_raise_typed_storage_errors(store: FaultySto
         store.proxy.set(Mode.black_hole())
         with pytest.raises(la.StorageTimeoutError):
             await impatient.compact_mem_wal()
+        # and so does a pass of a Compactor called directly (no background task)
+        compactor = la.Compactor(impatient, la.CompactionPolicy(max_generations=0))
+        with pytest.raises(la.StorageTimeoutError):
+            await compactor.run_once()
+        assert compactor.stats().failures == 1
         store.proxy.set(Mode.forward())
     assert set(range(100, 130)) <= await _lsm_ids(ds)  # nothing lost on the way
 

@@ -267,8 +267,7 @@ class Compactor:
                 wait = self.policy.interval
                 while True:
                     try:
-                        with call_timeouts(self._dataset.storage_timeout):  # each engine call
-                            await self.run_once()
+                        await self.run_once()
                         wait = self.policy.interval
                     except (LanceAsyncError, OSError) as exc:
                         wait = min(wait * 2, self.policy.max_backoff)
@@ -306,8 +305,15 @@ class Compactor:
         Raises
         ------
         LanceAsyncError, OSError
-            A failed compaction (counted; what committed before stays).
+            A failed compaction (counted; what committed before stays);
+            :class:`~lance_async.StorageTimeoutError` when an engine call
+            waits on the store past the dataset's ``storage_timeout`` (each
+            call has that deadline).
         """
+        with call_timeouts(self._dataset.storage_timeout):  # each engine call
+            return await self._pass()
+
+    async def _pass(self) -> CompactionResult:
         ds = self._dataset
         done: dict[str, list[int]] = {}
         stale: list[str] = []
@@ -319,11 +325,16 @@ class Compactor:
             if not wanted:
                 return CompactionResult({}, 0, 0, 0, 0, ds.version)
         async with table_lock(ds.uri):
-            for snap in await shard_snapshots(ds, wanted):
-                if not await self._due(snap):
-                    continue
+            try:
+                snapshots = await shard_snapshots(ds, wanted)
+            except (LanceAsyncError, OSError) as exc:
+                self._count(failures=1, last_error=exc)
+                raise
+            for snap in snapshots:
                 started = time.monotonic()
                 try:
+                    if not await self._due(snap):
+                        continue
                     one = await compact_shard(ds, snap, chunk_rows=self.policy.chunk_rows)
                     optimized = (
                         one.commits > 0
