@@ -393,6 +393,33 @@ def test_bad_redis_messages_go_to_a_jetstream_subject_and_a_missing_broker_write
         client.close()
 
 
+@pytest.mark.broker
+def test_ingest_applies_lance_op_delete_as_a_worker_does(tmp_path: Path) -> None:
+    """One rule on every path: a message with ``lance-op: delete`` deletes its
+    key through ``ingest`` too (it used to be written as a row of nulls)."""
+    import uuid
+
+    import redis
+
+    from .conftest import broker_or_skip
+
+    broker_or_skip("Redis", 6379)
+    client = redis.Redis(port=6379)
+    key = f"la-op-{uuid.uuid4().hex}"
+    uri = mem_wal_table(tmp_path / "t.lance")
+    try:
+        client.xadd(key, {"data": row(700)})
+        client.xadd(key, {"data": json.dumps({"id": 700}).encode(), "lance-op": b"delete"})
+        client.xadd(key, {"data": json.dumps({"id": 3}).encode(), "lance-op": b"delete"})
+        client.xadd(key, {"data": row(701)})
+        done = run("ingest", f"redis://127.0.0.1:6379/{key}", uri, "--idle-timeout", "2")
+        assert done.returncode == 0, done.stderr
+        assert lsm_ids_of(uri) == [0, 1, 2, 4, 701]  # 700 put then deleted; 3 deleted
+    finally:
+        client.delete(key)
+        client.close()
+
+
 # -- 6. object storage configured the way pylance is -------------------------------
 
 

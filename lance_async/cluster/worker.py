@@ -461,7 +461,7 @@ class Worker:
             with running.scope:
                 await ingest(
                     guarded,
-                    PartitionWriter(running.writer, self._dataset.primary_key),  # type: ignore[arg-type]
+                    PartitionWriter(running.writer, self._dataset.primary_key),
                     decode=self._decoder(partition),
                     dead_letter=self._dead,
                     stop=running.stop,

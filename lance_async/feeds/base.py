@@ -19,22 +19,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
-from types import MappingProxyType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import anyio
 import pyarrow as pa
 
 from .._args import check_fetch, check_int, check_seconds
 from .._loop import unwrap_groups
+from .._schema import primary_key
 from .._threads import run_sync, stream_limiter
 from ..errors import DecodeError, LanceAsyncError
 from ..memwal.acks import Ack
-from ..sources.jsonarray import to_ndjson
-from ..sources.jsonrows import decode_json_rows
+from .messages import DeadLetter, Feed, Message, decode_json
+from .ops import OpWriter, decode_ops
 
 __all__ = [
     "DeadLetter",
@@ -47,125 +47,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("lance_async.feeds")
-
-AckFn = Callable[[], Awaitable[None]]
-
-
-_NO_HEADERS: Mapping[str, Any] = MappingProxyType({})
-
-
-@dataclass(slots=True)
-class Message:
-    """One message of a feed.
-
-    Attributes
-    ----------
-    offset : object
-        Its position in the feed (a stream sequence, an entry id,
-        ``(partition, offset)``, a byte offset). Shown in errors and handed
-        to the dead-letter hook.
-    payload : bytes or pa.RecordBatch
-        The raw message (decoded by :func:`ingest`'s ``decode``), or rows
-        already decoded by the feed (file feeds).
-    headers : mapping
-        Broker headers or fields, if any (an empty read-only mapping
-        otherwise: messages are many, so they stay small -- slots, no dict).
-    """
-
-    offset: Any
-    payload: bytes | pa.RecordBatch
-    headers: Mapping[str, Any] = field(default_factory=lambda: _NO_HEADERS)
-    _ack: AckFn | None = field(default=None, repr=False)
-    acked: bool = field(default=False, repr=False)
-    _owner: Any = field(default=None, repr=False)
-
-    async def ack(self) -> None:
-        """Acknowledge (commit) the message. Idempotent."""
-        if self.acked:
-            return
-        if self._ack is not None:
-            await self._ack()
-        elif self._owner is not None:
-            await self._owner.ack_batch([self])
-        self.acked = True
-
-
-@runtime_checkable
-class Feed(Protocol):
-    """What :func:`ingest` needs from a feed.
-
-    ``fetch`` returns the messages available now (up to ``max_messages``),
-    waiting at most ``timeout`` seconds for the first one; an empty list
-    means nothing arrived. ``exhausted`` turns True when a finite feed has no
-    more messages (a file read to its end and not followed).
-
-    A feed may also offer ``async def ack_batch(messages)``, acknowledging
-    several messages (in feed order) at once -- one ``XACK`` with many ids,
-    or committing the highest offset. :func:`ingest` uses it when present;
-    otherwise it awaits ``message.ack()`` one by one.
-    """
-
-    async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
-        """Messages available now (at most ``max_messages``); [] after ``timeout``."""
-        ...
-
-    @property
-    def exhausted(self) -> bool:
-        """True when a finite feed has delivered everything."""
-        ...
-
-    async def aclose(self) -> None:
-        """Release the feed's connection or file."""
-        ...
-
-
-DeadLetter = Callable[[Message, BaseException], Awaitable[None] | None]
-
-
-def decode_json(messages: Sequence[Message], schema: pa.Schema) -> pa.Table:
-    """Decode JSON / NDJSON message payloads into one table of ``schema``.
-
-    Each payload is a JSON object, several newline-delimited ones, or a JSON
-    array of objects; values are coerced to the schema's types by the one
-    JSON rule (:mod:`lance_async.sources.jsonrows`).
-    Payloads that are already record batches pass through. Rows keep the
-    messages' order (a later message's row of a key wins), whatever mix of
-    kinds the messages are.
-
-    Raises
-    ------
-    DecodeError
-        A payload is not valid JSON for the schema.
-    """
-    tables: list[pa.Table] = []
-    raw: list[bytes] = []
-    decoded: list[pa.RecordBatch] = []
-
-    def close_run() -> None:  # one table per run of one kind, runs in message order
-        if decoded:
-            tables.append(pa.Table.from_batches(decoded))
-            decoded.clear()
-        if raw:
-            tables.append(decode_json_rows(b"\n".join(raw) + b"\n", schema))
-            raw.clear()
-
-    for m in messages:
-        if isinstance(m.payload, pa.RecordBatch):
-            if raw:
-                close_run()
-            decoded.append(m.payload)
-            continue
-        data = bytes(m.payload).strip()
-        if data[:1] == b"[":  # a JSON array of objects (application/json)
-            data = to_ndjson(data).strip()
-        if data:
-            if decoded:
-                close_run()
-            raw.append(data)
-    close_run()
-    if not tables:
-        return schema.empty_table()
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
 @dataclass
@@ -199,7 +80,7 @@ class IngestStats:
 
 
 class _Writer(Protocol):
-    async def send(self, data: Any, *, timeout: float | None = ...) -> Ack: ...
+    async def send(self, data: Any, *, timeout: float | None = ...) -> Ack | None: ...
 
 
 async def _dead_letter(hook: DeadLetter | None, message: Message, error: BaseException) -> None:
@@ -312,7 +193,10 @@ async def ingest(
         so for its shard when it opened.
     decode : callable, optional
         ``(messages, schema) -> pa.Table``; default :func:`decode_json`
-        (JSON / NDJSON payloads, values coerced to the schema). Called on a
+        (JSON / NDJSON payloads, values coerced to the schema) with the
+        ``lance-op: delete`` header's rule (:mod:`lance_async.feeds.ops`:
+        such a message deletes its rows by key, in feed order; on a table
+        without a primary key it is a bad message). Called on a
         worker thread (``stream`` limiter), once per micro-batch; its table
         is made one chunk there, so the writer queues a micro-batch as one
         entry (one send, one ack).
@@ -374,9 +258,14 @@ async def ingest(
     target = schema if schema is not None else getattr(writer, "schema", None)
     if target is None:
         raise ValueError("ingest needs schema= when the writer has no .schema")
-    decoder = decode or decode_json
     batch_ack = getattr(feed, "ack_batch", None)
     recover = getattr(writer, "recover", None)
+    decoder = decode
+    if decoder is None:  # JSON, and the lance-op rule every ingest follows (ops.py)
+        keys = primary_key(target) if hasattr(writer, "delete") else []
+        decoder = partial(decode_ops, keys=keys)
+        if keys:
+            writer = OpWriter(writer, keys)
     if recover is not None:  # a routing writer owns the table: flush what a dead one left
         await recover()
     stats = IngestStats()

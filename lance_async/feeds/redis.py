@@ -285,7 +285,8 @@ class RedisStreamFeed(BrokerFeed):
             return b"", {}
         if self._field is not None and self._field in raw:
             payload = raw.pop(self._field)
-            return payload, {_text(k): v for k, v in raw.items()}
+            # a field name need not be UTF-8: never let one stop the stream
+            return payload, {k.decode("utf-8", "backslashreplace"): v for k, v in raw.items()}
         row = {
             k.decode("utf-8", "backslashreplace"): v.decode("utf-8", "backslashreplace")
             for k, v in raw.items()

@@ -314,3 +314,18 @@ def test_broker_connectors_are_imported_lazily() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     with pytest.raises(AttributeError):
         feeds.NoSuchFeed  # noqa: B018
+
+
+def test_a_delete_message_decodes_to_keys_or_is_a_bad_message_without_a_key() -> None:
+    from lance_async.feeds.ops import OP_COLUMN, decode_ops
+
+    from ..helpers import KV_SCHEMA
+
+    put = feeds.Message(0, b'{"id": 1, "value": 10, "name": "a"}')
+    gone = feeds.Message(1, b'{"id": 1}', {"lance-op": b"delete"})
+    table = decode_ops([put, gone], KV_SCHEMA, ["id"])
+    assert table.column(OP_COLUMN).to_pylist() == [False, True]
+    assert table.column("id").to_pylist() == [1, 1]
+    assert decode_ops([put], KV_SCHEMA, ["id"]).column_names == KV_SCHEMA.names  # no op column
+    with pytest.raises(la.DecodeError, match="without a primary key"):
+        decode_ops([put, gone], KV_SCHEMA, [])

@@ -254,6 +254,21 @@ async def test_entries_without_the_payload_field_are_decoded_from_all_fields(
 
 
 @pytest.mark.asyncio
+async def test_a_field_name_that_is_not_utf8_does_not_stop_the_stream(
+    stream: Stream, tmp_path: Path
+) -> None:
+    await stream.add([row_json(1)])
+    await stream.client.xadd(stream.key, {"data": row_json(2), b"\xfe": b"x"})
+    await stream.add([row_json(3)])
+    ds = await mem_wal_table(tmp_path)
+    async with ds.mem_wal_writer(new_shard()) as writer, await stream.feed("c") as feed:
+        stats = await ingest(feed, writer, fetch_timeout=0.1, idle_timeout=0.3)
+        assert await lsm_rows(writer) == expected_rows([1, 2, 3])
+    assert (stats.messages, stats.rows) == (3, 3)
+    assert await stream.pending() == {}
+
+
+@pytest.mark.asyncio
 async def test_fetch_blocks_until_an_entry_or_the_timeout(stream: Stream) -> None:
     async with await stream.feed("c") as feed:
         started = time.monotonic()
