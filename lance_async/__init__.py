@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the public names, once each
     from .errors import ConflictError as ConflictError
     from .errors import ContentionError as ContentionError
     from .errors import DatasetNotFoundError as DatasetNotFoundError
+    from .errors import DeadLetterError as DeadLetterError
     from .errors import DecodeError as DecodeError
     from .errors import DuplicateKeyError as DuplicateKeyError
     from .errors import FencedError as FencedError

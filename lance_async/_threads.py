@@ -88,6 +88,7 @@ __all__ = [
     "AbandonedCall",
     "ThreadLimits",
     "abandoned_calls",
+    "abandoned_total",
     "call_timeouts",
     "configure_threads",
     "default_storage_timeout",
@@ -464,6 +465,8 @@ class _Call(Generic[T]):
                 return False
             self.abandoned = True
             with _abandoned_lock:
+                global _abandoned_total
+                _abandoned_total += 1
                 _abandoned[id(self)] = AbandonedCall(
                     self.what, self.timeout, self.started, self.thread
                 )
@@ -478,6 +481,17 @@ class _Call(Generic[T]):
 
 _abandoned_lock = threading.Lock()
 _abandoned: dict[int, AbandonedCall] = {}
+_abandoned_total = 0
+
+
+def abandoned_total() -> int:
+    """How many calls this process abandoned at their deadline, returned
+    since or not. Does not block. A process that abandoned any may hold
+    engine objects made on a thread nobody waited for; the command line
+    ends such a process without the interpreter's finalization, which
+    pylance may abort in."""
+    with _abandoned_lock:
+        return _abandoned_total
 
 
 def _forget(call: _Call[Any]) -> None:

@@ -42,6 +42,7 @@ The tree::
     │   └── StorageTimeoutError     no answer within storage_timeout (.retryable)
     ├── ResourceExhaustedError      the engine's memory pool ran out (size it: configure_memory)
     ├── BackpressureTimeoutError    no room in a writer's queue before the timeout
+    ├── DeadLetterError             a bad message's dead-letter destination refused it
     ├── PayloadTooLargeError        a message or body passed a size limit (HTTP 413)
     └── InvalidInputError ─ FilterError   a filter outside the allowed form (HTTP 400)
 
@@ -71,6 +72,7 @@ __all__ = [
     "ConflictError",
     "ContentionError",
     "DatasetNotFoundError",
+    "DeadLetterError",
     "DecodeError",
     "DuplicateKeyError",
     "FencedError",
@@ -423,6 +425,32 @@ class ResourceExhaustedError(LanceAsyncError):
     def __init__(self, message: str, *, pool_bytes: int | None) -> None:
         super().__init__(message)
         self.pool_bytes = pool_bytes
+
+
+class DeadLetterError(LanceAsyncError):
+    """A bad message could not be set aside: its dead-letter destination (a
+    file, a Redis stream, a JetStream subject, a Kafka topic) refused it or
+    did not answer. The message stays unacknowledged (it comes again); the
+    ingest stops. ``retryable`` when the destination was unreachable or
+    timed out; not when it refused this message (too large for the
+    destination, say): then set it aside elsewhere, or remove it from the
+    feed by hand.
+
+    Attributes
+    ----------
+    destination : str
+        Where the dead letter was going.
+    offset : object
+        The bad message's offset.
+    """
+
+    def __init__(
+        self, message: str, *, destination: str, offset: object, retryable: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.destination = destination
+        self.offset = offset
+        self.retryable = retryable
 
 
 class BackpressureTimeoutError(LanceAsyncError):

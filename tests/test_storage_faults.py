@@ -361,6 +361,24 @@ def test_storage_timeout_given_to_the_command_bounds_a_silent_store(
     assert la.AsyncDataset(opened._ds).storage_timeout == 1.5  # the command's, for the process
 
 
+def test_a_command_that_abandoned_a_call_exits_with_its_code_not_an_abort(
+    tmp_path: Path,
+) -> None:
+    """The thread a command gave up on must not meet the interpreter's
+    finalization (pylance aborted the process there: exit 134 in 2 of 6
+    runs before the command ended with ``os._exit``)."""
+    import subprocess
+    import sys
+
+    import lance
+
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(kv_table(range(3)), uri)
+    command = [sys.executable, "-m", "lance_async", "--storage-timeout", "1e-6", "info", uri]
+    codes = [subprocess.run(command, capture_output=True, check=False).returncode for _ in range(6)]
+    assert codes == [75] * 6
+
+
 @pytest.mark.parametrize(
     ("error", "code"),
     [

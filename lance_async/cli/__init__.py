@@ -63,5 +63,19 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
-    """Entry point of the ``lance-async`` command (exits with the command's code)."""
-    sys.exit(run())
+    """Entry point of the ``lance-async`` command (exits with the command's code).
+
+    A command that gave up on an engine call at its ``storage_timeout``
+    ends with ``os._exit`` once its output is flushed: the abandoned thread
+    (stuck, or holding what it made late) would otherwise meet the
+    interpreter's finalization, where pylance aborts the process (exit 134
+    instead of the error's own code).
+    """
+    code = run()
+    from .._threads import abandoned_total
+
+    if abandoned_total():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -38,7 +38,6 @@ __all__ = [
     "Writes",
     "app",
     "check_columns",
-    "check_dead_letter",
     "count",
     "err",
     "escape",
@@ -47,7 +46,6 @@ __all__ = [
     "main",
     "missing_extra",
     "number",
-    "open_dead_letter",
     "open_table",
     "out",
     "parse_storage_options",
@@ -543,87 +541,6 @@ MIN_PUT_INTERVAL: Any = typer.Option(
     "write: on object storage, one PUT request (see docs/scale-out.md for the cost).",
     callback=number("--min-put-interval", maximum=3_600),
 )
-
-
-DEAD_LETTER: Any = typer.Option(
-    None,
-    "--dead-letter",
-    metavar="FILE|URL",
-    help="Set bad messages aside and acknowledge them, up to --max-bad: FILE appends NDJSON "
-    "records (offset, raw message, error); redis://HOST:PORT/STREAM, "
-    "nats://HOST:PORT/STREAM/SUBJECT or kafka://HOST:PORT/TOPIC keeps the raw message in the "
-    "broker, the error in its headers (fields). Broker feeds only.",
-)
-
-_DEAD_LETTER_URLS = (
-    "redis://HOST:PORT/STREAM, nats://HOST:PORT/STREAM/SUBJECT or kafka://HOST:PORT/TOPIC"
-)
-
-
-def check_dead_letter(destination: str | None) -> None:
-    """Refuse a ``--dead-letter`` URL of an unknown scheme or shape, before any I/O.
-
-    Raises
-    ------
-    typer.BadParameter
-        A URL that is not one of the forms ``--dead-letter`` takes.
-    """
-    if destination is None or "://" not in destination:
-        return
-    from urllib.parse import urlparse
-
-    url = urlparse(destination)
-    path = [p for p in url.path.split("/") if p]
-    wanted = {"redis": 1, "rediss": 1, "nats": 2, "kafka": 1}.get(url.scheme)
-    if wanted is None or len(path) != wanted or not url.hostname:
-        raise typer.BadParameter(
-            f"a dead-letter destination is a FILE or {_DEAD_LETTER_URLS}, got {destination!r}",
-            param_hint="'--dead-letter'",
-        )
-
-
-async def open_dead_letter(destination: str | None, max_bad: int | None, source: str) -> Any:
-    """The dead-letter sink of ``--dead-letter`` (a file or a broker URL), or None.
-
-    ``source`` is the feed's URL; what is recorded of it drops credentials
-    and the query. A broker sink is connected here (its stream or subject
-    checked or created); use the result as an async context manager.
-
-    Raises
-    ------
-    typer.BadParameter
-        A URL of an unknown form (see :func:`check_dead_letter`).
-    Exception
-        The broker is not reachable, or its key, stream or subject is unfit
-        (:class:`~lance_async.InvalidInputError`).
-    """
-    if destination is None:
-        return None
-    from urllib.parse import urlparse
-
-    from ..feeds.deadletter import DeadLetterFile
-
-    url = urlparse(source)
-    host = url.hostname or ""
-    feed = f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}{url.path}"
-    if "://" not in destination:
-        return DeadLetterFile(destination, max_bad=max_bad, feed=feed)
-    check_dead_letter(destination)
-    from ..feeds import deadletter_brokers as sinks
-
-    where = urlparse(destination)
-    path = [p for p in where.path.split("/") if p]
-    if where.scheme in ("redis", "rediss"):
-        return await sinks.RedisDeadLetterStream.connect(
-            f"{where.scheme}://{where.netloc}", path[0], max_bad=max_bad, feed=feed
-        )
-    if where.scheme == "nats":
-        return await sinks.JetStreamDeadLetters.connect(
-            f"nats://{where.netloc}", path[0], path[1], max_bad=max_bad, feed=feed
-        )
-    return await sinks.KafkaDeadLetterTopic.connect(
-        where.netloc, path[0], max_bad=max_bad, feed=feed
-    )
 
 
 def writer_options(commit: str | None, min_put_interval: float | None) -> dict[str, Any]:

@@ -14,24 +14,22 @@ import typer
 
 from .common import (
     COMMIT,
-    DEAD_LETTER,
     MIN_PUT_INTERVAL,
     STORAGE_OPTION,
     Progress,
     Writes,
     app,
-    check_dead_letter,
     count,
     err,
     file_size,
     number,
-    open_dead_letter,
     open_table,
     out,
     require_mem_wal,
     run_command,
     writer_options,
 )
+from .deadletters import DEAD_LETTER, check_dead_letter, open_dead_letter
 from .inputs import ROWS_FORMAT, check_format, check_source, format_of, with_csv_line
 from .worker import exclusive_ingest
 

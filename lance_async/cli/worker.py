@@ -21,21 +21,19 @@ import typer
 
 from .common import (
     COMMIT,
-    DEAD_LETTER,
     MIN_PUT_INTERVAL,
     STORAGE_OPTION,
     app,
-    check_dead_letter,
     err,
     fail,
     number,
-    open_dead_letter,
     open_table,
     out,
     require_mem_wal,
     run_command,
     writer_options,
 )
+from .deadletters import DEAD_LETTER, check_dead_letter, open_dead_letter
 from .inputs import check_source
 
 if TYPE_CHECKING:

@@ -21,7 +21,8 @@ A record::
      "message": "{\\"id\\": 1, \\"nme\\": \\"x\\"}", "time": "2026-12-03T10:00:00+00:00"}
 
 ``message`` holds the payload as text when it is UTF-8, else
-``message_base64``; ``offset`` is the feed's (a Redis entry id, a JetStream
+``message_base64``; ``headers`` the message's own headers (Redis: its other
+fields), when it has any; ``offset`` is the feed's (a Redis entry id, a JetStream
 sequence, ``[partition, offset]`` for Kafka).
 """
 
@@ -38,7 +39,7 @@ import anyio.lowlevel
 import pyarrow as pa
 
 from .._threads import run_sync, stream_limiter
-from ..errors import DecodeError
+from ..errors import DeadLetterError, DecodeError
 from .base import Message
 
 _S = TypeVar("_S", bound="DeadLetterSink")
@@ -115,6 +116,11 @@ class DeadLetterSink:
                 out["message"] = raw.decode("utf-8")
             except UnicodeDecodeError:
                 out["message_base64"] = base64.b64encode(raw).decode("ascii")
+        if message.headers:  # a lance-op header, say: the message means it too
+            out["headers"] = {
+                str(k): v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
+                for k, v in message.headers.items()
+            }
         out["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         return out
 
@@ -136,9 +142,10 @@ class DeadLetterSink:
         DecodeError
             Past ``max_bad``: the message's own error, naming its offset and
             the limit (the ingest stops; this message is not acknowledged).
-        Exception
-            What :meth:`store` raises (the file or the broker cannot be
-            written): the ingest stops, the message is not acknowledged.
+        DeadLetterError
+            :meth:`store` failed (the file or the broker cannot be written,
+            or refused this message): the ingest stops, the message is not
+            acknowledged; the error names the destination and the offset.
         """
         async with self._lock:
             if self.max_bad is not None and self.count >= self.max_bad:
@@ -149,8 +156,34 @@ class DeadLetterSink:
                 if limit:
                     text += f"; stopped after {limit}, recorded in {self.where}"
                 raise DecodeError(text, offset=message.offset) from error
-            await self.store(message, self.record(message, error))
+            try:
+                await self.store(message, self.record(message, error))
+            except DeadLetterError:
+                raise
+            except Exception as exc:
+                raise DeadLetterError(
+                    f"the bad message at offset {message.offset!r} could not be set aside in "
+                    f"{self.where} ({type(exc).__name__}: {' '.join(str(exc).split())[:500]}); "
+                    "it stays unacknowledged",
+                    destination=self.where,
+                    offset=message.offset,
+                    retryable=self.retryable(exc),
+                ) from exc
             self.count += 1
+
+    def retryable(self, exc: BaseException) -> bool:
+        """Whether :meth:`store`'s failure ``exc`` may pass by itself (the
+        destination unreachable or slow), as opposed to a refusal of this
+        message. Pure; does not block."""
+        return isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__name__ in (
+            "ConnectionError",
+            "TimeoutError",
+            "NoServersError",
+            "ConnectionClosedError",
+            "KafkaConnectionError",
+            "KafkaTimeoutError",
+            "RequestTimedOutError",
+        )
 
     async def aclose(self) -> None:
         """Release what the sink holds (nothing here). Idempotent."""

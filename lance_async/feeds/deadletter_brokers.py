@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..errors import InvalidInputError
+from ..errors import DeadLetterError, InvalidInputError
 from .base import Message
 from .deadletter import DeadLetterSink
 
@@ -75,16 +75,45 @@ def dead_letter_body(message: Message) -> bytes:
     return bytes(payload)
 
 
-def dead_letter_headers(message: Message, record: Mapping[str, Any]) -> dict[str, str]:
-    """The message's own headers and the context of ``record`` (see the module
-    notes), as text (pure; does not block). Values hold no line breaks."""
-    out = {_text(k): _text(v) for k, v in message.headers.items()}
+#: Characters of an error's text a dead letter's header keeps (a broker
+#: limits a message's headers; the file sink keeps the whole text).
+MAX_ERROR_CHARS = 1000
+
+
+def _context(record: Mapping[str, Any]) -> dict[str, str]:
+    """The ``dead-letter-*`` headers of ``record``, as one-line text."""
+    out: dict[str, str] = {}
     for key in ("offset", "feed", "error", "error_type", "time"):
         if key in record:
             value = record[key]
             text = value if isinstance(value, str) and key != "offset" else json.dumps(value)
-            out[PREFIX + key.replace("_", "-")] = " ".join(text.split())
+            text = " ".join(text.split())
+            if len(text) > MAX_ERROR_CHARS:
+                text = text[:MAX_ERROR_CHARS] + "..."
+            out[PREFIX + key.replace("_", "-")] = text
     return out
+
+
+def dead_letter_headers(message: Message, record: Mapping[str, Any]) -> dict[str, str]:
+    """The message's own headers and the context of ``record`` (see the module
+    notes), as text (pure; does not block). The context's values hold no
+    line breaks and at most :data:`MAX_ERROR_CHARS` characters."""
+    out = {_text(k): _text(v) for k, v in message.headers.items()}
+    out.update(_context(record))
+    return out
+
+
+def _nats_name(name: str) -> str:
+    """A header name NATS takes: printable ASCII but ``:``; others %-escaped."""
+    if all(33 <= ord(c) <= 126 and c != ":" for c in name) and name:
+        return name
+    return (
+        "".join(
+            c if 33 <= ord(c) <= 126 and c not in ":%" else "".join(f"%{b:02X}" for b in c.encode())
+            for c in name
+        )
+        or "%00"
+    )
 
 
 class RedisDeadLetterStream(DeadLetterSink):
@@ -107,9 +136,10 @@ class RedisDeadLetterStream(DeadLetterSink):
     Notes
     -----
     Does not block the loop (redis.asyncio). A stream entry is one flat
-    mapping, so the payload field, the message's own fields and the context
-    fields share it; a message field named like ours is overwritten by the
-    context.
+    mapping, so the payload field, the message's own fields (their values
+    byte for byte) and the context fields share it; a message field named
+    like ours is overwritten by the context. Give ``field`` the source's
+    payload field, so no field of the message is overwritten by the body.
     """
 
     def __init__(
@@ -157,7 +187,7 @@ class RedisDeadLetterStream(DeadLetterSink):
         """
         import redis.asyncio
 
-        client = redis.asyncio.Redis.from_url(url)
+        client = redis.asyncio.Redis.from_url(url)  # its query (db=, ...) applies
         try:
             kind = _text(await client.type(stream))
             if kind not in ("none", "stream"):
@@ -178,7 +208,8 @@ class RedisDeadLetterStream(DeadLetterSink):
         redis.exceptions.RedisError
             Redis refused or is not reachable.
         """
-        fields: dict[Any, Any] = dict(dead_letter_headers(message, record))
+        fields: dict[Any, Any] = dict(message.headers)  # as they came, bytes kept
+        fields.update(_context(record))
         fields[self.field] = dead_letter_body(message)
         await self._client.xadd(self.stream, fields)
 
@@ -227,6 +258,9 @@ class JetStreamDeadLetters(DeadLetterSink):
         self._client = client
         self._js = client.jetstream(timeout=timeout)
         self.subject = subject
+        self.stream: str | None = None
+        """The JetStream stream that keeps the dead letters, when
+        :meth:`connect` found or made it."""
         self._owns_client = owns_client
         self.where = f"the NATS subject {subject!r}"
 
@@ -260,11 +294,14 @@ class JetStreamDeadLetters(DeadLetterSink):
         import nats
         import nats.js.errors
 
-        nc = await nats.connect(url, connect_timeout=3, max_reconnect_attempts=2)
+        async def quiet(_error: Exception) -> None:  # the connect's own error says it
+            return None
+
+        nc = await nats.connect(url, connect_timeout=3, max_reconnect_attempts=2, error_cb=quiet)
         try:
             js = nc.jetstream()
             try:
-                await js.find_stream_name_by_subject(subject)
+                stream = await js.find_stream_name_by_subject(subject)
             except nats.js.errors.NotFoundError:
                 try:
                     await js.add_stream(name=stream, subjects=[subject])
@@ -276,20 +313,36 @@ class JetStreamDeadLetters(DeadLetterSink):
         except BaseException:
             await nc.close()
             raise
-        return cls(nc, subject, max_bad=max_bad, feed=feed, owns_client=True)
+        sink = cls(nc, subject, max_bad=max_bad, feed=feed, owns_client=True)
+        sink.stream = stream
+        return sink
 
     async def store(self, message: Message, record: dict[str, Any]) -> None:
         """Publish the dead letter; returns once the stream acknowledged it.
 
         Raises
         ------
+        DeadLetterError
+            The dead letter is larger than the server's ``max_payload``
+            (not retryable: set such messages aside in a file or a Redis
+            stream).
         nats.errors.Error
             No stream answered (``NoRespondersError``), a timeout, or the
             connection closed.
         """
-        await self._js.publish(
-            self.subject, dead_letter_body(message), headers=dead_letter_headers(message, record)
-        )
+        body = dead_letter_body(message)
+        headers = {_nats_name(k): v for k, v in dead_letter_headers(message, record).items()}
+        size = len(body) + sum(len(k) + len(v.encode()) + 4 for k, v in headers.items()) + 12
+        limit = self._client.max_payload
+        if limit and size > limit:
+            raise DeadLetterError(
+                f"the bad message at offset {message.offset!r} is {size:,} bytes as a dead "
+                f"letter, more than the NATS server's max_payload ({limit:,}): it cannot go to "
+                f"{self.where}; set bad messages aside in a file or a Redis stream",
+                destination=self.where,
+                offset=message.offset,
+            )
+        await self._js.publish(self.subject, body, headers=headers)
 
     async def aclose(self) -> None:
         """Close the client if this sink owns it (draining nothing). Idempotent."""
@@ -360,7 +413,11 @@ class KafkaDeadLetterTopic(DeadLetterSink):
         from aiokafka import AIOKafkaProducer
 
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all")
-        await producer.start()
+        try:
+            await producer.start()
+        except BaseException:
+            await producer.stop()
+            raise
         return cls(producer, topic, max_bad=max_bad, feed=feed, owns_producer=True)
 
     async def store(self, message: Message, record: dict[str, Any]) -> None:

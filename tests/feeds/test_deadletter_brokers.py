@@ -10,6 +10,7 @@ written.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -33,13 +34,14 @@ from ..conftest import broker_or_skip
 from ..services import create_topic
 from .support import expected_rows, lsm_rows, mem_wal_table, new_shard, row_json
 
-pytestmark = [pytest.mark.broker, pytest.mark.asyncio]
+pytestmark = pytest.mark.broker
 
 REDIS = "redis://127.0.0.1:6379"
 NATS = "nats://127.0.0.1:4222"
 BAD = b'{"id": 7, "nme": "x"}'
 
 
+@pytest.mark.asyncio
 async def test_a_redis_dead_letter_keeps_the_raw_message_and_its_fields(tmp_path: Path) -> None:
     broker_or_skip("Redis", 6379)
     client = redis.asyncio.Redis.from_url(REDIS)
@@ -77,6 +79,7 @@ async def test_a_redis_dead_letter_keeps_the_raw_message_and_its_fields(tmp_path
         await client.aclose()
 
 
+@pytest.mark.asyncio
 async def test_a_redis_key_that_is_not_a_stream_is_refused_before_anything() -> None:
     broker_or_skip("Redis", 6379)
     client = redis.asyncio.Redis.from_url(REDIS)
@@ -90,6 +93,7 @@ async def test_a_redis_key_that_is_not_a_stream_is_refused_before_anything() -> 
         await client.aclose()
 
 
+@pytest.mark.asyncio
 async def test_a_jetstream_dead_letter_is_published_to_a_stream_it_creates(
     tmp_path: Path,
 ) -> None:
@@ -131,6 +135,7 @@ async def test_a_jetstream_dead_letter_is_published_to_a_stream_it_creates(
         await nc.close()
 
 
+@pytest.mark.asyncio
 async def test_a_jetstream_stream_that_does_not_capture_the_subject_is_refused() -> None:
     broker_or_skip("NATS", 4222)
     name = f"LADL{uuid.uuid4().hex[:10]}"
@@ -145,6 +150,7 @@ async def test_a_jetstream_stream_that_does_not_capture_the_subject_is_refused()
         await nc.close()
 
 
+@pytest.mark.asyncio
 async def test_a_kafka_dead_letter_is_acknowledged_by_the_brokers(kafka_bootstrap: str) -> None:
     topic = f"la-dl-{uuid.uuid4().hex[:10]}"
     await create_topic(kafka_bootstrap, topic)
@@ -169,3 +175,74 @@ async def test_a_kafka_dead_letter_is_acknowledged_by_the_brokers(kafka_bootstra
     assert json.loads(headers["dead-letter-offset"]) == [2, 41]
     assert headers["dead-letter-feed"] == "kafka://broker/orders"
     assert headers["dead-letter-error"] == "line 1: not JSON"
+
+
+@pytest.mark.asyncio
+async def test_a_dead_letter_too_large_for_nats_is_refused_by_name_and_never_acked() -> None:
+    broker_or_skip("NATS", 4222)
+    name = f"LADL{uuid.uuid4().hex[:10]}"
+    async with await JetStreamDeadLetters.connect(NATS, name, f"{name}.letters") as sink:
+        try:
+            huge = Message(9, b"x" * (sink._client.max_payload + 1))
+            with pytest.raises(la.DeadLetterError, match="max_payload") as info:
+                await sink(huge, la.DecodeError("bad", offset=9))
+            assert not info.value.retryable and info.value.offset == 9
+            assert sink.count == 0
+            # a header name NATS would refuse is escaped, its value kept
+            odd = Message(10, b"{", {"odd name": b"v", "k:1": "w"})
+            await sink(odd, la.DecodeError("bad", offset=10))
+            stored = await sink._js.get_msg(name, 1)
+            assert stored.headers is not None
+            assert (stored.headers["odd%20name"], stored.headers["k%3A1"]) == ("v", "w")
+        finally:
+            await sink._js.delete_stream(name)
+
+
+@pytest.mark.asyncio
+async def test_a_redis_dead_letter_keeps_binary_fields_and_names_its_failures() -> None:
+    broker_or_skip("Redis", 6379)
+    client = redis.asyncio.Redis.from_url(REDIS)
+    key = f"la:dl:{uuid.uuid4().hex}"
+    try:
+        sink = await RedisDeadLetterStream.connect(REDIS, key, field="payload", max_bad=5)
+        async with sink:
+            message = Message("1-1", b"\xff\x00", {"data": b"meta", "sig": b"\xff\x00\x80"})
+            await sink(message, la.DecodeError("bad", offset="1-1"))
+            ((_, fields),) = await client.xrange(key)
+            assert fields[b"payload"] == b"\xff\x00"  # the body under the source's field
+            assert (fields[b"data"], fields[b"sig"]) == (b"meta", b"\xff\x00\x80")
+            await client.delete(key)
+            await client.set(key, b"not a stream any more")
+            with pytest.raises(la.DeadLetterError, match="could not be set aside") as info:
+                await sink(message, la.DecodeError("bad", offset="1-2"))
+            assert key in info.value.destination and sink.count == 1
+    finally:
+        await client.delete(key)
+        await client.aclose()
+
+
+def test_dead_letter_destinations_that_cannot_work_are_refused_before_any_io(
+    tmp_path: Path,
+) -> None:
+    import anyio
+    import typer
+
+    from lance_async.cli.deadletters import check_dead_letter, open_dead_letter
+
+    for bad, said in [
+        ("redis://[::1/x", "Invalid IPv6 URL"),
+        ("redis://127.0.0.1:99999/x", "out of range"),
+        ("nats://127.0.0.1:4222/S/a.*", "without wildcards"),
+        ("redis://user:secretpw@127.0.0.1:6379/a/b", "***"),
+        (str(tmp_path), "cannot append"),
+        (str(tmp_path / "missing" / "x.ndjson"), "cannot append"),
+    ]:
+        with pytest.raises(typer.BadParameter, match=re.escape(said)) as info:
+            check_dead_letter(bad)
+        assert "secretpw" not in str(info.value)
+    source = "redis://127.0.0.1:6379/orders?group=g"
+    for loop in ("redis://127.0.0.1:6379/orders", "redis://localhost:6379/orders:3"):
+        if "localhost" in loop:
+            source = "redis://localhost:6379/orders"
+        with pytest.raises(typer.BadParameter, match="come back"):
+            anyio.run(open_dead_letter, loop, 1, source)
