@@ -11,7 +11,11 @@ Every ``interval`` seconds it
    and closes what it runs for it) and only then releases the lease (and
    starts the next round at once while still over); under it, takes free
    or expired leases (in random order) up to the share, and assigns each
-   once taken.
+   once taken;
+5. releases (announced) every lease still held under its own name by an
+   earlier life -- a worker killed and restarted under the same name --
+   that it did not take back, so a member under its share takes it at
+   once instead of after the dead life's lease ran out.
 
 Amazon KCL balances a stream's shards over its workers the same way (a lease
 table, fair shares, taking expired leases). Take-over after a worker dies
@@ -194,6 +198,7 @@ class LeaseBalancer:
         # holder's leases while the holder still counts as a member
         holders = await table.holders(range(self.num_partitions))
         if len(self.owned) > share:
+            await self._disown(holders)
             p = max(self.owned)
             log.info(
                 "lance_async: handing partition %d back (share %d)",
@@ -242,6 +247,27 @@ class LeaseBalancer:
                         with anyio.CancelScope(shield=True):
                             await table.release(p)
                         raise
+        await self._disown(holders)
+
+    async def _disown(self, holders: dict[int, str | None]) -> None:
+        """Release the leases still held under this member's name by an earlier
+        life (a worker killed and restarted under the same name) that this
+        round did not take back: nothing consumes those partitions, and
+        their leases would otherwise stay live for up to a ``ttl`` (Redis)
+        or until a fresh observer has watched them for one (NATS). Taken
+        (renewed under this life) and released at once, the release
+        announced: a member under its share takes them now."""
+        table = self.table
+        for p, holder in sorted(holders.items()):
+            if holder != table.member or p in self.owned or self._stopping:
+                continue
+            log.info(
+                "lance_async: releasing partition %d, held under this name by an earlier life",
+                p,
+                extra={"partition": p},
+            )
+            if await table.acquire(p):
+                await table.release(p)
 
     async def release_all(self) -> None:
         """Leave the group, then revoke and release every partition held (a

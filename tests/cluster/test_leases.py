@@ -209,3 +209,41 @@ async def test_regression_a_worker_restarted_under_its_name_takes_its_leases_bac
         await tg.start(again.run)  # after its first round
         assert again.owned == {0, 1}
         again.stop()
+
+
+@pytest.mark.asyncio
+async def test_regression_an_earlier_lifes_leases_beyond_the_share_are_released_at_once(
+    leases: Factory,
+) -> None:
+    """A worker killed while it held three of four partitions comes back under
+    its name, now one of two members: it takes two of its earlier life's
+    leases back and releases the third in its first round (announced), so
+    the other member, balancing only when told, takes it long before the
+    lease (a minute) could run out -- in the chaos test the partition went
+    unconsumed for 24 s (NATS: a fresh observer waits a whole ttl)."""
+    earlier = leases("w", 60.0)
+    for p in (0, 1, 2):
+        assert await earlier.acquire(p)
+
+    async def assign(p: int) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def revoke(p: int, lost: bool) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    def balancer(member: str, interval: float) -> LeaseBalancer:
+        return LeaseBalancer(
+            leases(member, 60.0), 4, on_assign=assign, on_revoke=revoke, interval=interval
+        )
+
+    other = balancer("o", 600.0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(other.run)  # takes the free one, then waits for a notice
+        assert other.owned == {3}
+        again = balancer("w", 600.0)
+        await tg.start(again.run)  # its first round, with two members
+        assert len(again.owned) == 2 and again.owned < {0, 1, 2}
+        await eventually(lambda: len(other.owned) == 2, 30, "the third taken by the other")
+        assert again.owned.isdisjoint(other.owned)
+        other.stop()
+        again.stop()
