@@ -60,6 +60,10 @@ __all__ = ["Coordinator", "LeaseBalancer", "LeaseCoordinator"]
 
 log = logging.getLogger("lance_async.cluster")
 
+RETRY = 0.1
+"""Seconds before a round that failed (the broker unreachable) is tried
+again, doubled per failure in a row, never more than the interval."""
+
 Assign = Callable[[int], Awaitable[None]]
 Revoke = Callable[[int, bool], Awaitable[None]]
 
@@ -121,9 +125,13 @@ class LeaseBalancer:
         started with ``tg.start`` owns its first partitions when it returns.
         Rounds run every ``interval`` seconds (with 20 % jitter), and at once
         after a :meth:`drop`, a :meth:`stop`, or a notice that another member
-        left or released a lease (:meth:`LeaseTable.watch`).
+        left or released a lease (:meth:`LeaseTable.watch`). A round that
+        failed because the broker did not answer is tried again after
+        :data:`RETRY` seconds, doubled per failure in a row up to the
+        interval, so a restarted broker finds the leases renewed at once.
         """
         started = False
+        failed = 0  # rounds failed in a row
         self._wake = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
@@ -131,14 +139,27 @@ class LeaseBalancer:
                 while not self._stopping:
                     try:
                         await self.round()
+                        failed = 0
                     except broker_errors() as exc:
                         # the broker is unreachable: leases we hold run out by themselves
                         # (acks are refused once they may have), and the next round retries
-                        log.error("lance_async: a balancing round failed: %r; retrying", exc)
+                        failed += 1
+                        log.log(
+                            logging.ERROR if failed == 1 else logging.DEBUG,
+                            "lance_async: a balancing round failed (%d in a row): %r; retrying",
+                            failed,
+                            exc,
+                        )
                     if not started:
                         task_status.started()
                         started = True
-                    await self._pause(self.interval * random.uniform(0.8, 1.2))
+                    pause = self.interval * random.uniform(0.8, 1.2)
+                    if failed:
+                        # a broker restarting: the next round comes as soon as it answers,
+                        # so the leases held are renewed before they run out (a whole
+                        # interval later, a restart lost every one of them)
+                        pause = min(pause, RETRY * 2 ** min(failed - 1, 8))
+                    await self._pause(pause)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):

@@ -247,3 +247,46 @@ async def test_regression_an_earlier_lifes_leases_beyond_the_share_are_released_
         assert again.owned.isdisjoint(other.owned)
         other.stop()
         again.stop()
+
+
+class RefusingLeaseTable:
+    """Fault injection: a real lease table whose broker refuses the first
+    ``refusals`` heartbeats (a broker restarting), as a real one cannot be
+    made to do on cue without restarting the broker every test shares."""
+
+    def __init__(self, table: Any, refusals: int) -> None:
+        self._table = table
+        self.refusals = refusals
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+    async def heartbeat(self) -> None:
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise ConnectionError("refused (fault injection)")
+        await self._table.heartbeat()
+
+
+@pytest.mark.asyncio
+async def test_regression_a_round_the_broker_refused_is_tried_again_soon(
+    leases: Factory,
+) -> None:
+    """Rounds ten minutes apart: after three refused rounds (a broker
+    restarting), the fourth comes at once and takes the partitions -- a
+    whole interval later, a restarted broker found every lease run out."""
+
+    async def assign(p: int) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def revoke(p: int, lost: bool) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    table = RefusingLeaseTable(leases("r", 60.0), refusals=3)
+    balancer = LeaseBalancer(table, 2, on_assign=assign, on_revoke=revoke, interval=600.0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(balancer.run)  # after its first (refused) round
+        assert balancer.owned == set()
+        await eventually(lambda: balancer.owned == {0, 1}, 30, "the partitions taken")
+        assert table.refusals == 0
+        balancer.stop()
