@@ -383,6 +383,7 @@ async def test_a_paused_worker_is_fenced_and_acknowledges_nothing_after(
         # only after it saw every partition lost and took some back afresh
         # (the group's fair share gives a rejoining member its part again)
         await publish_version(feed, partitioner, 2)
+
         def lost_all() -> bool:  # "lost N" counts up; a later loss may skip a line
             counts = [int(n) for n in re.findall(r"lost (\d+)", workers.output("a"))]
             return max(counts, default=0) >= feed.partitions
