@@ -79,8 +79,8 @@ only after up to 1.5 TTLs. The longest stall is then a restarted process's
 start -- imports, mostly: 1.4-1.6 s on an idle machine, about 8 s under the
 suite's four xdist workers on two cores -- plus the pauses that hit it
 meanwhile, which no take-over shortens. Measured (2026-12-03, two shared
-cores): alone or two at once, Redis 3.3-4.4 s in four runs and 11.0 s in one
-(0.8-2.8 TTLs), NATS 4.9-6.9 s in five (1.0-1.4 TTLs); beside the rest of
+cores): alone or two at once, Redis 3.3-4.5 s in five runs and 11.0 s in one
+(0.8-2.8 TTLs), NATS 4.9-6.9 s in five and 10.8 s in one (1.0-2.2 TTLs); beside the rest of
 ``tests/cluster`` on four xdist workers, Redis 10.6-11.0 s, NATS 5.1-14.2 s
 (up to 2.9 TTLs). A Kafka group rebalances as a whole: every membership
 change (a member gone, the same member back) stops every member until the
