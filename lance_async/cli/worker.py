@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 import signal
 import socket
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from ..cluster import Worker, WorkerStats
 
 __all__ = ["exclusive_ingest", "repartition", "worker"]
+
+log = logging.getLogger("lance_async.cli")
 
 T = TypeVar("T")
 
@@ -252,9 +255,11 @@ def worker(
                     print(_line(stats, recent), file=sys.stderr, flush=True)
 
             tg.start_soon(signals)
+            began = time.monotonic()
             ds = await open_table(table_uri, storage_option)
             await require_mem_wal(ds, table_uri, " --num-buckets N")
             partitions = (await Partitioner.for_dataset(ds)).num_partitions
+            log.debug("worker %s: table open in %.2f s", name, time.monotonic() - began)
             async with contextlib.AsyncExitStack() as stack:
                 if feed.startswith(("redis://", "rediss://", "nats://")):
                     # one group of workers per table and broker; an ingest there refuses
@@ -266,12 +271,14 @@ def worker(
                         )
                     except TableClaimedError as exc:
                         fail(str(exc), 2)
+                    log.debug("worker %s: claim held at %.2f s", name, time.monotonic() - began)
                 hook = await open_dead_letter(dead_letter, max_bad, feed)
                 if hook is not None:
                     await stack.enter_async_context(hook)
                 coordinator, close = await open_partitioned(
                     feed, group, name, partitions, lease_ttl, ack_wait
                 )
+                log.debug("worker %s: feed open at %.2f s", name, time.monotonic() - began)
                 try:
                     w = Worker(
                         ds,

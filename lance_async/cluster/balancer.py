@@ -11,7 +11,11 @@ Every ``interval`` seconds it
    and closes what it runs for it) and only then releases the lease (and
    starts the next round at once while still over); under it, takes free
    or expired leases (in random order) up to the share, and assigns each
-   once taken.
+   once taken;
+5. releases (announced) every lease still held under its own name by an
+   earlier life -- a worker killed and restarted under the same name --
+   that it did not take back, so a member under its share takes it at
+   once instead of after the dead life's lease ran out.
 
 Amazon KCL balances a stream's shards over its workers the same way (a lease
 table, fair shares, taking expired leases). Take-over after a worker dies
@@ -55,6 +59,10 @@ from .leases import LeaseTable
 __all__ = ["Coordinator", "LeaseBalancer", "LeaseCoordinator"]
 
 log = logging.getLogger("lance_async.cluster")
+
+RETRY = 0.1
+"""Seconds before a round that failed (the broker unreachable) is tried
+again, doubled per failure in a row, never more than the interval."""
 
 Assign = Callable[[int], Awaitable[None]]
 Revoke = Callable[[int, bool], Awaitable[None]]
@@ -117,9 +125,13 @@ class LeaseBalancer:
         started with ``tg.start`` owns its first partitions when it returns.
         Rounds run every ``interval`` seconds (with 20 % jitter), and at once
         after a :meth:`drop`, a :meth:`stop`, or a notice that another member
-        left or released a lease (:meth:`LeaseTable.watch`).
+        left or released a lease (:meth:`LeaseTable.watch`). A round that
+        failed because the broker did not answer is tried again after
+        :data:`RETRY` seconds, doubled per failure in a row up to the
+        interval, so a restarted broker finds the leases renewed at once.
         """
         started = False
+        failed = 0  # rounds failed in a row
         self._wake = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
@@ -127,14 +139,27 @@ class LeaseBalancer:
                 while not self._stopping:
                     try:
                         await self.round()
+                        failed = 0
                     except broker_errors() as exc:
                         # the broker is unreachable: leases we hold run out by themselves
                         # (acks are refused once they may have), and the next round retries
-                        log.error("lance_async: a balancing round failed: %r; retrying", exc)
+                        failed += 1
+                        log.log(
+                            logging.ERROR if failed == 1 else logging.DEBUG,
+                            "lance_async: a balancing round failed (%d in a row): %r; retrying",
+                            failed,
+                            exc,
+                        )
                     if not started:
                         task_status.started()
                         started = True
-                    await self._pause(self.interval * random.uniform(0.8, 1.2))
+                    pause = self.interval * random.uniform(0.8, 1.2)
+                    if failed:
+                        # a broker restarting: the next round comes as soon as it answers,
+                        # so the leases held are renewed before they run out (a whole
+                        # interval later, a restart lost every one of them)
+                        pause = min(pause, RETRY * 2 ** min(failed - 1, 8))
+                    await self._pause(pause)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -194,6 +219,7 @@ class LeaseBalancer:
         # holder's leases while the holder still counts as a member
         holders = await table.holders(range(self.num_partitions))
         if len(self.owned) > share:
+            await self._disown(holders)
             p = max(self.owned)
             log.info(
                 "lance_async: handing partition %d back (share %d)",
@@ -242,6 +268,27 @@ class LeaseBalancer:
                         with anyio.CancelScope(shield=True):
                             await table.release(p)
                         raise
+        await self._disown(holders)
+
+    async def _disown(self, holders: dict[int, str | None]) -> None:
+        """Release the leases still held under this member's name by an earlier
+        life (a worker killed and restarted under the same name) that this
+        round did not take back: nothing consumes those partitions, and
+        their leases would otherwise stay live for up to a ``ttl`` (Redis)
+        or until a fresh observer has watched them for one (NATS). Taken
+        (renewed under this life) and released at once, the release
+        announced: a member under its share takes them now."""
+        table = self.table
+        for p, holder in sorted(holders.items()):
+            if holder != table.member or p in self.owned or self._stopping:
+                continue
+            log.info(
+                "lance_async: releasing partition %d, held under this name by an earlier life",
+                p,
+                extra={"partition": p},
+            )
+            if await table.acquire(p):
+                await table.release(p)
 
     async def release_all(self) -> None:
         """Leave the group, then revoke and release every partition held (a

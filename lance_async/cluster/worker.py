@@ -423,6 +423,7 @@ class Worker:
     async def _assign(self, partition: int) -> None:
         assert self._partitioner is not None and self._tg is not None
         shard = self._partitioner.shard_of(partition)
+        began = time.monotonic()
         writer = self._dataset.mem_wal_writer(shard, **self._writer_options)
         try:
             await writer.open(self._tg)  # claims the shard: a stale writer is fenced
@@ -440,10 +441,11 @@ class Worker:
         self._stats.assigned += 1
         self._tg.start_soon(self._ingest, partition, running)
         log.info(
-            "lance_async worker %s: took partition %d (shard %s)",
+            "lance_async worker %s: took partition %d (shard %s) in %.2f s",
             self.member,
             partition,
             shard,
+            time.monotonic() - began,
             extra=self._fields(partition),
         )
 
@@ -544,6 +546,7 @@ class Worker:
         if running is None:
             return
         self._leaving[partition] = running  # its figures still count while it drains
+        began = time.monotonic()
         with anyio.CancelScope(shield=True):
             if lost:
                 running.scope.cancel()  # acks are refused already: stop at once
@@ -582,10 +585,11 @@ class Worker:
                     extra=self._fields(partition),
                 )
         log.info(
-            "lance_async worker %s: %s partition %d",
+            "lance_async worker %s: %s partition %d (stopped in %.2f s)",
             self.member,
             "lost" if lost else "handed back",
             partition,
+            time.monotonic() - began,
             extra=self._fields(partition),
         )
 

@@ -209,3 +209,84 @@ async def test_regression_a_worker_restarted_under_its_name_takes_its_leases_bac
         await tg.start(again.run)  # after its first round
         assert again.owned == {0, 1}
         again.stop()
+
+
+@pytest.mark.asyncio
+async def test_regression_an_earlier_lifes_leases_beyond_the_share_are_released_at_once(
+    leases: Factory,
+) -> None:
+    """A worker killed while it held three of four partitions comes back under
+    its name, now one of two members: it takes two of its earlier life's
+    leases back and releases the third in its first round (announced), so
+    the other member, balancing only when told, takes it long before the
+    lease (a minute) could run out -- in the chaos test the partition went
+    unconsumed for 24 s (NATS: a fresh observer waits a whole ttl)."""
+    earlier = leases("w", 60.0)
+    for p in (0, 1, 2):
+        assert await earlier.acquire(p)
+
+    async def assign(p: int) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def revoke(p: int, lost: bool) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    def balancer(member: str, interval: float) -> LeaseBalancer:
+        return LeaseBalancer(
+            leases(member, 60.0), 4, on_assign=assign, on_revoke=revoke, interval=interval
+        )
+
+    other = balancer("o", 600.0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(other.run)  # takes the free one, then waits for a notice
+        assert other.owned == {3}
+        again = balancer("w", 600.0)
+        await tg.start(again.run)  # its first round, with two members
+        assert len(again.owned) == 2 and again.owned < {0, 1, 2}
+        await eventually(lambda: len(other.owned) == 2, 30, "the third taken by the other")
+        assert again.owned.isdisjoint(other.owned)
+        other.stop()
+        again.stop()
+
+
+class RefusingLeaseTable:
+    """Fault injection: a real lease table whose broker refuses the first
+    ``refusals`` heartbeats (a broker restarting), as a real one cannot be
+    made to do on cue without restarting the broker every test shares."""
+
+    def __init__(self, table: Any, refusals: int) -> None:
+        self._table = table
+        self.refusals = refusals
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+    async def heartbeat(self) -> None:
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise ConnectionError("refused (fault injection)")
+        await self._table.heartbeat()
+
+
+@pytest.mark.asyncio
+async def test_regression_a_round_the_broker_refused_is_tried_again_soon(
+    leases: Factory,
+) -> None:
+    """Rounds ten minutes apart: after three refused rounds (a broker
+    restarting), the fourth comes at once and takes the partitions -- a
+    whole interval later, a restarted broker found every lease run out."""
+
+    async def assign(p: int) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def revoke(p: int, lost: bool) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    table = RefusingLeaseTable(leases("r", 60.0), refusals=3)
+    balancer = LeaseBalancer(table, 2, on_assign=assign, on_revoke=revoke, interval=600.0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(balancer.run)  # after its first (refused) round
+        assert balancer.owned == set()
+        await eventually(lambda: balancer.owned == {0, 1}, 30, "the partitions taken")
+        assert table.refusals == 0
+        balancer.stop()

@@ -376,6 +376,8 @@ async def test_a_paused_worker_is_fenced_and_acknowledges_nothing_after(
         await anyio.sleep(1.2)  # a stats line after the last ack
         before = _last_messages(workers.output("a"))
         assert before == KEYS
+        # leases a loaded machine let lapse before the pause count apart
+        lost_before = _stats_lines(workers.output("a"))[-1][2]
         workers.kill("a", signal.SIGSTOP)  # paused past its leases
         await publish_version(feed, partitioner, 1)
         workers.start("b")
@@ -388,7 +390,7 @@ async def test_a_paused_worker_is_fenced_and_acknowledges_nothing_after(
 
         def lost_all() -> bool:  # "lost N" counts up; a later loss may skip a line
             counts = [int(n) for n in re.findall(r"lost (\d+)", workers.output("a"))]
-            return max(counts, default=0) >= feed.partitions
+            return max(counts, default=0) - lost_before >= feed.partitions
 
         await eventually(lost_all, 60, "a to see it lost all")
         await eventually(feed.drained, 60, "version 2 to be consumed")
@@ -397,7 +399,8 @@ async def test_a_paused_worker_is_fenced_and_acknowledges_nothing_after(
         out_a = workers.output("a")
         for messages, taken, gone in _stats_lines(out_a):
             if messages > before:  # acked after the pause: only on partitions taken again
-                assert gone == feed.partitions and taken > feed.partitions, out_a[-2000:]
+                assert gone - lost_before >= feed.partitions, out_a[-2000:]
+                assert taken > feed.partitions, out_a[-2000:]
         acked_after = _last_messages(out_a) - before + _last_messages(workers.output("b"))
         assert acked_after >= 2 * KEYS
     finally:
