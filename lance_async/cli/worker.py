@@ -267,7 +267,7 @@ def worker(
 
                     try:
                         await stack.enter_async_context(
-                            TableClaim.open(feed, table_uri, f"worker {group}")
+                            TableClaim.open(feed, table_uri, f"worker {group}", wait=True)
                         )
                     except TableClaimedError as exc:
                         fail(str(exc), 2)

@@ -42,12 +42,27 @@ import anyio
 
 from ..errors import LanceAsyncError
 
-__all__ = ["TableClaim", "TableClaimedError", "table_identity"]
+__all__ = ["TableClaim", "TableClaimedError", "broker_down", "table_identity"]
 
 log = logging.getLogger("lance_async.cluster")
 
 #: Seconds a claim outlives its holder's last renewal (renewed every third of it).
 CLAIM_TTL = 6.0
+#: Seconds before a worker tries again a broker that did not answer at start,
+#: doubled per failure in a row up to :data:`MAX_WAIT_BACKOFF`.
+WAIT_BACKOFF = 0.2
+MAX_WAIT_BACKOFF = 5.0
+
+
+def broker_down(exc: BaseException) -> bool:
+    """Whether ``exc`` says the broker did not answer (refused, reset, timed
+    out), as opposed to an answer (pure; does not block)."""
+    return isinstance(exc, (OSError, TimeoutError)) or type(exc).__name__ in (
+        "ConnectionError",
+        "TimeoutError",
+        "NoServersError",
+        "ConnectionClosedError",
+    )
 
 
 class TableClaimedError(LanceAsyncError):
@@ -121,10 +136,22 @@ class TableClaim:
     @classmethod
     @contextlib.asynccontextmanager
     async def open(
-        cls, url: str, table_uri: str, holder: str, ttl: float = CLAIM_TTL
+        cls, url: str, table_uri: str, holder: str, ttl: float = CLAIM_TTL, *, wait: bool = False
     ) -> AsyncIterator[TableClaim]:
         """Connect to the broker of ``url`` (``redis://``, ``rediss://`` or
         ``nats://``), take the claim, hold it for the body, give it back.
+
+        Parameters
+        ----------
+        url, table_uri, holder, ttl
+            See the class.
+        wait : bool
+            A broker that does not answer is tried again after a back-off
+            (:data:`WAIT_BACKOFF` doubling to :data:`MAX_WAIT_BACKOFF`, a
+            warning each time) until it answers or the caller is cancelled:
+            a worker started while its broker restarts waits for it, as a
+            Kafka worker does. Default False: the error is raised (a
+            one-shot command says so at once).
 
         Raises
         ------
@@ -133,34 +160,67 @@ class TableClaim:
             seconds: one renewal of the holder's).
         ValueError
             ``url`` is not a Redis or NATS URL.
+        Exception
+            Without ``wait``, the broker's error when it does not answer.
         """
         parsed = urlparse(url)
-        if parsed.scheme in ("redis", "rediss"):
-            import redis.asyncio
-
-            client = redis.asyncio.Redis.from_url(f"{parsed.scheme}://{parsed.netloc}")
-            store: Any = _RedisStore(client)
-            close: Callable[[], Awaitable[Any]] = client.aclose
-        elif parsed.scheme == "nats":
-            import nats
-
-            nc = await nats.connect(f"nats://{parsed.netloc}", connect_timeout=3)
-            store = await _NatsStore.open(nc, ttl)
-            close = nc.close
-        else:
+        if parsed.scheme not in ("redis", "rediss", "nats"):
             raise ValueError(f"a table claim needs a redis:// or nats:// URL, got {url!r}")
+
+        async def take() -> tuple[TableClaim, Callable[[], Awaitable[Any]]]:
+            close: Callable[[], Awaitable[Any]]
+            if parsed.scheme == "nats":
+                import nats
+
+                options: dict[str, Any] = {}
+                if wait:
+                    # nats-py's first connect either fails after all its reconnect
+                    # attempts or, allowed to retry for ever, waits in silence: ask
+                    # the port first, then connect to reconnect for ever after
+                    probe = await anyio.connect_tcp(
+                        parsed.hostname or "127.0.0.1", parsed.port or 4222
+                    )
+                    await probe.aclose()
+                    options = {
+                        "max_reconnect_attempts": -1,
+                        "reconnect_time_wait": 0.5,
+                        "error_cb": _quiet,
+                    }
+                nc = await nats.connect(f"nats://{parsed.netloc}", connect_timeout=3, **options)
+                close = nc.close
+            else:
+                import redis.asyncio
+
+                client = redis.asyncio.Redis.from_url(f"{parsed.scheme}://{parsed.netloc}")
+                close = client.aclose
+            try:
+                store: Any = (
+                    await _NatsStore.open(nc, ttl)
+                    if parsed.scheme == "nats"
+                    else _RedisStore(client)
+                )
+                claim = cls(store, table_uri, holder, ttl)
+                await claim.acquire()
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await close()
+                raise
+            return claim, close
+
+        claim, close = await (_waiting(take, url) if wait else take())
         try:
-            claim = cls(store, table_uri, holder, ttl)
-            async with claim.held():
+            async with claim.held(taken=True):
                 yield claim
         finally:
             with anyio.CancelScope(shield=True):
                 await close()
 
     @contextlib.asynccontextmanager
-    async def held(self) -> AsyncIterator[None]:
-        """Take the claim, renew it while the body runs, give it back after."""
-        await self.acquire()
+    async def held(self, *, taken: bool = False) -> AsyncIterator[None]:
+        """Take the claim (unless ``taken``: :meth:`acquire` was awaited
+        already), renew it while the body runs, give it back after."""
+        if not taken:
+            await self.acquire()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._renew)
@@ -224,6 +284,32 @@ class TableClaim:
                     self.table_uri,
                     held,
                 )
+
+
+async def _quiet(_error: Exception) -> None:
+    """nats-py's error callback, silenced: the connect's own error says it."""
+    return None
+
+
+async def _waiting(attempt: Callable[[], Awaitable[Any]], url: str) -> Any:
+    """``await attempt()`` until the broker answers (see ``TableClaim.open``'s ``wait``)."""
+    delay = WAIT_BACKOFF
+    where = urlparse(url)
+    shown = f"{where.scheme}://{where.hostname}:{where.port}" if where.port else where.scheme
+    while True:
+        try:
+            return await attempt()
+        except Exception as exc:
+            if not broker_down(exc):
+                raise
+            log.warning(
+                "lance_async: no broker answers at %s (%s); trying again in %.1f s",
+                shown,
+                " ".join(str(exc).split())[:200] or type(exc).__name__,
+                delay,
+            )
+        await anyio.sleep(delay)
+        delay = min(delay * 2, MAX_WAIT_BACKOFF)
 
 
 class _RedisStore:
