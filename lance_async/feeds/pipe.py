@@ -122,8 +122,8 @@ class PipeFeed:
                     anyio.from_thread.run(send.send, chunk, token=token)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, RuntimeError):
                 return  # the feed was closed, or its event loop ended
-            except OSError:
-                pass  # the pipe broke: its end
+            except (OSError, ValueError):
+                pass  # the pipe broke, or its file was closed under the read: its end
             try:
                 anyio.from_thread.run(send.aclose, token=token)
             except RuntimeError:

@@ -179,9 +179,11 @@ async def test_a_crash_between_write_and_ack_redelivers_without_duplicates(
         async with await JetStreamFeed.connect(URL, **connect) as feed:  # type: ignore[arg-type]
             recording = Recording(feed)
             stats = await ingest(recording, writer, fetch_timeout=0.2, idle_timeout=1.5)
-        # after ack_wait the server redelivers what was never acknowledged, once
-        assert sorted(recording.offsets) == seqs[10:]
-        assert stats.messages == 20
+        # after ack_wait the server redelivers what was never acknowledged; a
+        # message whose ack took longer than ack_wait (1 s) on a loaded machine
+        # comes once more (JetStream is at least once: CI saw it): rows stay unique
+        assert sorted(set(recording.offsets)) == seqs[10:]
+        assert stats.messages == len(recording.offsets) >= 20
         rows = await lsm_rows(writer)
         assert rows == expected_rows(range(30))
         assert len({r["id"] for r in rows}) == len(rows)
