@@ -118,16 +118,21 @@ class PipeFeed:
 
         def pump() -> None:
             try:
-                while chunk := read(self.chunk_size):
-                    anyio.from_thread.run(send.send, chunk, token=token)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, RuntimeError):
-                return  # the feed was closed, or its event loop ended
-            except (OSError, ValueError):
-                pass  # the pipe broke, or its file was closed under the read: its end
-            try:
-                anyio.from_thread.run(send.aclose, token=token)
-            except RuntimeError:
-                return
+                try:
+                    while chunk := read(self.chunk_size):
+                        anyio.from_thread.run(send.send, chunk, token=token)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, RuntimeError):
+                    return  # the feed was closed, or its event loop ended
+                except (OSError, ValueError):
+                    pass  # the pipe broke, or its file was closed under the read: its end
+                try:
+                    anyio.from_thread.run(send.aclose, token=token)
+                except RuntimeError:
+                    return
+            finally:
+                # closed by now, or nobody is left to receive (the feed closed, the
+                # loop ended): close it here, not in a warning when it is collected
+                send.close()
 
         threading.Thread(target=pump, name="lance_async-pipe", daemon=True).start()
         self._state = FeedState.OPEN
