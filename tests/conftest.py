@@ -15,6 +15,12 @@ from .helpers import KV_SCHEMA, kv_table  # noqa: F401  (re-exported for tests)
 #: The S3 (moto) and Kafka (Tansu) servers the tests start themselves.
 pytest_plugins = ["tests.services"]
 
+# The suite starts hundreds of Python processes (the CLI, workers, servers);
+# with PYTHONDONTWRITEBYTECODE set (these machines set it) each one compiled
+# lance_async from source again, and each xdist worker rewrote every test module.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip the ``commit_lock`` tests on Python 3.13+ (pylance 14.0.2 panics,

@@ -34,6 +34,7 @@ def ndjson(path: Path, lines: list[str]) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the run's own limit; a loaded machine takes minutes
 def test_demo_runs_the_whole_mission_on_real_data(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "lance_async", "demo", "--dir", str(tmp_path / "demo")],

@@ -423,6 +423,7 @@ def test_ingest_applies_lance_op_delete_as_a_worker_does(tmp_path: Path) -> None
 # -- 6. object storage configured the way pylance is -------------------------------
 
 
+@pytest.mark.timeout(300)  # seven commands, each a process: minutes on a loaded machine
 def test_every_command_reads_a_bucket_through_the_aws_environment_alone(
     tmp_path: Path, s3_bucket: S3Bucket
 ) -> None:

@@ -735,14 +735,18 @@ def test_body_consumed_by_a_plain_asgi_middleware_is_400_not_a_hang(
         took = time.monotonic() - started
         assert response.status_code == 400, response.text
         assert response.json()["error"] == "BodyConsumedError"
-        assert "consumed" in response.json()["detail"]
+        detail = response.json()["detail"]
+        assert "consumed" in detail
         for i in range(7000, 7003):
             assert client.get(f"/tables/{table}/lookup/{i}").status_code == 404
     assert version(server.table(table)) == before
-    limit = 3.0 if header == "x-test-consume-outside" else 1.5
-    assert took < limit, f"the 400 took {took:.2f} s"
+    # which check answered, not how long it took: inside the guard the ledger
+    # tells at once; outside it only body_start_timeout can
     if header == "x-test-consume-outside":
-        assert took >= 0.9  # body_start_timeout: nothing else could tell
+        assert "body_start_timeout" in detail, detail
+        assert took >= 0.9  # a lower bound: the timeout ran out
+    else:
+        assert "body_start_timeout" not in detail, detail
 
 
 @pytest.mark.parametrize("endpoint", ["merge", "ingest"])
@@ -770,24 +774,23 @@ def test_client_disconnect_mid_upload_commits_nothing(server: Server, endpoint: 
 def test_client_leaving_a_scan_stops_it_and_closes_the_reader(server: Server) -> None:
     done = server.health()["scans_done"]
     streamed = server.health()["rows_streamed"]
-    with server.client() as client:
-        with client.stream("GET", "/tables/scan/rows", params={"batch_size": 1024}) as response:
-            assert response.status_code == 200
-            chunks = response.iter_bytes()  # dropping this generator closes the response
-            assert next(chunks).startswith(b'{"id":')
-            time.sleep(0.5)  # the server fills the socket buffers, then waits
-            health = server.health()
-            assert health["scans_open"] == 1
-            assert health["stream_threads"] == 1
-            chunks.close()
-        left = time.monotonic()
-    took = wait_for(
+    with (
+        server.client() as client,
+        client.stream("GET", "/tables/scan/rows", params={"batch_size": 1024}) as response,
+    ):
+        assert response.status_code == 200
+        chunks = response.iter_bytes()  # dropping this generator closes the response
+        assert next(chunks).startswith(b'{"id":')
+        time.sleep(0.5)  # the server fills the socket buffers, then waits
+        health = server.health()
+        assert health["scans_open"] == 1
+        assert health["stream_threads"] == 1
+        chunks.close()
+    wait_for(  # the wait only stops a hung test: the scan stops, however loaded the machine
         lambda: (h := server.health())["scans_open"] == 0 and h["stream_threads"] == 0,
-        5,
+        60,
         "the scan to stop",
     )
-    assert took < 2.0, f"the scan took {took:.2f} s to stop"
-    assert time.monotonic() - left < 5
     health = server.health()
     assert health["scans_done"] == done + 1
     assert health["rows_streamed"] - streamed < 500_000, "the scan ran on after the client left"
@@ -847,36 +850,42 @@ def test_more_concurrent_scans_than_reader_threads_all_complete(tmp_path: Path) 
 
 
 def test_slow_uploads_do_not_starve_the_apps_sync_endpoints(server: Server) -> None:
-    """The app's thread pool is 2 threads (tests/web/app.py); 4 slow uploads
-    in flight hold library threads only, so a sync endpoint still answers."""
+    """The app's thread pool is 2 threads (tests/web/app.py); 4 uploads held
+    in flight mid-body hold library threads only, so a sync endpoint still
+    answers. The bodies are held until the probe has answered 10 times: had
+    the uploads taken the pool, the probe would wait for them, and they for it
+    (the client's 10 s timeout ends that wait)."""
+    release = threading.Event()
 
-    def slow_body(lo: int) -> Iterator[bytes]:
-        for message in ipc_messages(kv_block(lo, 2000, 1), batch_rows=100):
+    def held_body(lo: int) -> Iterator[bytes]:
+        for i, message in enumerate(ipc_messages(kv_block(lo, 2000, 1), batch_rows=100)):
+            if i == 10:
+                release.wait(60)  # half the body sent: held until the probes are done
             yield message
-            time.sleep(0.15)  # 20 messages: about 3 s in flight
 
     results: list[int] = []
 
     def upload(lo: int) -> None:
         with server.client() as client:
-            results.append(merge(client, "slow", slow_body(lo)).status_code)
+            results.append(merge(client, "slow", held_body(lo)).status_code)
 
     threads = [threading.Thread(target=upload, args=(1000 * (i + 1),)) for i in range(4)]
     for t in threads:
         t.start()
-    wait_for(lambda: server.health()["uploads_in_flight"] == 4, 10, "4 uploads in flight")
-    latencies = []
-    with server.client(timeout=10) as client:
-        while server.health()["uploads_in_flight"] == 4 and len(latencies) < 40:
-            started = time.perf_counter()
-            assert client.get("/sync-probe").json() == {"ok": True}
-            latencies.append(time.perf_counter() - started)
-            time.sleep(0.02)
-    for t in threads:
-        t.join(60)
+    try:
+        wait_for(lambda: server.health()["uploads_in_flight"] == 4, 30, "4 uploads in flight")
+        answers = 0
+        with server.client(timeout=10) as client:
+            for _ in range(10):
+                assert server.health()["uploads_in_flight"] == 4
+                assert client.get("/sync-probe").json() == {"ok": True}
+                answers += 1
+    finally:
+        release.set()
+        for t in threads:
+            t.join(60)
+    assert answers == 10
     assert results == [200] * 4
-    assert len(latencies) >= 10
-    assert max(latencies) < 0.5, f"a sync endpoint waited {max(latencies):.2f} s"
 
 
 # ---------------------------------------------------------------------------
@@ -1094,11 +1103,10 @@ def test_health_answers_promptly_during_a_large_merge(
     with what is measured. The same 200 probes with no merge running come
     first: they show what the machine itself costs (a 2-core machine busy
     with other work stretches every wakeup), and the failure message gives
-    both, with the load average. Measured on an otherwise idle 2-core
-    machine: p99 5-7 ms without a merge, 10-13 ms during one; with two CPU
-    hogs running, 12 ms and 25 ms. The assertion is that the loop is never
-    blocked by the merge (LAG_LIMIT: a merge run on the loop stalls probes
-    for seconds); the latency target itself is measured in ``bench/``.
+    both, with the load average. The assertion is that the loop is never
+    blocked by the merge (a merge run on the loop stalls probes for seconds):
+    p99 below LAG_LIMIT, or three times the no-merge p99 on a machine that
+    busy; the latency target itself is measured in ``bench/``.
     """
     messages, _ = big_upload(100_000, 100 * MiB)
     body = tmp_path / "body.arrows"
@@ -1142,7 +1150,9 @@ def test_health_answers_promptly_during_a_large_merge(
         f"load average {load:.2f} on {os.cpu_count()} CPUs"
     )
     print(f"\n{report}")
-    assert p99 < LAG_LIMIT * 1000, report
+    # the machine's own cost, measured first in the same run, scales the bound:
+    # a merge on the loop stalls probes for whole seconds at any load
+    assert p99 < max(LAG_LIMIT * 1000, 3 * quiet_p99), report
 
 
 @pytest.mark.slow
