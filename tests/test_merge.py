@@ -37,6 +37,10 @@ from .helpers import (
 
 pytestmark = pytest.mark.anyio
 
+ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+"""For checks that do not depend on the backend (refusals, plans, replay
+rules): the bridges, cancellation, concurrency and the loop run on both."""
+
 BASE = kv_table(range(10), value=0)
 COMPETITOR = kv_table([2, 3], value=7)
 OURS = kv_table([1, 2, 20], value=100)
@@ -238,6 +242,7 @@ async def test_16_concurrent_upserts_end_in_a_serial_order(table_uri: str) -> No
     assert rows_by_key(await ds.to_table()) == expected
 
 
+@ASYNCIO_ONLY
 @pytest.mark.commit_lock
 async def test_exhausted_retries_raise_contention_with_num_attempts(table_uri: str) -> None:
     ds, _hook = await contended(table_uri, times=100)
@@ -250,6 +255,7 @@ async def test_exhausted_retries_raise_contention_with_num_attempts(table_uri: s
     assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR)
 
 
+@ASYNCIO_ONLY
 @pytest.mark.commit_lock
 async def test_streaming_source_with_zero_retries_fails_fast(table_uri: str) -> None:
     ds, hook = await contended(table_uri)
@@ -260,6 +266,7 @@ async def test_streaming_source_with_zero_retries_fails_fast(table_uri: str) -> 
     assert len(hook.commits) == 1
 
 
+@ASYNCIO_ONLY
 @pytest.mark.commit_lock
 async def test_non_retryable_conflict_raises_at_once(table_uri: str) -> None:
     await la.write_dataset(BASE, table_uri)
@@ -300,6 +307,7 @@ async def test_source_failing_mid_attempt_raises_its_own_error_and_commits_nothi
     assert lance.dataset(table_uri).version == version
 
 
+@ASYNCIO_ONLY
 @pytest.mark.commit_lock
 async def test_schema_change_on_replay_raises_and_commits_nothing(table_uri: str) -> None:
     ds, _hook = await contended(table_uri)
@@ -317,6 +325,7 @@ async def test_schema_change_on_replay_raises_and_commits_nothing(table_uri: str
     assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR)
 
 
+@ASYNCIO_ONLY
 async def test_bad_source_schema_is_refused_before_anything_runs(table_uri: str) -> None:
     ds = await la.write_dataset(BASE, table_uri)
     with pytest.raises(la.SchemaMismatchError, match="value"):
@@ -330,6 +339,7 @@ async def test_bad_source_schema_is_refused_before_anything_runs(table_uri: str)
     assert lance.dataset(table_uri).version == ds.version
 
 
+@ASYNCIO_ONLY
 async def test_null_or_repeated_primary_keys_are_refused_before_anything_runs(
     table_uri: str,
 ) -> None:
@@ -366,6 +376,7 @@ async def test_null_or_repeated_primary_keys_are_refused_before_anything_runs(
     assert lance.dataset(table_uri).version == version
 
 
+@ASYNCIO_ONLY
 async def test_on_defaults_to_the_primary_key(table_uri: str) -> None:
     ds = await la.write_dataset(BASE, table_uri)
     result = await upsert(ds).execute(kv_table([3], value=5))
@@ -375,6 +386,7 @@ async def test_on_defaults_to_the_primary_key(table_uri: str) -> None:
         plain.merge_insert()
 
 
+@ASYNCIO_ONLY
 async def test_partial_columns_and_delete_clauses(table_uri: str) -> None:
     ds = await la.write_dataset(BASE, table_uri)
     result = await (
@@ -389,6 +401,7 @@ async def test_partial_columns_and_delete_clauses(table_uri: str) -> None:
     assert 8 not in rows and 9 not in rows
 
 
+@ASYNCIO_ONLY
 async def test_execute_uncommitted_commits_nothing(table_uri: str) -> None:
     ds = await la.write_dataset(BASE, table_uri)
     version = ds.version
@@ -399,6 +412,7 @@ async def test_execute_uncommitted_commits_nothing(table_uri: str) -> None:
     assert committed.version == version + 1
 
 
+@ASYNCIO_ONLY
 async def test_analyze_plan_follows_the_source_and_fails_with_it(table_uri: str) -> None:
     ds = await la.write_dataset(BASE, table_uri)
     plan = await upsert(ds).analyze_plan(OURS)
@@ -563,6 +577,7 @@ def test_backoff_grows_like_lances_and_with_slow_attempts() -> None:
 # -- issue 17: duplicate keys in one source (item 3), empty sources (item 7) ------
 
 
+@ASYNCIO_ONLY
 async def test_regression_a_streamed_source_repeating_a_new_key_commits_nothing(
     table_uri: str, tmp_path: Path
 ) -> None:
@@ -590,6 +605,7 @@ async def test_regression_a_streamed_source_repeating_a_new_key_commits_nothing(
     assert lance.dataset(table_uri).count_rows() == BASE.num_rows
 
 
+@ASYNCIO_ONLY
 async def test_duplicate_keys_keep_last_is_an_explicit_opt_in(table_uri: str) -> None:
     ds = await la.write_dataset(BASE, table_uri)
     rows = pa.concat_tables([kv_table([1, 50], value=1), kv_table([50, 1], value=2)])
@@ -608,6 +624,7 @@ async def test_duplicate_keys_keep_last_is_an_explicit_opt_in(table_uri: str) ->
         upsert(ds).duplicate_keys("keep_first")
 
 
+@ASYNCIO_ONLY
 async def test_regression_an_empty_source_commits_nothing_and_says_so(table_uri: str) -> None:
     ds = await la.write_dataset(BASE, table_uri)
     version = ds.version
@@ -649,6 +666,7 @@ def _passes(*tables: pa.Table) -> Callable[[], pa.RecordBatchReader]:
     return factory
 
 
+@ASYNCIO_ONLY
 @pytest.mark.parametrize(
     "second",
     [
@@ -679,6 +697,7 @@ async def test_regression_a_replay_with_other_rows_raises_and_commits_nothing(
     assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR)
 
 
+@ASYNCIO_ONLY
 async def test_replays_cut_into_other_batches_are_the_same_source(table_uri: str) -> None:
     await la.write_dataset(BASE, table_uri)
     ds = await la.open_dataset(table_uri)
@@ -699,6 +718,7 @@ async def test_replays_cut_into_other_batches_are_the_same_source(table_uri: str
     assert rows_by_key(await ds.to_table()) == apply_upserts(BASE, COMPETITOR, rows)
 
 
+@ASYNCIO_ONLY
 async def test_a_file_rewritten_with_other_rows_between_passes_is_caught(
     table_uri: str, tmp_path: Path
 ) -> None:
@@ -733,6 +753,7 @@ async def test_a_file_rewritten_with_other_rows_between_passes_is_caught(
     assert rows_by_key(lance.dataset(table_uri).to_table()) == apply_upserts(BASE, COMPETITOR)
 
 
+@ASYNCIO_ONLY
 async def test_a_conflict_injected_without_a_commit_lock_is_retried(table_uri: str) -> None:
     """The conflict path on every Python, 3.13 included (issue 17, item 12)."""
     await la.write_dataset(BASE, table_uri)
@@ -751,6 +772,7 @@ async def test_a_conflict_injected_without_a_commit_lock_is_retried(table_uri: s
     assert rows_by_key(lance.dataset(table_uri).to_table())[3]["value"] == 7
 
 
+@ASYNCIO_ONLY
 async def test_regression_concurrent_inserts_without_a_declared_key_do_not_duplicate(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

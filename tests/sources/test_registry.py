@@ -1,4 +1,7 @@
-"""WriteSource registry: modes, replays, schema checks (asyncio and trio)."""
+"""WriteSource registry: modes, replays, schema checks.
+
+On asyncio only: coercing an object into a source does not depend on the
+backend; the bridges that read sources run on both (tests/sources/test_streams.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,11 @@ from lance_async.sources import WriteSource, resolve_source
 from ..helpers import KV_SCHEMA, Ticker, kv_table
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
 
 
 async def read_all(source: WriteSource) -> pa.Table:
