@@ -24,6 +24,11 @@ A record::
 ``message_base64``; ``headers`` the message's own headers (Redis: its other
 fields), when it has any; ``offset`` is the feed's (a Redis entry id, a JetStream
 sequence, ``[partition, offset]`` for Kafka).
+
+Records are at least once, like the rows: a message whose ack did not land
+after its record was written (the process died, or a worker's lease on the
+partition lapsed) is delivered and set aside again, so a record may repeat;
+its ``offset`` tells repeats apart.
 """
 
 from __future__ import annotations

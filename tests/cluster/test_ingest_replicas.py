@@ -33,7 +33,8 @@ from lance_async.cluster.claim import table_identity
 from ..conftest import broker_or_skip
 from ..helpers import KV_SCHEMA, eventually
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+# several processes one after another: minutes on a loaded machine (hang-stop only)
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(300)]
 
 KEYS = 5_000
 VERSIONS = 4  # 20,000 messages: every key four times, the last one newest

@@ -430,9 +430,12 @@ async def test_a_worker_sets_bad_messages_aside_in_a_redis_stream_and_goes_on(
         await publish_version(feed, partitioner, 0)
         await eventually(feed.drained, 60, "the worker to consume everything")
         assert await workers.stop_all() == {"a": 0}
-        letters = await feed.client.xrange(dead)
-        assert [fields[b"data"] for _, fields in letters] == [bad]
-        (fields,) = [f for _, f in letters]
+        letters = [fields for _, fields in await feed.client.xrange(dead)]
+        # at least once: a lease that lapsed on a loaded machine between the
+        # record and the ack sets the same entry aside again (same offset)
+        assert letters and {fields[b"data"] for fields in letters} == {bad}
+        assert len({fields[b"dead-letter-offset"] for fields in letters}) == 1
+        fields = letters[0]
         assert b"nme" in fields[b"dead-letter-error"]
         assert json.loads(fields[b"dead-letter-offset"])  # the entry id it had
     finally:
