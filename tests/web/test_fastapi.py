@@ -479,11 +479,11 @@ def test_content_length_over_the_limit_is_refused_before_reading(strict: Server)
         b"content-type: application/vnd.apache.arrow.stream\r\n"
         b"content-length: 10737418240\r\n\r\n"
     )
-    started = time.monotonic()
+    # 1 KiB of the announced 10 GiB sent: a 413 naming max_body_bytes can only
+    # come from the Content-Length (waiting for the body would end in a 408)
     status, body = raw_http(strict, head + b"\0" * 1024)
     assert status == 413
     assert json.loads(body)["limit"] == "max_body_bytes"
-    assert time.monotonic() - started < 5
     # a body a little over the limit: drained, so the client reads the answer
     payload = ipc_stream(kv_block(5000, 50_000, 1), batch_rows=1000)
     assert MiB < len(payload) < 2 * MiB
