@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -265,19 +265,3 @@ def read_wal_tail(
     end = entries[-1].position + 1 if entries else replay_after + 1
     epochs = tuple(sorted({e.writer_epoch for e in entries}))
     return WalTail(shard_id, replay_after, end, rows, epochs)
-
-
-def wal_rows(
-    uri: str,
-    shards: Sequence[tuple[str, int]],
-    schema: pa.Schema,
-    storage_options: Mapping[str, str] | None = None,
-) -> dict[str, int]:
-    """Rows (puts and deletes) in each shard's WAL tail (blocking).
-
-    ``shards`` gives ``(shard_id, replay_after)`` pairs, as snapshots do.
-    """
-    return {
-        sid: read_wal_tail(uri, sid, after, schema, storage_options).rows.num_rows
-        for sid, after in shards
-    }

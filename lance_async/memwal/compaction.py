@@ -116,10 +116,6 @@ class ShardCompaction:
     stale: bool = False
 
 
-def _identity(value: Any) -> Any:
-    return value
-
-
 def _live_rows(
     gens: list[Any], winners: list[np.ndarray], schema: pa.Schema, chunk_rows: int
 ) -> Iterator[pa.RecordBatch]:
