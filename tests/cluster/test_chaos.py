@@ -250,11 +250,13 @@ class Workers:
     killed: dict[str, int] = field(default_factory=dict)  # member -> kills
     self_exits: list[tuple[str, int]] = field(default_factory=list)
     started: int = 0
+    starts: list[tuple[float, str, str]] = field(default_factory=list)  # (when, member, log)
 
     def start(self, member: str) -> None:
         self.started += 1
         log = self.logs / f"{member}-{self.started}.log"
         env = {**os.environ, "LANCE_LOG": "critical"}
+        self.starts.append((time.monotonic(), member, log.name))
         with open(log, "wb") as out:
             self.procs[member] = subprocess.Popen(
                 [
@@ -317,6 +319,7 @@ class Stalls:
     since: float = field(default_factory=time.monotonic)
     last: dict[int, int] = field(default_factory=dict)
     samples: int = 0
+    trace: list[tuple[float, dict[int, tuple[int, int]] | None]] = field(default_factory=list)
     failed: int = 0
 
     def sample(self, positions: dict[int, tuple[int, int]]) -> None:
@@ -326,6 +329,7 @@ class Stalls:
         now = time.monotonic()
         pending = sum(p for _, p in positions.values())
         self.samples += 1
+        self.trace.append((now, positions))
         moved = any(self.last.get(p, -1) != acked for p, (acked, _) in positions.items())
         self.last = {p: acked for p, (acked, _) in positions.items()}
         if moved or pending == 0:
@@ -335,6 +339,7 @@ class Stalls:
     def missed(self) -> None:
         """A sample the broker did not answer (it is restarting): time goes on."""
         self.failed += 1
+        self.trace.append((time.monotonic(), None))
         self._note(time.monotonic())
 
     def _note(self, now: float) -> None:
@@ -361,6 +366,7 @@ async def test_three_workers_under_chaos_stay_live_and_lose_nothing(
     stalls = Stalls()
     events = {"kill": 0, "pause": 0, "broker": 0}
     timeline: list[tuple[float, str]] = []
+    resumed: list[tuple[float, str]] = []  # (when, member) a pause ended
     chaos_done = anyio.Event()
 
     async def publish_round(version: int) -> None:
@@ -401,6 +407,7 @@ async def test_three_workers_under_chaos_stay_live_and_lose_nothing(
         finally:
             proc.send_signal(signal.SIGCONT)
             workers.paused.discard(member)
+            resumed.append((time.monotonic(), member))
 
     async def chaos() -> None:
         async with anyio.create_task_group() as pauses:
@@ -475,6 +482,10 @@ async def test_three_workers_under_chaos_stay_live_and_lose_nothing(
         f"({stalls.samples} samples, {stalls.failed} unanswered)\n{workers.output()}"
     )
     print(detail[:1500])
+    if os.environ.get("CHAOS_TRACE"):  # a directory: the run's events, samples and logs
+        save_trace(
+            Path(os.environ["CHAOS_TRACE"]), bus.kind, ttl, stalls, workers, timeline, resumed
+        )
     assert events["kill"] + events["pause"] >= 20 and events["broker"] == 1, detail
     assert workers.self_exits == [], detail
     assert codes == dict.fromkeys(MEMBERS, 0), detail
@@ -493,3 +504,38 @@ async def assert_final(uri: str, expected: dict[int, int | None]) -> None:
     gone = next(k for k, v in expected.items() if v is None)
     assert (await ds.lsm_point_lookup(gone, columns=["value"])).num_rows == 0
     assert (await ds.check_shards()).ok
+
+
+def save_trace(
+    where: Path,
+    kind: str,
+    ttl: float,
+    stalls: Stalls,
+    workers: Workers,
+    timeline: list[tuple[float, str]],
+    resumed: list[tuple[float, str]],
+) -> None:
+    """Keep what explains a run's stalls in a new directory under ``where``:
+    ``trace.json`` (times on ``time.monotonic()``, the clock every process
+    of the machine shares: the chaos events, each pause's end, each worker
+    process's start and its log, the broker's positions sampled) and the
+    workers' logs."""
+    import shutil
+
+    run = where / f"{kind}-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    run.mkdir(parents=True)
+    for log in workers.logs.glob("w*.log"):
+        shutil.copy(log, run / log.name)
+    trace = {
+        "kind": kind,
+        "ttl": ttl,
+        "longest": stalls.longest,
+        "window": stalls.window,
+        "events": timeline,
+        "resumed": resumed,
+        "starts": workers.starts,
+        "samples": [
+            (t, None if p is None else {str(k): v for k, v in p.items()}) for t, p in stalls.trace
+        ],
+    }
+    (run / "trace.json").write_text(json.dumps(trace))
