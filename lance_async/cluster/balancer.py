@@ -112,6 +112,7 @@ class LeaseBalancer:
         self._dropped: set[int] = set()
         self._cooldown: dict[int, float] = {}
         self._wake: anyio.Event | None = None  # made in run(): an event belongs to a loop
+        self._round_done: anyio.Event | None = None  # set as each round ends (made in run())
 
     def valid(self, partition: int) -> bool:
         """Whether this worker may still act as ``partition``'s owner."""
@@ -133,6 +134,7 @@ class LeaseBalancer:
         started = False
         failed = 0  # rounds failed in a row
         self._wake = anyio.Event()
+        self._round_done = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.table.watch, self._wake_up)
@@ -150,6 +152,10 @@ class LeaseBalancer:
                             failed,
                             exc,
                         )
+                    finally:  # whoever waits in revalidate() looks again
+                        done, self._round_done = self._round_done, anyio.Event()
+                        if done is not None:
+                            done.set()
                     if not started:
                         task_status.started()
                         started = True
@@ -177,6 +183,32 @@ class LeaseBalancer:
     def _wake_up(self) -> None:
         if self._wake is not None:
             self._wake.set()
+
+    async def revalidate(self, partition: int) -> bool:
+        """Whether this worker may still act as ``partition``'s owner, renewing
+        the lease first if it ran past its safety margin.
+
+        A worker paused (SIGSTOP, a stalled VM) past ``SAFETY * ttl`` finds
+        its leases no longer valid when it resumes, although nobody may have
+        taken them: rather than giving the partition up (its writer closed,
+        its feed and writer opened again), the partition's work asks here.
+        The next round starts at once and renews every lease held; this
+        waits for it (two rounds at most: one in progress may have renewed
+        before the pause) and answers :meth:`valid` -- true when the renewal
+        found the lease still this worker's (NATS: unchanged since; Redis:
+        still there, or expired without anyone having taken it since). A
+        lease another member took is lost, as in any round.
+        """
+        deadline = time.monotonic() + 2 * self.interval
+        while not self.valid(partition):
+            done = self._round_done
+            left = deadline - time.monotonic()
+            if partition not in self.owned or done is None or self._stopping or left <= 0:
+                return False
+            self._wake_up()
+            with anyio.move_on_after(left):
+                await done.wait()
+        return True
 
     def stop(self) -> None:
         """End :meth:`run` at once (after the round in progress, if any): it
@@ -440,6 +472,11 @@ class LeaseCoordinator:
     def valid(self, partition: int) -> bool:
         """True while the lease is held and not near its end."""
         return self._balancer is not None and self._balancer.valid(partition)
+
+    async def revalidate(self, partition: int) -> bool:
+        """:meth:`valid`, once a lease past its margin had a chance to be
+        renewed (see :meth:`LeaseBalancer.revalidate`)."""
+        return self._balancer is not None and await self._balancer.revalidate(partition)
 
     def drop(self, partition: int, *, fenced: bool = False, retry_after: float = 0.0) -> None:
         """Revoke and release the partition at once (see :meth:`LeaseBalancer.drop`)."""

@@ -27,10 +27,13 @@ at once.
 Two implementations:
 
 :class:`RedisLeaseTable`
-    ``SET key holder NX PX ttl`` to take, a Lua compare-and-``PEXPIRE`` to
-    renew, a Lua compare-and-``DEL`` to release; Redis's own clock expires
-    keys. Members are keys with a TTL. Releases and departures are published
-    on the channel ``<prefix>:changes`` (pub/sub).
+    Lua scripts: a compare-and-``SET ... PX ttl`` to take, a
+    compare-and-``PEXPIRE`` to renew, a compare-and-``DEL`` to release;
+    Redis's own clock expires keys. Each take also records which process
+    took the lease, so a holder paused past the ttl renews (takes again) a
+    lease that expired only if nobody took it meanwhile. Members are keys
+    with a TTL. Releases and departures are published on the channel
+    ``<prefix>:changes`` (pub/sub).
 :class:`NatsLeaseTable`
     A JetStream key-value bucket. Taking is ``create`` (or a revision-checked
     ``update`` of an expired lease); renewing is a revision-checked
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -141,14 +145,34 @@ class _LocalLeases:
 
 # -- Redis ---------------------------------------------------------------------------
 
+# KEYS: the lease, its taker; ARGV: member, ttl (ms), this life's token, the
+# taker's lifetime (ms). The taker key names the life that last took the
+# lease, so a renewal can tell "expired, nobody took it since" from "taken
+# by another and given up again" (both leave no lease key).
+_ACQUIRE = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+return 1
+"""
 _RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if (not held) and redis.call('GET', KEYS[2]) == ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  return 1
 end
 return 0
 """
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
   return redis.call('DEL', KEYS[1])
 end
 return 0
@@ -179,11 +203,20 @@ class RedisLeaseTable(_LocalLeases):
         self._client = client
         self._prefix = prefix
         self._owns = owns_client
+        self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._life = f"{member}/{uuid.uuid4().hex}"  # this process's leases, told apart
 
     def _lease(self, partition: int) -> str:
         return f"{self._prefix}:lease:{partition}"
+
+    def _keys(self, partition: int) -> list[str]:
+        """The lease's key and its taker's."""
+        return [self._lease(partition), f"{self._prefix}:taker:{partition}"]
+
+    def _args(self) -> list[Any]:
+        return [self.member, self._ttl_ms, self._life, 20 * self._ttl_ms]
 
     @property
     def channel(self) -> str:
@@ -219,20 +252,18 @@ class RedisLeaseTable(_LocalLeases):
         }
 
     async def acquire(self, partition: int) -> bool:
+        # free, or held under our own name (a restart finds its earlier life's lease)
         sent = time.monotonic()
-        ok = await self._client.set(
-            self._lease(partition), self.member.encode(), nx=True, px=self._ttl_ms
-        )
-        if ok:
+        if await self._acquire(keys=self._keys(partition), args=self._args()):
             self._held[partition] = _Held(sent)
             return True
-        # a restart under the same name finds its own lease still there
-        return await self.renew(partition)
+        return False
 
     async def renew(self, partition: int) -> bool:
+        """Extend this member's lease -- or take it again when it expired
+        (a pause longer than the ttl) and nobody took it since."""
         sent = time.monotonic()
-        ok = await self._renew(keys=[self._lease(partition)], args=[self.member, self._ttl_ms])
-        if ok:
+        if await self._renew(keys=self._keys(partition), args=self._args()):
             self._held[partition] = _Held(sent)
             return True
         self._held.pop(partition, None)
@@ -240,7 +271,7 @@ class RedisLeaseTable(_LocalLeases):
 
     async def release(self, partition: int) -> None:
         self._held.pop(partition, None)
-        if await self._release(keys=[self._lease(partition)], args=[self.member]):
+        if await self._release(keys=self._keys(partition), args=[self.member]):
             await self._client.publish(self.channel, f"release {partition}".encode())
 
     async def leave(self) -> None:

@@ -290,3 +290,27 @@ async def test_regression_a_round_the_broker_refused_is_tried_again_soon(
         await eventually(lambda: balancer.owned == {0, 1}, 30, "the partitions taken")
         assert table.refusals == 0
         balancer.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_holder_back_from_a_pause_keeps_a_lease_nobody_took(leases: Factory) -> None:
+    """A holder that could not renew past its lease's ttl (paused) renews it
+    -- keeping its writer and feed -- when nobody took the lease meanwhile
+    (Redis: the key expired; NATS: the revision is unchanged), and not when
+    another took it and gave it up again (its writer is fenced by then)."""
+    a, b = leases("a"), leases("b")
+    assert await a.acquire(0) and await a.acquire(1)
+    await eventually(lambda: b.acquire(1), 10, "b to take the expired lease 1")
+    await b.release(1)  # taken and given up while a was away
+
+    async def ran_out() -> bool:  # lease 0: nobody takes it
+        return (await b.holders([0])) == {0: None}
+
+    await eventually(ran_out, 10, "lease 0 to run out")
+    assert not a.valid(0)
+    assert await a.renew(0)
+    assert a.valid(0)
+    assert (await b.holders([0])) == {0: "a"} and not await b.acquire(0)
+    assert not await a.renew(1)
+    assert not a.valid(1)
+
