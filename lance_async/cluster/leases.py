@@ -39,9 +39,12 @@ Two implementations:
     ``update`` of an expired lease); renewing is a revision-checked
     ``update``. There is no per-key TTL in NATS 2.9, so expiry is observed
     as KCL does it: a lease (or member) whose revision has not changed for
-    ``ttl`` seconds of the observer's own clock is expired. No clocks need
-    to agree. A release empties the lease and a departure deletes the member
-    key; watchers see both in the bucket's own change feed (a KV watch).
+    ``ttl`` seconds of the observer's own clock is expired -- or, sooner for
+    an observer that just started, for ``ttl`` seconds of the server's clock
+    (the time it stored the revision, and its latest time, both from the
+    bucket's watch). No two clocks need to agree. A release empties the
+    lease and a departure deletes the member key; watchers see both in the
+    bucket's own change feed (a KV watch).
 """
 
 from __future__ import annotations
@@ -330,6 +333,10 @@ class NatsLeaseTable(_LocalLeases):
         self._kv = kv
         self._seen: dict[str, _Seen] = {}
         self._beats = 0
+        # from the watch: each key's revision and the server's time it was
+        # stored at, and the server's latest time seen (with our clock then)
+        self._stored: dict[str, tuple[int, float]] = {}
+        self._server: tuple[float, float] | None = None
 
     @staticmethod
     async def bucket(js: Any, name: str, ttl: float) -> Any:
@@ -345,13 +352,45 @@ class NatsLeaseTable(_LocalLeases):
             return await js.create_key_value(config=config)
 
     def _observe(self, key: str, revision: int) -> bool:
-        """True when ``key`` has not changed for ``ttl`` seconds of our clock."""
+        """True when ``key`` has not changed for ``ttl`` seconds: of our clock
+        since we first saw this revision, or of the server's clock since it
+        stored it (known from the watch)."""
         now = time.monotonic()
+        if self._stored_for(key, revision, now) >= self.ttl:
+            return True
         seen = self._seen.get(key)
         if seen is None or seen.revision != revision:
             self._seen[key] = _Seen(revision, now)
             return False
         return now - seen.since >= self.ttl
+
+    def _stored_for(self, key: str, revision: int, now: float) -> float:
+        """Seconds of the server's clock since it stored ``key`` at
+        ``revision``, as far as the watch tells (0.0: unknown).
+
+        The server's time now is taken as the latest time it stamped on an
+        entry we were sent (our own heartbeats, every third of the ttl)
+        plus the seconds our clock counted since we received that entry: at
+        most the server's real time now, so a lease counts as expired no
+        sooner than ``ttl`` after the server stored its last renewal (which
+        its holder sent earlier still). Only one clock's readings are
+        compared with each other; a fresh observer (a restarted worker)
+        needs no ``ttl`` of watching first."""
+        stored = self._stored.get(key)
+        if stored is None or stored[0] != revision or self._server is None:
+            return 0.0
+        latest, received = self._server
+        return latest + (now - received) - stored[1]
+
+    def _note(self, entry: Any) -> None:
+        """Record an entry the watch delivered: its revision and server time."""
+        created = getattr(entry, "created", None)
+        if created is None or entry.revision is None:
+            return
+        stamp = created.timestamp() if hasattr(created, "timestamp") else float(created)
+        self._stored[entry.key] = (entry.revision, stamp)
+        if self._server is None or stamp > self._server[0]:
+            self._server = (stamp, time.monotonic())
 
     async def _entry(self, key: str) -> Any:
         import nats.js.errors
@@ -452,7 +491,8 @@ class NatsLeaseTable(_LocalLeases):
 
     async def watch(self, wake: Callable[[], None]) -> None:
         """Watch the bucket: a lease emptied, a member deleted or a new member
-        wakes. Our own heartbeats flow through the same watch, so a watch that saw
+        wakes, and so does the end of the current values (each key's server
+        time is known from then on: see :meth:`_observe`). Our own heartbeats flow through the same watch, so a watch that saw
         nothing for three heartbeat periods is dead (a restarted server) and
         is made again."""
         import nats.errors
@@ -472,7 +512,12 @@ class NatsLeaseTable(_LocalLeases):
                     except nats.errors.TimeoutError:
                         break  # nothing, not even our heartbeat: watch again
                     if entry is None:
-                        continue  # the marker after the current values
+                        # the marker after the current values: their server
+                        # times are known now (a fresh observer may find
+                        # leases expired at once)
+                        wake()
+                        continue
+                    self._note(entry)
                     gone = entry.operation in ("DEL", "PURGE")
                     member = entry.key.startswith("member.")
                     if (member and (gone or entry.key not in members)) or (

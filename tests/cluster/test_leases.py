@@ -314,3 +314,25 @@ async def test_a_holder_back_from_a_pause_keeps_a_lease_nobody_took(leases: Fact
     assert not await a.renew(1)
     assert not a.valid(1)
 
+
+@pytest.mark.asyncio
+async def test_a_fresh_nats_observer_counts_an_expired_lease_at_once(leases: Factory) -> None:
+    """An observer that just started (a worker restarted) learns from the
+    bucket's watch when the server stored each lease and what time the
+    server has now (its own heartbeat): a lease not renewed for a ttl of
+    the server's clock is expired at its first look, not after a ttl of
+    its own watching (the take-over waited that long in NATS chaos)."""
+    a = leases("a")
+    if not isinstance(a, NatsLeaseTable):
+        pytest.skip("Redis expires its keys itself")
+    assert await a.acquire(0)
+    await anyio.sleep(TTL * 1.5)  # a never renews: expired by the server's clock
+    fresh = leases("fresh")
+    await fresh.heartbeat()  # an entry stamped now: the server's time
+    watched = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(fresh.watch, watched.set)  # set after the current values
+        await watched.wait()
+        assert (await fresh.holders([0])) == {0: None}  # its first look
+        assert await fresh.acquire(0)
+        tg.cancel_scope.cancel()
