@@ -272,6 +272,15 @@ class RedisLeaseTable(_LocalLeases):
         self._held.pop(partition, None)
         return False
 
+    async def expires_in(self, partitions: Iterable[int]) -> float | None:
+        """Seconds until the first of these leases expires by Redis's clock
+        (None: none of them is held)."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            for p in partitions:
+                pipe.pttl(self._lease(p))
+            left = [ms for ms in await pipe.execute() if ms is not None and ms >= 0]
+        return min(left) / 1000 if left else None
+
     async def release(self, partition: int) -> None:
         self._held.pop(partition, None)
         if await self._release(keys=self._keys(partition), args=[self.member]):
@@ -381,6 +390,22 @@ class NatsLeaseTable(_LocalLeases):
             return 0.0
         latest, received = self._server
         return latest + (now - received) - stored[1]
+
+    async def expires_in(self, partitions: Iterable[int]) -> float | None:
+        """Seconds until the first of these leases counts as expired here (by
+        either clock of :meth:`_observe`), for the revisions last seen by
+        :meth:`holders` (None: none of them was seen). Asks nothing of the server."""
+        now = time.monotonic()
+        left = []
+        for p in partitions:
+            key = f"lease.{p}"
+            seen = self._seen.get(key)
+            if seen is None:
+                continue
+            waited = max(now - seen.since, self._stored_for(key, seen.revision, now))
+            left.append(max(0.0, self.ttl - waited))
+        await anyio.lowlevel.checkpoint()
+        return min(left) if left else None
 
     def _note(self, entry: Any) -> None:
         """Record an entry the watch delivered: its revision and server time."""
@@ -492,9 +517,10 @@ class NatsLeaseTable(_LocalLeases):
     async def watch(self, wake: Callable[[], None]) -> None:
         """Watch the bucket: a lease emptied, a member deleted or a new member
         wakes, and so does the end of the current values (each key's server
-        time is known from then on: see :meth:`_observe`). Our own heartbeats flow through the same watch, so a watch that saw
-        nothing for three heartbeat periods is dead (a restarted server) and
-        is made again."""
+        time is known from then on: see :meth:`_observe`). Our own
+        heartbeats flow through the same watch, so a watch that saw nothing
+        for three heartbeat periods is dead (a restarted server) and is made
+        again."""
         import nats.errors
 
         from ..feeds.broker import broker_errors

@@ -336,3 +336,28 @@ async def test_a_fresh_nats_observer_counts_an_expired_lease_at_once(leases: Fac
         assert (await fresh.holders([0])) == {0: None}  # its first look
         assert await fresh.acquire(0)
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.asyncio
+async def test_a_member_under_its_share_takes_a_dead_holders_lease_as_it_runs_out(
+    leases: Factory,
+) -> None:
+    """Rounds ten minutes apart: a lease held by a worker killed a moment ago
+    (it never renews) is taken by the round that starts as the lease runs
+    out, not a whole interval later (the take-over after a kill -9 costs
+    the ttl, not the ttl and an interval)."""
+    dead = leases("dead")
+    assert await dead.acquire(0)
+
+    async def assign(p: int) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def revoke(p: int, lost: bool) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    balancer = LeaseBalancer(leases("b"), 1, on_assign=assign, on_revoke=revoke, interval=600.0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(balancer.run)  # after its first round: the lease is the dead one's
+        assert balancer.owned == set()
+        await eventually(lambda: balancer.owned == {0}, 30, "the dead holder's lease taken")
+        balancer.stop()
