@@ -256,6 +256,11 @@ class Workers:
         self.started += 1
         log = self.logs / f"{member}-{self.started}.log"
         env = {**os.environ, "LANCE_LOG": "critical"}
+        # bytecode compiled once (a private cache), as an installed package has
+        # it: with PYTHONDONTWRITEBYTECODE (set on the shared machine) every
+        # restart compiled lance_async's sources again -- a quarter of its start-up
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(self.logs.parent / "pycache")
         self.starts.append((time.monotonic(), member, log.name))
         with open(log, "wb") as out:
             self.procs[member] = subprocess.Popen(
