@@ -11,7 +11,9 @@ Every ``interval`` seconds it
    and closes what it runs for it) and only then releases the lease (and
    starts the next round at once while still over); under it, takes free
    or expired leases (in random order) up to the share, and assigns each
-   once taken;
+   once taken; still under it, with leases held by others, it starts the
+   next round as the first of those runs out (when the table can tell:
+   ``expires_in``) rather than up to an interval later;
 5. releases (announced) every lease still held under its own name by an
    earlier life -- a worker killed and restarted under the same name --
    that it did not take back, so a member under its share takes it at
@@ -19,7 +21,8 @@ Every ``interval`` seconds it
 
 Amazon KCL balances a stream's shards over its workers the same way (a lease
 table, fair shares, taking expired leases). Take-over after a worker dies
-takes at most ``ttl + interval`` seconds. ``on_assign`` and ``on_revoke``
+takes at most ``ttl + interval`` seconds (about ``ttl`` when a member under
+its share waits for the dead one's leases). ``on_assign`` and ``on_revoke``
 run in the balancer's task, one at a time, so a partition is never assigned
 and revoked at once.
 
@@ -59,6 +62,9 @@ from .leases import LeaseTable
 __all__ = ["Coordinator", "LeaseBalancer", "LeaseCoordinator"]
 
 log = logging.getLogger("lance_async.cluster")
+
+EXPIRY_MARGIN = 0.05
+"""Seconds after a lease's expected expiry at which the round that takes it starts."""
 
 RETRY = 0.1
 """Seconds before a round that failed (the broker unreachable) is tried
@@ -112,6 +118,8 @@ class LeaseBalancer:
         self._dropped: set[int] = set()
         self._cooldown: dict[int, float] = {}
         self._wake: anyio.Event | None = None  # made in run(): an event belongs to a loop
+        self._round_done: anyio.Event | None = None  # set as each round ends (made in run())
+        self._next_expiry: float | None = None  # when a lease we may take runs out
 
     def valid(self, partition: int) -> bool:
         """Whether this worker may still act as ``partition``'s owner."""
@@ -133,6 +141,7 @@ class LeaseBalancer:
         started = False
         failed = 0  # rounds failed in a row
         self._wake = anyio.Event()
+        self._round_done = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.table.watch, self._wake_up)
@@ -150,10 +159,17 @@ class LeaseBalancer:
                             failed,
                             exc,
                         )
+                    finally:  # whoever waits in revalidate() looks again
+                        done, self._round_done = self._round_done, anyio.Event()
+                        if done is not None:
+                            done.set()
                     if not started:
                         task_status.started()
                         started = True
                     pause = self.interval * random.uniform(0.8, 1.2)
+                    if self._next_expiry is not None:  # a lease others hold runs out
+                        pause = min(pause, max(0.0, self._next_expiry - time.monotonic()))
+                        self._next_expiry = None
                     if failed:
                         # a broker restarting: the next round comes as soon as it answers,
                         # so the leases held are renewed before they run out (a whole
@@ -177,6 +193,32 @@ class LeaseBalancer:
     def _wake_up(self) -> None:
         if self._wake is not None:
             self._wake.set()
+
+    async def revalidate(self, partition: int) -> bool:
+        """Whether this worker may still act as ``partition``'s owner, renewing
+        the lease first if it ran past its safety margin.
+
+        A worker paused (SIGSTOP, a stalled VM) past ``SAFETY * ttl`` finds
+        its leases no longer valid when it resumes, although nobody may have
+        taken them: rather than giving the partition up (its writer closed,
+        its feed and writer opened again), the partition's work asks here.
+        The next round starts at once and renews every lease held; this
+        waits for it (two rounds at most: one in progress may have renewed
+        before the pause) and answers :meth:`valid` -- true when the renewal
+        found the lease still this worker's (NATS: unchanged since; Redis:
+        still there, or expired without anyone having taken it since). A
+        lease another member took is lost, as in any round.
+        """
+        deadline = time.monotonic() + 2 * self.interval
+        while not self.valid(partition):
+            done = self._round_done
+            left = deadline - time.monotonic()
+            if partition not in self.owned or done is None or self._stopping or left <= 0:
+                return False
+            self._wake_up()
+            with anyio.move_on_after(left):
+                await done.wait()
+        return True
 
     def stop(self) -> None:
         """End :meth:`run` at once (after the round in progress, if any): it
@@ -213,7 +255,7 @@ class LeaseBalancer:
         members = await table.members()
         members.add(table.member)
         self.members = len(members)
-        share = math.ceil(self.num_partitions / self.members)
+        share = self._share()
         # read every round, not only under the share: a table that observes
         # expiry on its own clock (NATS) then starts the clock of a dead
         # holder's leases while the holder still counts as a member
@@ -268,7 +310,27 @@ class LeaseBalancer:
                         with anyio.CancelScope(shield=True):
                             await table.release(p)
                         raise
+            await self._watch_expiry(holders)
         await self._disown(holders)
+
+    async def _watch_expiry(self, holders: dict[int, str | None]) -> None:
+        """Under the share, with leases held by others: start the next round
+        as the first of them runs out, instead of up to an interval later
+        (the take-over after a worker was killed). Uses the table's
+        ``expires_in(partitions)`` -- seconds until the first of those
+        leases expires, None if unknown -- when it has one."""
+        expires_in = getattr(self.table, "expires_in", None)
+        if expires_in is None or len(self.owned) >= self._share():
+            return
+        others = [p for p, holder in holders.items() if holder not in (None, self.table.member)]
+        if not others:
+            return
+        seconds = await expires_in(others)
+        if seconds is not None:
+            self._next_expiry = time.monotonic() + seconds + EXPIRY_MARGIN
+
+    def _share(self) -> int:
+        return math.ceil(self.num_partitions / self.members)
 
     async def _disown(self, holders: dict[int, str | None]) -> None:
         """Release the leases still held under this member's name by an earlier
@@ -440,6 +502,11 @@ class LeaseCoordinator:
     def valid(self, partition: int) -> bool:
         """True while the lease is held and not near its end."""
         return self._balancer is not None and self._balancer.valid(partition)
+
+    async def revalidate(self, partition: int) -> bool:
+        """:meth:`valid`, once a lease past its margin had a chance to be
+        renewed (see :meth:`LeaseBalancer.revalidate`)."""
+        return self._balancer is not None and await self._balancer.revalidate(partition)
 
     def drop(self, partition: int, *, fenced: bool = False, retry_after: float = 0.0) -> None:
         """Revoke and release the partition at once (see :meth:`LeaseBalancer.drop`)."""

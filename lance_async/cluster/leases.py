@@ -27,24 +27,31 @@ at once.
 Two implementations:
 
 :class:`RedisLeaseTable`
-    ``SET key holder NX PX ttl`` to take, a Lua compare-and-``PEXPIRE`` to
-    renew, a Lua compare-and-``DEL`` to release; Redis's own clock expires
-    keys. Members are keys with a TTL. Releases and departures are published
-    on the channel ``<prefix>:changes`` (pub/sub).
+    Lua scripts: a compare-and-``SET ... PX ttl`` to take, a
+    compare-and-``PEXPIRE`` to renew, a compare-and-``DEL`` to release;
+    Redis's own clock expires keys. Each take also records which process
+    took the lease, so a holder paused past the ttl renews (takes again) a
+    lease that expired only if nobody took it meanwhile. Members are keys
+    with a TTL. Releases and departures are published on the channel
+    ``<prefix>:changes`` (pub/sub).
 :class:`NatsLeaseTable`
     A JetStream key-value bucket. Taking is ``create`` (or a revision-checked
     ``update`` of an expired lease); renewing is a revision-checked
     ``update``. There is no per-key TTL in NATS 2.9, so expiry is observed
     as KCL does it: a lease (or member) whose revision has not changed for
-    ``ttl`` seconds of the observer's own clock is expired. No clocks need
-    to agree. A release empties the lease and a departure deletes the member
-    key; watchers see both in the bucket's own change feed (a KV watch).
+    ``ttl`` seconds of the observer's own clock is expired -- or, sooner for
+    an observer that just started, for ``ttl`` seconds of the server's clock
+    (the time it stored the revision, and its latest time, both from the
+    bucket's watch). No two clocks need to agree. A release empties the
+    lease and a departure deletes the member key; watchers see both in the
+    bucket's own change feed (a KV watch).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -141,14 +148,34 @@ class _LocalLeases:
 
 # -- Redis ---------------------------------------------------------------------------
 
+# KEYS: the lease, its taker; ARGV: member, ttl (ms), this life's token, the
+# taker's lifetime (ms). The taker key names the life that last took the
+# lease, so a renewal can tell "expired, nobody took it since" from "taken
+# by another and given up again" (both leave no lease key).
+_ACQUIRE = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+return 1
+"""
 _RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if (not held) and redis.call('GET', KEYS[2]) == ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  return 1
 end
 return 0
 """
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
   return redis.call('DEL', KEYS[1])
 end
 return 0
@@ -179,11 +206,20 @@ class RedisLeaseTable(_LocalLeases):
         self._client = client
         self._prefix = prefix
         self._owns = owns_client
+        self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._life = f"{member}/{uuid.uuid4().hex}"  # this process's leases, told apart
 
     def _lease(self, partition: int) -> str:
         return f"{self._prefix}:lease:{partition}"
+
+    def _keys(self, partition: int) -> list[str]:
+        """The lease's key and its taker's."""
+        return [self._lease(partition), f"{self._prefix}:taker:{partition}"]
+
+    def _args(self) -> list[Any]:
+        return [self.member, self._ttl_ms, self._life, 20 * self._ttl_ms]
 
     @property
     def channel(self) -> str:
@@ -219,28 +255,35 @@ class RedisLeaseTable(_LocalLeases):
         }
 
     async def acquire(self, partition: int) -> bool:
+        # free, or held under our own name (a restart finds its earlier life's lease)
         sent = time.monotonic()
-        ok = await self._client.set(
-            self._lease(partition), self.member.encode(), nx=True, px=self._ttl_ms
-        )
-        if ok:
+        if await self._acquire(keys=self._keys(partition), args=self._args()):
             self._held[partition] = _Held(sent)
             return True
-        # a restart under the same name finds its own lease still there
-        return await self.renew(partition)
+        return False
 
     async def renew(self, partition: int) -> bool:
+        """Extend this member's lease -- or take it again when it expired
+        (a pause longer than the ttl) and nobody took it since."""
         sent = time.monotonic()
-        ok = await self._renew(keys=[self._lease(partition)], args=[self.member, self._ttl_ms])
-        if ok:
+        if await self._renew(keys=self._keys(partition), args=self._args()):
             self._held[partition] = _Held(sent)
             return True
         self._held.pop(partition, None)
         return False
 
+    async def expires_in(self, partitions: Iterable[int]) -> float | None:
+        """Seconds until the first of these leases expires by Redis's clock
+        (None: none of them is held)."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            for p in partitions:
+                pipe.pttl(self._lease(p))
+            left = [ms for ms in await pipe.execute() if ms is not None and ms >= 0]
+        return min(left) / 1000 if left else None
+
     async def release(self, partition: int) -> None:
         self._held.pop(partition, None)
-        if await self._release(keys=[self._lease(partition)], args=[self.member]):
+        if await self._release(keys=self._keys(partition), args=[self.member]):
             await self._client.publish(self.channel, f"release {partition}".encode())
 
     async def leave(self) -> None:
@@ -299,6 +342,10 @@ class NatsLeaseTable(_LocalLeases):
         self._kv = kv
         self._seen: dict[str, _Seen] = {}
         self._beats = 0
+        # from the watch: each key's revision and the server's time it was
+        # stored at, and the server's latest time seen (with our clock then)
+        self._stored: dict[str, tuple[int, float]] = {}
+        self._server: tuple[float, float] | None = None
 
     @staticmethod
     async def bucket(js: Any, name: str, ttl: float) -> Any:
@@ -314,13 +361,61 @@ class NatsLeaseTable(_LocalLeases):
             return await js.create_key_value(config=config)
 
     def _observe(self, key: str, revision: int) -> bool:
-        """True when ``key`` has not changed for ``ttl`` seconds of our clock."""
+        """True when ``key`` has not changed for ``ttl`` seconds: of our clock
+        since we first saw this revision, or of the server's clock since it
+        stored it (known from the watch)."""
         now = time.monotonic()
+        if self._stored_for(key, revision, now) >= self.ttl:
+            return True
         seen = self._seen.get(key)
         if seen is None or seen.revision != revision:
             self._seen[key] = _Seen(revision, now)
             return False
         return now - seen.since >= self.ttl
+
+    def _stored_for(self, key: str, revision: int, now: float) -> float:
+        """Seconds of the server's clock since it stored ``key`` at
+        ``revision``, as far as the watch tells (0.0: unknown).
+
+        The server's time now is taken as the latest time it stamped on an
+        entry we were sent (our own heartbeats, every third of the ttl)
+        plus the seconds our clock counted since we received that entry: at
+        most the server's real time now, so a lease counts as expired no
+        sooner than ``ttl`` after the server stored its last renewal (which
+        its holder sent earlier still). Only one clock's readings are
+        compared with each other; a fresh observer (a restarted worker)
+        needs no ``ttl`` of watching first."""
+        stored = self._stored.get(key)
+        if stored is None or stored[0] != revision or self._server is None:
+            return 0.0
+        latest, received = self._server
+        return latest + (now - received) - stored[1]
+
+    async def expires_in(self, partitions: Iterable[int]) -> float | None:
+        """Seconds until the first of these leases counts as expired here (by
+        either clock of :meth:`_observe`), for the revisions last seen by
+        :meth:`holders` (None: none of them was seen). Asks nothing of the server."""
+        now = time.monotonic()
+        left = []
+        for p in partitions:
+            key = f"lease.{p}"
+            seen = self._seen.get(key)
+            if seen is None:
+                continue
+            waited = max(now - seen.since, self._stored_for(key, seen.revision, now))
+            left.append(max(0.0, self.ttl - waited))
+        await anyio.lowlevel.checkpoint()
+        return min(left) if left else None
+
+    def _note(self, entry: Any) -> None:
+        """Record an entry the watch delivered: its revision and server time."""
+        created = getattr(entry, "created", None)
+        if created is None or entry.revision is None:
+            return
+        stamp = created.timestamp() if hasattr(created, "timestamp") else float(created)
+        self._stored[entry.key] = (entry.revision, stamp)
+        if self._server is None or stamp > self._server[0]:
+            self._server = (stamp, time.monotonic())
 
     async def _entry(self, key: str) -> Any:
         import nats.js.errors
@@ -421,9 +516,11 @@ class NatsLeaseTable(_LocalLeases):
 
     async def watch(self, wake: Callable[[], None]) -> None:
         """Watch the bucket: a lease emptied, a member deleted or a new member
-        wakes. Our own heartbeats flow through the same watch, so a watch that saw
-        nothing for three heartbeat periods is dead (a restarted server) and
-        is made again."""
+        wakes, and so does the end of the current values (each key's server
+        time is known from then on: see :meth:`_observe`). Our own
+        heartbeats flow through the same watch, so a watch that saw nothing
+        for three heartbeat periods is dead (a restarted server) and is made
+        again."""
         import nats.errors
 
         from ..feeds.broker import broker_errors
@@ -441,7 +538,12 @@ class NatsLeaseTable(_LocalLeases):
                     except nats.errors.TimeoutError:
                         break  # nothing, not even our heartbeat: watch again
                     if entry is None:
-                        continue  # the marker after the current values
+                        # the marker after the current values: their server
+                        # times are known now (a fresh observer may find
+                        # leases expired at once)
+                        wake()
+                        continue
+                    self._note(entry)
                     gone = entry.operation in ("DEL", "PURGE")
                     member = entry.key.startswith("member.")
                     if (member and (gone or entry.key not in members)) or (

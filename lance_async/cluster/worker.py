@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -150,7 +150,12 @@ class _LeaseGuard:
     """A partition's feed that fetches and acknowledges only while the lease
     is valid, and whose fetch in progress ends at once when the partition is
     handed back (what it would have returned is delivered again to the next
-    owner: nothing of it was acknowledged)."""
+    owner: nothing of it was acknowledged).
+
+    A lease past its margin (the worker was paused, say) is first given a
+    chance with ``revalidate`` (the coordinator's, when it has one: a lease
+    renewed and found still this worker's keeps the partition going with
+    the same writer and feed); only then is the partition given up."""
 
     def __init__(
         self,
@@ -159,9 +164,11 @@ class _LeaseGuard:
         partition: int,
         shard: str,
         stop: anyio.Event | None = None,
+        revalidate: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self._feed = feed
         self._valid = valid
+        self._revalidate = revalidate
         self._partition = partition
         self._shard = shard
         self._stop = stop
@@ -173,8 +180,12 @@ class _LeaseGuard:
         if self._fetching is not None:
             self._fetching.cancel()
 
-    def _check(self) -> None:
-        if not self._valid():
+    async def _check(self) -> None:
+        if self._valid():
+            return
+        # past the lease's margin (a pause, say): go on if a renewal finds it
+        # still ours, with the same writer and feed
+        if self._revalidate is None or not await self._revalidate():
             raise _LeaseExpired(
                 f"partition {self._partition} may have a new owner (this worker's lease on it "
                 "expired or was lost): nothing more is acknowledged",
@@ -186,7 +197,7 @@ class _LeaseGuard:
         return bool(self._feed.exhausted)
 
     async def fetch(self, max_messages: int, timeout: float) -> list[Message]:
-        self._check()
+        await self._check()
         if self._stop is not None and self._stop.is_set():
             return []
         with anyio.CancelScope() as scope:
@@ -198,7 +209,7 @@ class _LeaseGuard:
         return []  # interrupted: handed back
 
     async def ack_batch(self, messages: Sequence[Message]) -> None:
-        self._check()
+        await self._check()
         if self._batch_ack is not None:
             await self._batch_ack(messages)
         else:
@@ -451,12 +462,14 @@ class Worker:
 
     async def _ingest(self, partition: int, running: _Running) -> None:
         coordinator = self._coordinator
+        revalidate = getattr(coordinator, "revalidate", None)  # LeaseCoordinator's
         guarded = running.guard = _LeaseGuard(
             running.feed,
             lambda: coordinator.valid(partition),
             partition,
             running.writer.shard_id,
             running.stop,
+            revalidate=partial(revalidate, partition) if revalidate is not None else None,
         )
         outcome, error = "ended", None
         try:

@@ -290,3 +290,74 @@ async def test_regression_a_round_the_broker_refused_is_tried_again_soon(
         await eventually(lambda: balancer.owned == {0, 1}, 30, "the partitions taken")
         assert table.refusals == 0
         balancer.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_holder_back_from_a_pause_keeps_a_lease_nobody_took(leases: Factory) -> None:
+    """A holder that could not renew past its lease's ttl (paused) renews it
+    -- keeping its writer and feed -- when nobody took the lease meanwhile
+    (Redis: the key expired; NATS: the revision is unchanged), and not when
+    another took it and gave it up again (its writer is fenced by then)."""
+    a, b = leases("a"), leases("b")
+    assert await a.acquire(0) and await a.acquire(1)
+    await eventually(lambda: b.acquire(1), 10, "b to take the expired lease 1")
+    await b.release(1)  # taken and given up while a was away
+
+    async def ran_out() -> bool:  # lease 0: nobody takes it
+        return (await b.holders([0])) == {0: None}
+
+    await eventually(ran_out, 10, "lease 0 to run out")
+    assert not a.valid(0)
+    assert await a.renew(0)
+    assert a.valid(0)
+    assert (await b.holders([0])) == {0: "a"} and not await b.acquire(0)
+    assert not await a.renew(1)
+    assert not a.valid(1)
+
+
+@pytest.mark.asyncio
+async def test_a_fresh_nats_observer_counts_an_expired_lease_at_once(leases: Factory) -> None:
+    """An observer that just started (a worker restarted) learns from the
+    bucket's watch when the server stored each lease and what time the
+    server has now (its own heartbeat): a lease not renewed for a ttl of
+    the server's clock is expired at its first look, not after a ttl of
+    its own watching (the take-over waited that long in NATS chaos)."""
+    a = leases("a")
+    if not isinstance(a, NatsLeaseTable):
+        pytest.skip("Redis expires its keys itself")
+    assert await a.acquire(0)
+    await anyio.sleep(TTL * 1.5)  # a never renews: expired by the server's clock
+    fresh = leases("fresh")
+    await fresh.heartbeat()  # an entry stamped now: the server's time
+    watched = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(fresh.watch, watched.set)  # set after the current values
+        await watched.wait()
+        assert (await fresh.holders([0])) == {0: None}  # its first look
+        assert await fresh.acquire(0)
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.asyncio
+async def test_a_member_under_its_share_takes_a_dead_holders_lease_as_it_runs_out(
+    leases: Factory,
+) -> None:
+    """Rounds ten minutes apart: a lease held by a worker killed a moment ago
+    (it never renews) is taken by the round that starts as the lease runs
+    out, not a whole interval later (the take-over after a kill -9 costs
+    the ttl, not the ttl and an interval)."""
+    dead = leases("dead")
+    assert await dead.acquire(0)
+
+    async def assign(p: int) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def revoke(p: int, lost: bool) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    balancer = LeaseBalancer(leases("b"), 1, on_assign=assign, on_revoke=revoke, interval=600.0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(balancer.run)  # after its first round: the lease is the dead one's
+        assert balancer.owned == set()
+        await eventually(lambda: balancer.owned == {0}, 30, "the dead holder's lease taken")
+        balancer.stop()

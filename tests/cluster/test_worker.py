@@ -251,6 +251,34 @@ def test_partition_outcome_reads_exception_groups() -> None:
     assert partition_outcome(KeyboardInterrupt()) is None
 
 
+def test_a_worker_starts_without_pandas_yet_can_import_it_after() -> None:
+    """A worker's start-up (``_LeanStart``) loads the engine without pandas --
+    pyarrow.dataset imports it, a worker has no use for it, and it is a
+    third of the engine's import -- and gives imports back as usual once
+    started. In a fresh interpreter: pandas is loaded here already."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "sys.argv = ['lance-async']  # the command: lance_async loads nothing ahead\n"
+        "from lance_async.cli.worker import _LeanStart\n"
+        "lean = _LeanStart()\n"
+        "lean.begin()\n"
+        "import lance, pyarrow as pa\n"
+        "assert 'pandas' not in sys.modules, 'pandas imported at start'\n"
+        "assert pa.scalar(1).as_py() == 1\n"
+        "lean.end()\n"
+        "import gc; assert gc.isenabled()\n"
+        "import pandas\n"
+        "print(pa.table({'a': [1]}).to_pandas().a.sum())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+
+
 @pytest.mark.asyncio
 async def test_a_fenced_partition_is_released_and_the_worker_goes_on(
     tmp_path: Path, client: Any
