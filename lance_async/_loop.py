@@ -40,10 +40,13 @@ class LoopHandle:
     the loop has already finished (there is nobody left to notify).
     """
 
-    __slots__ = ("_native",)
+    __slots__ = ("_asyncio", "_native")
 
     def __init__(self) -> None:
         self._native = _native_token()
+        # known once: an ABC isinstance check on every call costs the hot paths
+        # (every send checks its writer's loop)
+        self._asyncio = isinstance(self._native, asyncio.AbstractEventLoop)
 
     @property
     def key(self) -> object:
@@ -53,7 +56,7 @@ class LoopHandle:
     def is_current(self) -> bool:
         """True when called from inside this handle's loop (fast on asyncio)."""
         native = self._native
-        if isinstance(native, asyncio.AbstractEventLoop):
+        if self._asyncio:
             return asyncio._get_running_loop() is native
         try:
             return bool(_native_token() == native)
@@ -78,7 +81,7 @@ class LoopHandle:
         """Schedule ``fn()`` on the loop from any thread; never blocks."""
         native = self._native
         try:
-            if isinstance(native, asyncio.AbstractEventLoop):
+            if self._asyncio:
                 native.call_soon_threadsafe(fn)
             else:
                 native.run_sync_soon(fn)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -77,6 +78,11 @@ DEFAULT_MAX_MEMTABLE_ROWS = 100_000
 """pylance 14's default ``max_memtable_rows``."""
 PROBE_TIMEOUT = 5.0
 """Seconds the probe of the store after a timed-out call may take at most."""
+ENGINE_STATS_INTERVAL = 1.0
+"""Seconds between two reads of the engine's ``stats()`` after puts at least
+(:attr:`WriterStats.engine <lance_async.WriterStats>`): each read is a call
+into the engine on the put's thread, and a routing writer makes several puts
+per routed run."""
 
 
 def settle_replayed(engine: Any, reopen: Callable[[], Any]) -> Any:
@@ -307,6 +313,9 @@ class Committer:
         self.failed_puts = 0
         self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self.engine_stats: dict[str, Any] = {}
+        """The engine's ``stats()``, read after a put at most every
+        :data:`ENGINE_STATS_INTERVAL` seconds."""
+        self._stats_read = -math.inf
         self.memtable_stats: dict[str, Any] = {}
         self._put_seq = 0
 
@@ -497,8 +506,12 @@ class Committer:
     async def _engine_call(self, kind: Kind, batches: list[pa.RecordBatch]) -> None:
         fit = self._fit if kind is Kind.PUT else self._key_fit
         mirror = self.mirror
+        now = time.monotonic()
+        read_stats = now - self._stats_read >= ENGINE_STATS_INTERVAL
+        if read_stats:
+            self._stats_read = now
 
-        def work(engine: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        def work(engine: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
             data = (
                 fit.relabel(batches) if kind is Kind.PUT else fit.relabel(batches).combine_chunks()
             )
@@ -511,15 +524,17 @@ class Committer:
                     engine.delete(data)
                 memtable = engine.memtable_stats()
             # stats() keeps the GIL; memtable_stats() gives it up (see mirror._before)
-            return engine.stats(), memtable
+            return (engine.stats() if read_stats else None), memtable
 
         async with self.gate:  # the engine writer is read inside: an age flush may replace it
-            self.engine_stats, self.memtable_stats = await run_sync(
+            engine_stats, self.memtable_stats = await run_sync(
                 partial(work, self.engine),
                 timeout=self.storage_timeout,
                 what=f"the {kind.name.lower()} of {self._describe()}",
                 on_cancel_result=self._noted,
             )
+            if engine_stats is not None:
+                self.engine_stats = engine_stats
             self._note_memtable()
 
     def _note_memtable(self) -> None:

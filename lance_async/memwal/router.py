@@ -427,9 +427,12 @@ class ShardRouter(LsmMethods):
         rows = cut.batch
         if kind is Kind.DELETE and rows.num_columns > len(self._keys):
             rows = rows.select(self._keys)  # the sharded column routed it; the engine takes keys
+        total = cut.batch.num_rows
         for i, fan in enumerate(fans):
             batch = rows.slice(i * limit, limit)
-            part = RoutedPart(kind, batch, fan, batch.num_rows, batch.nbytes, queued_at)
+            n = batch.num_rows
+            nbytes = cut.nbytes if n == total else cut.nbytes * n // total
+            part = RoutedPart(kind, batch, fan, n, nbytes, queued_at)
             try:
                 await writer._submit_part(part)
             except Exception as exc:  # the writer failed or closed: its members fail

@@ -43,7 +43,8 @@ class WriterStats:
     failed_puts : int
         Engine puts rejected (their items were retried one by one).
     engine : dict
-        The engine's ``stats()`` after the last put.
+        The engine's ``stats()``, read after a put at most once a second
+        (:meth:`AsyncShardWriter.engine_stats` reads it fresh).
     memtable : dict
         The engine's ``memtable_stats()`` after the last put.
     entries : int

@@ -538,8 +538,9 @@ class AsyncShardWriter(LsmMethods):
     def stats(self) -> WriterStats:
         """Queue depth, engine puts, rows per put, ack latency (does not block).
 
-        The engine's own ``stats()`` / ``memtable_stats()`` are those read
-        after the last put; :meth:`engine_stats` reads them fresh.
+        The engine's own ``memtable_stats()`` is the one read after the last
+        put, its ``stats()`` one read after a put at most a second ago;
+        :meth:`engine_stats` reads both fresh.
         """
         return collect_stats(self._state, self._acc, self._committer)
 

@@ -10,10 +10,11 @@ import pyarrow as pa
 import pytest
 
 import lance_async as la
+from lance_async._schema import TableFit
 from lance_async.memwal import router as router_module
-from lance_async.memwal.accumulator import BatchAck, Kind
+from lance_async.memwal.accumulator import BatchAck, Item, Kind
 from lance_async.memwal.acks import Ack
-from lance_async.memwal.routing import RoutedPart, ShardCut, cut_part, split_run
+from lance_async.memwal.routing import RoutedPart, ShardCut, _concat_run, cut_part, split_run
 
 from ..helpers import KV_SCHEMA, kv_table
 
@@ -159,7 +160,7 @@ def _ack() -> Ack:
 def test_a_rejected_part_splits_into_one_entry_per_send_each_settling_its_own_ack() -> None:
     batch = kv_table(range(9)).to_batches()[0]
     acks = [_ack() for _ in range(3)]
-    cut = ShardCut("s", batch, [0, 1, 2], [2, 3, 4], [1, 1, 1], [0, 2, 5])
+    cut = ShardCut("s", batch, [0, 1, 2], [2, 3, 4], [1, 1, 1], [0, 2, 5], batch.nbytes)
     (fan,) = cut_part(Kind.PUT, cut, acks, limit=100)
     for ack in acks:
         ack._seal()
@@ -179,7 +180,7 @@ def test_a_rejected_part_splits_into_one_entry_per_send_each_settling_its_own_ac
 def test_cutting_a_part_at_the_put_limit_gives_a_send_across_two_pieces_two_parts() -> None:
     batch = kv_table(range(10)).to_batches()[0]
     acks = [_ack() for _ in range(2)]
-    cut = ShardCut("s", batch, [0, 1], [6, 4], [1, 1], [0, 6])
+    cut = ShardCut("s", batch, [0, 1], [6, 4], [1, 1], [0, 6], batch.nbytes)
     fans = cut_part(Kind.PUT, cut, acks, limit=4)
     assert [f.row_counts for f in fans] == [[4], [2, 2], [2]]
     assert [f.starts for f in fans] == [[0], [0, 2], [0]]
@@ -278,3 +279,84 @@ async def test_a_writer_in_another_process_fences_only_its_shard_of_the_router(
     assert values[spread[fenced][0]] == 7  # the other process's row
     assert values[spread[fenced][1]] == 0  # nothing of the fenced send
     assert values[spread[healthy][0]] == 8 and values[spread[healthy][3]] == 9
+
+
+@pytest.mark.asyncio
+async def test_split_run_cuts_match_each_entrys_rows_shard_by_shard(table_uri: str) -> None:
+    """split_run against a row-by-row reference: entries of one batch, of a
+    group of batches (one of them empty), of one row, and one holding no
+    rows; each shard's cut lists its entries in run order with their rows,
+    batches and starts, and each entry counts the shards it touched."""
+    ds = await keyed(table_uri)
+    sharding = await ds.sharding()
+    fit = TableFit(KV_SCHEMA, ["id"])
+
+    def rows(ids: Any) -> pa.RecordBatch:
+        return kv_table(ids).to_batches(max_chunksize=1_000)[0] if ids else _empty()
+
+    groups: list[list[pa.RecordBatch]] = [
+        [rows(range(0, 10))],
+        [rows(range(10, 13)), _empty(), rows(range(13, 20))],
+        [rows([7])],
+        [],
+        [rows(range(100, 140, 3))],
+    ]
+    entries: list[Any] = []
+    for batches in groups:
+        n = sum(b.num_rows for b in batches)
+        if len(batches) == 1:
+            entries.append(BatchAck(None, batches[0], n, batches[0].nbytes))
+        else:
+            entries.append(Item(Kind.PUT, batches or None, _ack(), n, 0, 0.0))
+    cuts = split_run(sharding, fit, entries)
+
+    def shard_of(batch: pa.RecordBatch) -> list[str]:
+        return [sharding.shard_id(v) for v in sharding.values(batch).to_pylist()]
+
+    expected: dict[str, list[tuple[int, list[int], int]]] = {}
+    for index, batches in enumerate(groups):
+        seen: dict[str, tuple[list[int], int]] = {}
+        for batch in batches:
+            ids = batch.column("id").to_pylist()
+            mine: dict[str, list[int]] = {}
+            for key, shard in zip(ids, shard_of(batch), strict=True):
+                mine.setdefault(shard, []).append(key)
+            for shard, keys in mine.items():
+                before, count = seen.get(shard, ([], 0))
+                seen[shard] = (before + keys, count + 1)
+        for shard, (keys, count) in seen.items():
+            expected.setdefault(shard, []).append((index, keys, count))
+    assert {c.shard_id for c in cuts.cuts} == set(expected)
+    for cut in cuts.cuts:
+        ids = cut.batch.column("id").to_pylist()
+        got = [
+            (entry, ids[start : start + n], batches)
+            for entry, n, batches, start in zip(
+                cut.entries, cut.rows, cut.batches, cut.starts, strict=True
+            )
+        ]
+        assert got == expected[cut.shard_id]
+        assert cut.batch.schema.equals(KV_SCHEMA, check_metadata=True)
+    assert cuts.touched == [
+        sum(1 for members in expected.values() if any(m[0] == i for m in members))
+        for i in range(len(groups))
+    ]
+    whole = pa.concat_batches([b for g in groups for b in g]).get_total_buffer_size()
+    assert whole - len(cuts.cuts) <= sum(c.nbytes for c in cuts.cuts) <= whole
+
+
+def _empty() -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=KV_SCHEMA)
+
+
+def test_a_run_of_batches_whose_schemas_differ_is_cut_under_the_table_schema() -> None:
+    """Checked batches may differ from the table's schema in a nullability
+    flag (and then from each other): one concatenation refuses them, so
+    they are relabelled batch by batch."""
+    fit = TableFit(KV_SCHEMA, ["id"])
+    first = kv_table(range(3)).to_batches()[0]
+    strict = pa.schema([pa.field(f.name, f.type, nullable=False) for f in KV_SCHEMA])
+    second = fit.check(kv_table(range(3, 5)).to_batches()[0].cast(strict))
+    whole = _concat_run(fit, [first, second])
+    assert whole.column("id").to_pylist() == [0, 1, 2, 3, 4]
+    assert whole.schema.equals(KV_SCHEMA, check_metadata=True)
