@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import pyarrow as pa
@@ -237,3 +238,16 @@ def lsm_ids(uri: str) -> list[int]:
         return sorted(table.column("id").to_pylist())
 
     return anyio.run(read)
+
+
+async def stderr_until(proc: Any, text: str, timeout: float = 60) -> str:
+    """A process's standard error read until it holds ``text`` (or ends);
+    ``timeout`` only stops a hung test."""
+    assert proc.stderr is not None
+    err = ""
+    with anyio.fail_after(timeout):
+        async for chunk in proc.stderr:
+            err += chunk.decode()
+            if text in err:
+                break
+    return err

@@ -22,7 +22,7 @@ import pytest
 import lance_async as la
 from lance_async.cluster import NatsPartitions, NatsPublisher, Partitioner, RedisPublisher
 
-from ..helpers import KV_SCHEMA, eventually
+from ..helpers import KV_SCHEMA, eventually, stderr_until
 from .brokers import PrivateBroker, nats_server, redis_server
 
 pytestmark = [pytest.mark.broker, pytest.mark.asyncio]
@@ -60,13 +60,8 @@ async def test_a_worker_started_before_its_broker_waits_then_ingests(
     command += ["--group", "g", "--member", "m", "--lease-ttl", "2", "--stats-interval", "0"]
     try:
         async with await anyio.open_process(command) as proc:
-            assert proc.stderr is not None
-            err = ""
-            with anyio.fail_after(60):  # only stops a hung test
-                async for chunk in proc.stderr:  # until the worker says it will try again
-                    err += chunk.decode()
-                    if "no broker answers" in err:
-                        break
+            # until the worker says it will try again
+            err = await stderr_until(proc, "no broker answers")
             assert "no broker answers" in err and proc.returncode is None, err
             await anyio.to_thread.run_sync(broker.start)
             publisher, close = await _publisher(kind, broker)

@@ -25,7 +25,7 @@ from aiokafka.errors import KafkaConnectionError
 import lance_async as la
 from lance_async.cluster import KafkaCoordinator, KafkaPublisher, Partitioner, Worker, WorkerStats
 
-from ..helpers import KV_SCHEMA, eventually
+from ..helpers import KV_SCHEMA, eventually, stderr_until
 from ..services import create_bucket, create_topic, free_port
 from .brokers import tansu_server
 
@@ -141,16 +141,13 @@ async def test_the_command_waits_for_its_broker_and_exits_0_on_sigterm(tmp_path:
     command = [sys.executable, "-m", "lance_async", "worker"]
     command += [f"kafka://127.0.0.1:{free_port()}/t", uri, "--group", "g", "--member", "m"]
     async with await anyio.open_process(command) as proc:
-        assert proc.stderr is not None
-        err = ""
+        # until the worker says it will try again
+        err = await stderr_until(proc, "no Kafka broker answers")
         with anyio.fail_after(60):  # only stops a hung test
-            async for chunk in proc.stderr:  # until the worker says it will try again
-                err += chunk.decode()
-                if "no Kafka broker answers" in err:
-                    break
             assert "no Kafka broker answers" in err, err  # (not an exit)
             proc.send_signal(signal.SIGTERM)
             code = await proc.wait()
+        assert proc.stderr is not None
         async for chunk in proc.stderr:
             err += chunk.decode()
     assert code == 0, err
