@@ -415,7 +415,15 @@ def _tail_level(
     tail = read_wal_tail(uri, snap.shard_id, snap.replay_after, schema, storage_options)
     if not tail.rows.num_rows:
         return None
-    cache_key = (uri, snap.shard_id, tail.replay_after, tail.end, tail.rows.schema, tuple(keys))
+    cache_key = (
+        uri,
+        snap.shard_id,
+        tail.replay_after,
+        tail.end,
+        tail.stamp,
+        tail.rows.schema,
+        tuple(keys),
+    )
     hit: MemLevel | None = _tail_cache.get_item(cache_key)
     if hit is not None:
         return hit

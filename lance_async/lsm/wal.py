@@ -26,9 +26,14 @@ MemWAL spec, checked against the engine by the tests):
 
 Reading is incremental and cached per process: entries never change once
 written, so each shard keeps what it read and the next read only probes the
-positions after the newest one (one request when nothing is new). When the
-manifest moves ``replay_after`` forward (a flush), the entries it covers are
-dropped: their rows are in a generation the same manifest lists.
+positions after the newest one. When the manifest moves ``replay_after``
+forward (a flush), the entries it covers are dropped: their rows are in a
+generation the same manifest lists. An entry's file can still be replaced
+as a whole: the table deleted and made again at the same URI (shard ids are
+derived from the sharding spec, so they come back the same). So the cache
+keeps the size and modification time of the newest entry it read and looks
+at that file again on each read (one metadata request beside the probe of
+the next position); a file gone or different starts the shard's cache over.
 """
 
 from __future__ import annotations
@@ -98,6 +103,10 @@ class WalTail:
         the last row of a key is its newest state.
     epochs : tuple of int
         The distinct writer epochs of the entries, ascending.
+    stamp : tuple of int, optional
+        (size, modification time in ns) of the newest entry's file: with
+        ``end``, what tells this tail from another table's at the same URI
+        (a cache of anything made of the rows keys on both).
     """
 
     shard_id: str
@@ -105,6 +114,7 @@ class WalTail:
     end: int
     rows: pa.Table
     epochs: tuple[int, ...] = ()
+    stamp: tuple[int, int] | None = None
 
     @property
     def entries(self) -> int:
@@ -120,6 +130,10 @@ class _ShardTail:
         self.schema: pa.Schema | None = None  # the rows' schema
         self.floor = 0  # entries kept are those after this position
         self.entries: list[WalEntry] = []  # contiguous, from floor + 1
+        self.stamp: tuple[int, int] | None = None  # (size, mtime ns) of the newest entry's file
+
+    def clear(self, schema: pa.Schema, floor: int) -> None:
+        self.schema, self.floor, self.entries, self.stamp = schema, floor, [], None
 
 
 _tails: OrderedDict[tuple[str, str], _ShardTail] = OrderedDict()
@@ -138,11 +152,12 @@ def _tail_of(uri: str, shard_id: str) -> _ShardTail:
         return tail
 
 
-def forget_tails(uri: str) -> None:
-    """Drop what was read of table ``uri``'s WALs (a table deleted and made again)."""
-    with _tails_lock:
-        for key in [k for k in _tails if k[0] == uri]:
-            del _tails[key]
+def _stamp(fs: pafs.FileSystem, path: str) -> tuple[int, int] | None:
+    """(size, modification time in ns) of ``path``, or None when it is not there."""
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return None
+    return (info.size or 0, info.mtime_ns or 0)
 
 
 def _conform(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
@@ -167,11 +182,16 @@ def _conform(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def _entry_path(folder: str, entry: WalEntry | int) -> str:
+    position = entry if isinstance(entry, int) else entry.position
+    return f"{folder}/{position_name(position, '.arrow')}"
+
+
 def _read_entry(
     fs: pafs.FileSystem, folder: str, position: int, schema: pa.Schema
 ) -> WalEntry | None:
     """The entry at ``position``, or None when there is none (yet)."""
-    path = f"{folder}/{position_name(position, '.arrow')}"
+    path = _entry_path(folder, position)
     try:
         data = read_bytes(fs, path)
     except FileNotFoundError:
@@ -249,7 +269,11 @@ def read_wal_tail(
     tail = _tail_of(uri, shard_id)
     with tail.lock:
         if tail.schema != target:  # first read, or the table's schema changed
-            tail.schema, tail.floor, tail.entries = target, replay_after, []
+            tail.clear(target, replay_after)
+        elif tail.entries and _stamp(fs, _entry_path(folder, tail.entries[-1])) != tail.stamp:
+            tail.clear(target, replay_after)  # the WAL was made again (the table re-created)
+        elif not tail.entries:
+            tail.floor = replay_after  # nothing kept: start where the caller's snapshot does
         if replay_after > tail.floor:
             drop = replay_after - tail.floor
             tail.entries = tail.entries[drop:] if drop < len(tail.entries) else []
@@ -258,10 +282,14 @@ def read_wal_tail(
         if replay_after < tail.floor:
             older = _probe(fs, folder, replay_after + 1, tail.floor + 1, target)
         start = tail.floor + len(tail.entries) + 1
-        tail.entries.extend(_probe(fs, folder, start, None, target))
+        fresh = _probe(fs, folder, start, None, target)
+        if fresh:
+            tail.entries.extend(fresh)
+            tail.stamp = _stamp(fs, _entry_path(folder, fresh[-1]))
         entries = older + list(tail.entries)
+        stamp = tail.stamp
     tables = [e.rows for e in entries if e.rows is not None and e.rows.num_rows]
     rows = pa.concat_tables(tables) if tables else target.empty_table()
     end = entries[-1].position + 1 if entries else replay_after + 1
     epochs = tuple(sorted({e.writer_epoch for e in entries}))
-    return WalTail(shard_id, replay_after, end, rows, epochs)
+    return WalTail(shard_id, replay_after, end, rows, epochs, stamp)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -195,6 +196,36 @@ async def test_the_tail_is_read_incrementally(tmp_path: Path, monkeypatch: Any) 
         before = len(reads)
         assert by_id(await reader.lsm.point_lookups([1, 2, 3])) == {1: 10, 2: 20, 3: 10}
         assert len(reads) - before == shards + 1  # the new entry, then the probe past it
+
+
+@pytest.mark.asyncio
+async def test_a_table_made_again_at_the_same_uri_shows_its_own_wal_only(tmp_path: Path) -> None:
+    """The tail cache of a long-lived process is keyed by table and shard, and
+    shard ids come back the same: a table deleted and made again must not
+    show the old table's cached entries, even where the new WAL has entries
+    at the same positions."""
+    uri = str(tmp_path / "t.lance")
+    shard = "5d1e2f3a-0b4c-4d5e-8f60-718293a4b5c6"
+
+    async def made(values: list[int]) -> Any:
+        ds = await la.write_dataset(kv_table(range(3)), uri)
+        await ds.initialize_mem_wal(manual_shards=True)
+        writer = ds.lance.mem_wal_writer(shard)
+        for v in values:  # one WAL entry each
+            writer.put(kv_table([10 + v], value=v))
+        return writer
+
+    old = await made([1, 2, 3])
+    seen = by_id(await (await la.open_dataset(uri)).lsm_scan(columns=["id", "value"]).to_table())
+    assert seen == {0: 0, 1: 0, 2: 0, 11: 1, 12: 2, 13: 3}
+    old.close()
+    shutil.rmtree(uri)
+    new = await made([7, 8, 9])  # as many entries: the same positions, other files
+    reader = await la.open_dataset(uri)
+    seen = by_id(await reader.lsm_scan(columns=["id", "value"]).to_table())
+    assert seen == {0: 0, 1: 0, 2: 0, 17: 7, 18: 8, 19: 9}
+    assert by_id(await reader.lsm.point_lookups([11, 17])) == {17: 7}
+    new.close()
 
 
 @pytest.mark.asyncio
