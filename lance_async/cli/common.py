@@ -108,6 +108,9 @@ def _root(
         from .._threads import STORAGE_TIMEOUT_ENV
 
         os.environ[STORAGE_TIMEOUT_ENV] = repr(storage_timeout)
+    from .start import import_engine
+
+    import_engine()  # every command uses the engine: import it the lean way, now
 
 
 def main(args: Sequence[str] | None = None) -> int:

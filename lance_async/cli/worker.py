@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.abc
-import importlib.machinery
 import json
 import logging
 import os
@@ -38,6 +36,7 @@ from .common import (
 )
 from .deadletters import DEAD_LETTER, check_dead_letter, open_dead_letter
 from .inputs import check_source
+from .start import LeanStart
 
 if TYPE_CHECKING:
     from ..cluster import Worker, WorkerStats
@@ -77,54 +76,6 @@ def exclusive_ingest(
             fail(str(exc), 2)
 
     return claimed
-
-
-#: Modules a worker's start-up does not import although a dependency would:
-#: pandas (pyarrow imports it as soon as ``pyarrow.dataset`` loads, to tell
-#: pandas objects apart, and a worker never has any: about a third of the
-#: engine's import) and the OpenTelemetry SDK (redis-py imports it for an
-#: instrumentation it only uses when asked; ``--metrics`` imports it before).
-SKIPPED_AT_START = ("pandas", "opentelemetry.sdk")
-
-
-class _LeanStart(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """A worker's start-up, made cheaper: a restarted worker is what a take-over
-    waits for when no other runs, and on a loaded machine its start is CPU
-    time shared with everything else (1.5 s of imports became 8-19 s beside
-    the other tests).
-
-    While :meth:`begin` ... :meth:`end` runs, an import of one of
-    :data:`SKIPPED_AT_START` fails with ``ImportError`` (the modules that
-    import them optionally carry on without), although ``find_spec`` still
-    finds it, so a later import, after :meth:`end`, loads it as usual; and
-    the garbage collector is off (start-up makes objects that live for good:
-    ``gc.freeze()`` follows). Saves about a quarter of the start-up's CPU.
-    """
-
-    def begin(self) -> None:
-        """Skip the modules and stop the collector (before the engine is imported)."""
-        if self not in sys.meta_path:
-            sys.meta_path.insert(0, self)
-        gc.disable()
-
-    def end(self) -> None:
-        """Imports as usual again, and the collector on (idempotent)."""
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        gc.enable()
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        """A spec whose loading fails, for a skipped module; None otherwise."""
-        if fullname in SKIPPED_AT_START and fullname not in sys.modules:
-            return importlib.machinery.ModuleSpec(fullname, self)
-        return None
-
-    def create_module(self, spec: Any) -> Any:
-        """Refuse: the module is not loaded during a worker's start-up."""
-        raise ImportError(f"{spec.name} is not imported while a worker starts")
-
-    def exec_module(self, module: Any) -> None:
-        """Never reached (:meth:`create_module` refuses)."""
 
 
 def _line(stats: WorkerStats, recent: float | None = None) -> str:
@@ -264,7 +215,7 @@ def worker(
         except ImportError as exc:
             raise typer.BadParameter(str(exc), param_hint="'--metrics'") from None
     name = member or f"{socket.gethostname()}-{os.getpid()}".replace(".", "-")
-    lean = _LeanStart()
+    lean = LeanStart()
     lean.begin()
     # A SIGTERM during start-up (imports, opening the table and the feed) is
     # not fatal: the worker stops at once, cleanly (exit 0), owning nothing.

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import lance
+import pyarrow as pa
 import pytest
 import pytest_asyncio
 import redis.asyncio
@@ -252,31 +254,57 @@ def test_partition_outcome_reads_exception_groups() -> None:
 
 
 def test_a_worker_starts_without_pandas_yet_can_import_it_after() -> None:
-    """A worker's start-up (``_LeanStart``) loads the engine without pandas --
-    pyarrow.dataset imports it, a worker has no use for it, and it is a
-    third of the engine's import -- and gives imports back as usual once
-    started. In a fresh interpreter: pandas is loaded here already."""
+    """A command's start-up (``LeanStart``, used by every command through
+    ``import_engine`` and by a worker until it has started) loads the engine
+    without pandas -- pyarrow.dataset imports it, no command has a use for
+    it, and it is a third of the engine's import -- and gives imports back
+    as usual afterwards. In a fresh interpreter: pandas is loaded here already."""
     import subprocess
 
     code = (
         "import sys\n"
         "sys.argv = ['lance-async']  # the command: lance_async loads nothing ahead\n"
-        "from lance_async.cli.worker import _LeanStart\n"
-        "lean = _LeanStart()\n"
+        "from lance_async.cli.start import LeanStart, import_engine\n"
+        "lean = LeanStart()\n"
         "lean.begin()\n"
         "import lance, pyarrow as pa\n"
         "assert 'pandas' not in sys.modules, 'pandas imported at start'\n"
         "assert pa.scalar(1).as_py() == 1\n"
         "lean.end()\n"
         "import gc; assert gc.isenabled()\n"
+        "import_engine()  # imported already: nothing to do\n"
         "import pandas\n"
-        "print(pa.table({'a': [1]}).to_pandas().a.sum())\n"
+        "df = pandas.DataFrame({'a': [1, 2]})\n"
+        "print(pa.table(df).num_rows, pa.table({'a': [1]}).to_pandas().a.sum())\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "1"
+    assert done.stdout.strip() == "2 1"
+
+
+def test_a_command_imports_the_engine_without_pandas(tmp_path: Path) -> None:
+    """``lance-async info`` (any command) imports the engine through
+    ``import_engine``: no pandas in the process, and the answer is right."""
+    import subprocess
+
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": [1, 2, 3]}), uri)
+    code = (
+        "import sys\n"
+        f"sys.argv = ['lance-async', 'info', {uri!r}]\n"
+        "from lance_async.cli import run\n"
+        "code = run()\n"
+        "print('pandas' in sys.modules, code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1] == "False 0", done.stdout
+    assert "3" in done.stdout
 
 
 @pytest.mark.asyncio
