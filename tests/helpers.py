@@ -49,13 +49,35 @@ class Ticker:
     started: float = 0.0
     stopped: float = 0.0
 
+    loop_cpu: float = 0.0
+    process_cpu: float = 0.0
+
     async def run(self) -> None:
         self.started = time.perf_counter()
+        loop0, process0 = time.thread_time(), time.process_time()
         while self.running:
             start = time.perf_counter()
             await anyio.sleep(self.interval)
             self.lags.append(time.perf_counter() - start - self.interval)
         self.stopped = time.perf_counter()
+        self.loop_cpu = time.thread_time() - loop0
+        self.process_cpu = time.process_time() - process0
+
+    def assert_off_loop(self, share: float = 0.5) -> None:
+        """The loop's thread used less than ``share`` of the process's CPU
+        while the ticker ran: the work ran on worker threads.
+
+        CPU time, not wall time: a loaded machine delays the loop's wake-ups
+        and stretches the work, but it does not move CPU seconds from one
+        thread to another, so the share holds at any load. Work run on the
+        loop puts its whole cost on the loop's thread (the ticker's own
+        wake-ups cost a few percent).
+        """
+        assert self.process_cpu > 0, "the ticker did not run"
+        used = self.loop_cpu / self.process_cpu
+        assert used < share, (
+            f"the loop's thread used {self.loop_cpu:.2f} s of {self.process_cpu:.2f} s of CPU"
+        )
 
     def assert_free(self, min_ticks: int = 10) -> None:
         """The loop kept running while the ticker ran: it ticked at least
@@ -75,12 +97,6 @@ class Ticker:
     @property
     def max_lag(self) -> float:
         return max(self.lags) if self.lags else 0.0
-
-    def p99(self) -> float:
-        if not self.lags:
-            return 0.0
-        ordered = sorted(self.lags)
-        return ordered[int(0.99 * (len(ordered) - 1))]
 
 
 def run_in_thread(competitor: Callable[[], object]) -> None:
