@@ -45,6 +45,7 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from .._loop import unwrap_groups
 from ..feeds.base import Message
 from ..feeds.kafka import KafkaFeed
 from .balancer import Assign, Revoke
@@ -293,6 +294,8 @@ class KafkaCoordinator:
     async def _dispatch(self) -> None:
         while True:
             messages = await self._feed.fetch(1000, 0.2)
+            # each partition's assignment epoch as it was fetched (no await since)
+            epochs = {int(m.offset.partition): self._feed.epoch(m.offset) for m in messages}
             for message in messages:
                 partition = int(message.offset.partition)
                 queue = self._queues.get(partition)
@@ -304,23 +307,40 @@ class KafkaCoordinator:
                     queue = self._queues.get(partition)
                 if queue is None:
                     continue  # fetched before a revocation: never acked, read again by the owner
+                if self._feed.epoch(message.offset) != epochs[partition]:
+                    # fetched before the group moved the partition (this batch
+                    # waited meanwhile): never committed, and the partition's
+                    # owner since may have written newer records of its keys
+                    continue
                 try:
                     await queue.send(message)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     continue
 
     async def _assigned_now(self, partitions: set[int]) -> None:
-        assert self._on_assign is not None
-        for p in sorted(partitions - self._assigned):
-            self._assigned.add(p)
-            self._dropped.discard(p)
+        """Start the partitions together (each opens its shard's writer: their
+        waits on the store overlap, so the group's members resume after the
+        slowest start, not after their sum)."""
+        on_assign = self._on_assign
+        assert on_assign is not None
+
+        async def start(p: int) -> None:
             try:
-                await self._on_assign(p)
+                await on_assign(p)
             except Exception as exc:
                 log.error("lance_async: starting partition %d failed: %r", p, exc)
                 self._assigned.discard(p)
             finally:
                 self._ready_event(p).set()
+
+        new = sorted(partitions - self._assigned)
+        for p in new:
+            self._assigned.add(p)
+            self._dropped.discard(p)
+        with unwrap_groups():
+            async with anyio.create_task_group() as tg:
+                for p in new:
+                    tg.start_soon(start, p)
 
     async def _revoked(self, partitions: set[int]) -> None:
         """Revoke partitions together: their drains overlap, so a rebalance

@@ -248,6 +248,13 @@ class KafkaFeed(BrokerFeed):
         """The offsets this feed committed, per partition of the current assignment epoch."""
         return {tp: p.committed for tp, p in self._parts.items() if p.committed is not None}
 
+    def epoch(self, where: TopicPartition | KafkaOffset) -> int:
+        """The assignment epoch of a partition (of a record's partition, given
+        its :class:`KafkaOffset`): it changes each time the partition is
+        revoked. A record fetched in an earlier epoch is never committed;
+        compare before handing it on (does not block)."""
+        return self._epochs.get(TopicPartition(where.topic, where.partition), 0)
+
     def in_flight(self, tp: TopicPartition | None = None) -> int:
         """Records handed out and not yet acknowledged (of one partition, or all)."""
         if tp is not None:
