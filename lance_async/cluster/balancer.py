@@ -54,6 +54,7 @@ from typing import Protocol
 import anyio
 from anyio.abc import TaskStatus
 
+from .._loop import unwrap_groups
 from ..feeds.base import Feed
 from ..feeds.broker import broker_errors
 from .feeds import PartitionedFeed
@@ -288,30 +289,41 @@ class LeaseBalancer:
                 and self._cooldown.get(p, 0.0) <= now
             ]
             random.shuffle(free)
+            taken: list[int] = []
             for p in free:
                 if len(self.owned) >= share or self._stopping:
                     break
                 if await table.acquire(p):
                     self.owned.add(p)
-                    try:
-                        await self._assign(p)
-                    except Exception as exc:
-                        log.error(
-                            "lance_async: starting partition %d failed: %r",
-                            p,
-                            exc,
-                            extra={"partition": p},
-                        )
-                        self.owned.discard(p)
-                        self._cooldown[p] = time.monotonic() + self.interval
-                        await table.release(p)
-                    except BaseException:
-                        self.owned.discard(p)
-                        with anyio.CancelScope(shield=True):
-                            await table.release(p)
-                        raise
+                    taken.append(p)
+            if taken:  # started together: their waits on the store overlap
+                with unwrap_groups():
+                    async with anyio.create_task_group() as starting:
+                        for p in taken:
+                            starting.start_soon(self._start, p)
             await self._watch_expiry(holders)
         await self._disown(holders)
+
+    async def _start(self, p: int) -> None:
+        """Start partition ``p``, whose lease was just acquired; if it cannot
+        start, release the lease and leave ``p`` alone for an interval."""
+        try:
+            await self._assign(p)
+        except Exception as exc:
+            log.error(
+                "lance_async: starting partition %d failed: %r",
+                p,
+                exc,
+                extra={"partition": p},
+            )
+            self.owned.discard(p)
+            self._cooldown[p] = time.monotonic() + self.interval
+            await self.table.release(p)
+        except BaseException:
+            self.owned.discard(p)
+            with anyio.CancelScope(shield=True):
+                await self.table.release(p)
+            raise
 
     async def _watch_expiry(self, holders: dict[int, str | None]) -> None:
         """Under the share, with leases held by others: start the next round

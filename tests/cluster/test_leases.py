@@ -121,6 +121,36 @@ async def test_balancers_divide_the_partitions_and_take_over_a_dead_one(leases: 
 
 
 @pytest.mark.asyncio
+async def test_a_round_starts_the_partitions_it_takes_together(leases: Factory) -> None:
+    """Each start opens a shard writer and a feed (waits on the store and the
+    broker): a round that takes four partitions starts them side by side.
+    Here each start waits until all four have begun, which a round starting
+    them one by one never reaches; one start fails and is released."""
+    begun: set[int] = set()
+    all_begun = anyio.Event()
+
+    async def assign(p: int) -> None:
+        begun.add(p)
+        if len(begun) == 4:
+            all_begun.set()
+        await all_begun.wait()
+        if p == 3:
+            raise RuntimeError("the shard would not open")
+
+    async def revoke(p: int, lost: bool) -> None:
+        pass
+
+    a = LeaseBalancer(leases("a"), 4, on_assign=assign, on_revoke=revoke)
+    async with anyio.create_task_group() as tg:
+        with anyio.fail_after(60):  # only tells a round that never ends from one that did
+            await tg.start(a.run)
+        assert begun == {0, 1, 2, 3}
+        assert a.owned == {0, 1, 2}  # the failed one was released
+        assert (await leases("b").holders([3]))[3] is None
+        a.stop()
+
+
+@pytest.mark.asyncio
 async def test_regression_a_drop_that_arrives_while_a_revoke_drains_is_kept(
     leases: Factory,
 ) -> None:
