@@ -253,14 +253,23 @@ def test_partition_outcome_reads_exception_groups() -> None:
     assert partition_outcome(KeyboardInterrupt()) is None
 
 
+def python_says(code: str) -> str:
+    """What ``code`` prints in a fresh interpreter (which must exit 0)."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def test_a_worker_starts_without_pandas_yet_can_import_it_after() -> None:
     """A command's start-up (``LeanStart``, used by every command through
     ``import_engine`` and by a worker until it has started) loads the engine
     without pandas -- pyarrow.dataset imports it, no command has a use for
     it, and it is a third of the engine's import -- and gives imports back
     as usual afterwards. In a fresh interpreter: pandas is loaded here already."""
-    import subprocess
-
     code = (
         "import sys\n"
         "sys.argv = ['lance-async']  # the command: lance_async loads nothing ahead\n"
@@ -277,18 +286,12 @@ def test_a_worker_starts_without_pandas_yet_can_import_it_after() -> None:
         "df = pandas.DataFrame({'a': [1, 2]})\n"
         "print(pa.table(df).num_rows, pa.table({'a': [1]}).to_pandas().a.sum())\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "2 1"
+    assert python_says(code) == "2 1"
 
 
 def test_a_command_imports_the_engine_without_pandas(tmp_path: Path) -> None:
     """``lance-async info`` (any command) imports the engine through
     ``import_engine``: no pandas in the process, and the answer is right."""
-    import subprocess
-
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.table({"id": [1, 2, 3]}), uri)
     code = (
@@ -298,13 +301,9 @@ def test_a_command_imports_the_engine_without_pandas(tmp_path: Path) -> None:
         "code = run()\n"
         "print('pandas' in sys.modules, code)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.strip().splitlines()
-    assert lines[-1] == "False 0", done.stdout
-    assert "3" in done.stdout
+    said = python_says(code)
+    assert said.splitlines()[-1] == "False 0", said
+    assert "rows: 3" in said, said
 
 
 @pytest.mark.asyncio
