@@ -58,6 +58,10 @@ log = logging.getLogger("lance_async.cluster")
 #: again, doubled per failure in a row up to :data:`MAX_START_BACKOFF`.
 START_BACKOFF = 0.2
 MAX_START_BACKOFF = 5.0
+RETRY_START = 1.0
+"""Seconds before a partition whose start failed is started again in place
+(if the group still assigns it here): a start fails while another member
+still holds its shard, until the group's rebalance has moved it."""
 
 
 class _PartitionFeed:
@@ -298,6 +302,8 @@ class KafkaCoordinator:
             epochs = {int(m.offset.partition): self._feed.epoch(m.offset) for m in messages}
             for message in messages:
                 partition = int(message.offset.partition)
+                if partition in self._dropped:
+                    continue  # never acked: read again from the committed offset on restart
                 queue = self._queues.get(partition)
                 while queue is None and self._owned_by_group(partition):
                     # the fetcher may run ahead of the assignment callback: wait for
@@ -329,7 +335,7 @@ class KafkaCoordinator:
                 await on_assign(p)
             except Exception as exc:
                 log.error("lance_async: starting partition %d failed: %r", p, exc)
-                self._assigned.discard(p)
+                self.drop(p, retry_after=RETRY_START)  # its records wait: not dispatched
             finally:
                 self._ready_event(p).set()
 

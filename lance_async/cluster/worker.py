@@ -50,7 +50,7 @@ import pyarrow as pa
 from anyio.abc import TaskGroup
 
 from .._loop import unwrap_groups
-from ..errors import FencedError, InvalidInputError, LanceAsyncError
+from ..errors import ConflictError, FencedError, InvalidInputError, LanceAsyncError
 from ..feeds.base import DeadLetter, Feed, IngestStats, Message, ingest
 from ..memwal.compactor import CompactionPolicy, Compactor
 from ..memwal.writer import AsyncShardWriter
@@ -79,6 +79,14 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for e in exc.exceptions for leaf in _leaves(e)]
     return [exc]
+
+
+def held_elsewhere(exc: BaseException) -> bool:
+    """Whether opening a partition's shard writer failed because another
+    process holds or claims the shard (a fence, or a claim that lost the race):
+    the group has not finished moving the partition, which is no failure of
+    this worker's."""
+    return isinstance(exc, FencedError) or (isinstance(exc, ConflictError) and exc.retryable)
 
 
 def partition_outcome(exc: BaseException) -> str | None:
@@ -270,7 +278,9 @@ class Worker:
     max_failures : int
         Partition failures in a row, with no message acknowledged by any
         partition in between, after which the worker gives up (default 10;
-        fences and lost leases are hand-overs, not failures).
+        fences and lost leases are hand-overs, not failures, and so is a
+        start refused because another writer still holds or claims the
+        shard: the partition is taken again later).
 
     Raises
     ------
@@ -445,7 +455,17 @@ class Worker:
                     await writer.aclose()
                 raise
         except Exception as exc:
-            self._failed(partition, exc, "starting")
+            if held_elsewhere(exc):  # not counted: the partition is still moving
+                log.warning(
+                    "lance_async worker %s: partition %d: its shard is held by another "
+                    "writer (%s); taken again later",
+                    self.member,
+                    partition,
+                    exc,
+                    extra=self._fields(partition),
+                )
+            else:
+                self._failed(partition, exc, "starting")
             raise
         running = _Running(feed, writer, anyio.Event(), anyio.Event(), anyio.CancelScope())
         self._running[partition] = running

@@ -20,7 +20,9 @@ import anyio
 import pytest
 from aiokafka.structs import TopicPartition
 
+from lance_async.cluster import kafka
 from lance_async.cluster.kafka import KafkaCoordinator
+from lance_async.errors import ConflictError
 from lance_async.feeds import Message
 
 from ..feeds.test_kafka import FakeBroker, FakeConsumer
@@ -38,6 +40,16 @@ class GroupConsumer(FakeConsumer):
 
     async def start(self) -> None:
         self.started.set()
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return self.broker.committed.get(tp)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._positions[tp] = offset
+
+    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        for tp in tps:
+            self._positions[tp] = 0
 
     def partitions_for_topic(self, topic: str) -> set[int]:
         return {0, 1}
@@ -92,6 +104,61 @@ async def test_records_fetched_before_a_move_never_reach_the_new_assignment() ->
         # the new assignment of P1 starts where the group stands: b3, never
         # the b0-b2 fetched under the earlier one
         assert await taken(1, 1) == [b"b3"]
+        coordinator.stop()
+    for feed in feeds.values():
+        await feed.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_partition_whose_shard_is_held_elsewhere_is_started_again_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its start fails while another member still holds the shard (the group
+    has not finished moving it): its records are not dispatched meanwhile (no
+    other partition waits behind them), and it is started again, read from
+    its committed offset, while the group still assigns it here."""
+    monkeypatch.setattr(kafka, "RETRY_START", 0.05)
+    broker = FakeBroker()
+    broker.produce(P0, [b"a0", b"a1"])
+    broker.produce(P1, [b"b0", b"b1"])
+    consumer = GroupConsumer(broker, set())
+    coordinator = KafkaCoordinator(consumer, "events", 2, "m", queue=1)
+    feeds: dict[int, Any] = {}
+    starts = {0: 0, 1: 0}
+    restarted = anyio.Event()
+
+    async def on_assign(p: int) -> None:
+        starts[p] += 1
+        if p == 0 and starts[p] == 1:
+            raise ConflictError("another writer claimed the shard", retryable=True)
+        feeds[p] = await coordinator.open_partition(p)
+        if p == 0:
+            restarted.set()
+
+    async def on_revoke(p: int, lost: bool) -> None:
+        feed = feeds.pop(p, None)
+        if feed is not None:
+            await feed.aclose()
+
+    async def taken(p: int, count: int) -> list[bytes]:
+        out: list[Message] = []
+        with anyio.fail_after(30):  # only tells an answer from a hang
+            while len(out) < count:
+                out += await feeds[p].fetch(count - len(out), 0.1)
+        return [m.payload for m in out]  # type: ignore[misc]
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(coordinator.run, on_assign, on_revoke)
+        await consumer.started.wait()
+        await consumer.rebalance({P0, P1})
+        assert not coordinator.valid(0) and coordinator.valid(1)
+        # P0's records are not dispatched: P1's queue of one is not stuck behind them
+        assert await taken(1, 2) == [b"b0", b"b1"]
+        with anyio.fail_after(30):
+            await restarted.wait()
+        assert coordinator.valid(0)
+        assert await taken(0, 2) == [b"a0", b"a1"]
+        assert starts == {0: 2, 1: 1}
         coordinator.stop()
     for feed in feeds.values():
         await feed.aclose()

@@ -366,6 +366,51 @@ async def test_a_fenced_partition_is_released_and_the_worker_goes_on(
 
 
 @pytest.mark.asyncio
+async def test_a_shard_held_by_another_writer_is_no_failure_of_the_worker(
+    tmp_path: Path, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening partition 0's shard writer is fenced six times (another
+    process still holds the shard while the partition moves): the worker
+    leaves it and takes it again later, and never gives up, although nothing
+    is acknowledged meanwhile and max_failures is 2."""
+    ds = await la.write_dataset(
+        KV_SCHEMA.empty_table(), str(tmp_path / "t.lance"), schema=KV_SCHEMA
+    )
+    await ds.initialize_mem_wal(num_buckets=2, bucket_column="id")
+    partitioner = await Partitioner.for_dataset(ds)
+    held = partitioner.shard_of(0)
+    fences = 0
+    real_open = la.AsyncShardWriter.open
+
+    async def open_unless_held(self: la.AsyncShardWriter, *args: Any, **kwargs: Any) -> Any:
+        nonlocal fences
+        if self.shard_id == held and fences < 6:
+            fences += 1
+            raise la.FencedError("another writer claimed the shard", shard_id=held)
+        return await real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(la.AsyncShardWriter, "open", open_unless_held)
+    key = f"w-{uuid.uuid4().hex[:8]}"
+    worker = Worker(
+        ds,
+        RedisPartitions(client, key, "g", 2),
+        RedisLeaseTable(client, f"{key}:leases", "solo", 1.0),
+        max_failures=2,
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            await eventually(lambda: worker.stats().partitions == [0, 1], 60, "partition 0 taken")
+            assert fences == 6
+            worker.stop()
+        assert worker.stats().partitions == []
+    finally:
+        for p in range(2):
+            await client.delete(f"{key}:{p}")
+        await client.delete(f"{key}:leases:member:solo")
+
+
+@pytest.mark.asyncio
 async def test_a_worker_gives_up_only_when_no_partition_can_work(
     tmp_path: Path, client: Any
 ) -> None:
