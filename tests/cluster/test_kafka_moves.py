@@ -55,58 +55,73 @@ class GroupConsumer(FakeConsumer):
         return {0, 1}
 
 
+class Member:
+    """A coordinator over the fake consumer (queues of one record), and the
+    partition feeds it opened; ``start(p)`` is called before each opens."""
+
+    def __init__(self, broker: FakeBroker) -> None:
+        self.consumer = GroupConsumer(broker, set())
+        self.coordinator = KafkaCoordinator(self.consumer, "events", 2, "m", queue=1)
+        self.feeds: dict[int, Any] = {}
+        self.assigned = anyio.Event()  # set when both partitions have feeds
+
+    async def start(self, p: int) -> None:
+        """Override: what happens before partition ``p``'s feed opens."""
+
+    async def on_assign(self, p: int) -> None:
+        await self.start(p)
+        self.feeds[p] = await self.coordinator.open_partition(p)
+        if len(self.feeds) == 2:
+            self.assigned.set()
+
+    async def on_revoke(self, p: int, lost: bool) -> None:
+        feed = self.feeds.pop(p, None)
+        if feed is not None:
+            await feed.aclose()
+
+    async def taken(self, p: int, count: int) -> list[bytes]:
+        """The payloads of partition ``p``'s next ``count`` records."""
+        out: list[Message] = []
+        with anyio.fail_after(30):  # only tells an answer from a hang
+            while len(out) < count:
+                out += await self.feeds[p].fetch(count - len(out), 0.1)
+        return [m.payload for m in out]  # type: ignore[misc]
+
+    async def aclose(self) -> None:
+        for feed in self.feeds.values():
+            await feed.aclose()
+
+
 @pytest.mark.asyncio
 async def test_records_fetched_before_a_move_never_reach_the_new_assignment() -> None:
     broker = FakeBroker()
     broker.produce(P0, [b"a0", b"a1", b"a2"])
     broker.produce(P1, [b"b0", b"b1", b"b2"])
-    consumer = GroupConsumer(broker, set())
-    coordinator = KafkaCoordinator(consumer, "events", 2, "m", queue=1)
-    feeds: dict[int, Any] = {}
-    assigned = anyio.Event()
-
-    async def on_assign(p: int) -> None:
-        feeds[p] = await coordinator.open_partition(p)
-        if len(feeds) == 2:
-            assigned.set()
-
-    async def on_revoke(p: int, lost: bool) -> None:
-        feed = feeds.pop(p, None)
-        if feed is not None:
-            await feed.aclose()
-
-    async def taken(p: int, count: int) -> list[bytes]:
-        out: list[Message] = []
-        with anyio.fail_after(30):  # only tells an answer from a hang
-            while len(out) < count:
-                out += await feeds[p].fetch(count - len(out), 0.1)
-        return [m.payload for m in out]  # type: ignore[misc]
-
+    m = Member(broker)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(coordinator.run, on_assign, on_revoke)
-        await consumer.started.wait()
-        await consumer.rebalance({P0, P1})
-        await assigned.wait()
+        tg.start_soon(m.coordinator.run, m.on_assign, m.on_revoke)
+        await m.consumer.started.wait()
+        await m.consumer.rebalance({P0, P1})
+        await m.assigned.wait()
         # the batch holds a0-a2 and b0-b2; P0's queue holds one record, so the
         # dispatcher waits on a1 with b0-b2 still in hand
-        assert await taken(0, 1) == [b"a0"]
+        assert await m.taken(0, 1) == [b"a0"]
         # meanwhile the group moved both partitions away and back: another
         # member consumed P1 up to b2, committed, and P1 got a newer record
         broker.committed[P1] = 3
         broker.produce(P1, [b"b3"])
-        assigned = anyio.Event()
-        await consumer.rebalance(set())
-        await consumer.rebalance({P0, P1})
-        await assigned.wait()
+        m.assigned = anyio.Event()
+        await m.consumer.rebalance(set())
+        await m.consumer.rebalance({P0, P1})
+        await m.assigned.wait()
         # P0 is read again from its committed offset, in order (a1 and a2 of
         # the earlier batch were not handed on: they come once, from the new fetch)
-        assert await taken(0, 3) == [b"a0", b"a1", b"a2"]
+        assert await m.taken(0, 3) == [b"a0", b"a1", b"a2"]
         # the new assignment of P1 starts where the group stands: b3, never
         # the b0-b2 fetched under the earlier one
-        assert await taken(1, 1) == [b"b3"]
-        coordinator.stop()
-    for feed in feeds.values():
-        await feed.aclose()
+        assert await m.taken(1, 1) == [b"b3"]
+        m.coordinator.stop()
+    await m.aclose()
 
 
 @pytest.mark.asyncio
@@ -121,44 +136,26 @@ async def test_a_partition_whose_shard_is_held_elsewhere_is_started_again_in_pla
     broker = FakeBroker()
     broker.produce(P0, [b"a0", b"a1"])
     broker.produce(P1, [b"b0", b"b1"])
-    consumer = GroupConsumer(broker, set())
-    coordinator = KafkaCoordinator(consumer, "events", 2, "m", queue=1)
-    feeds: dict[int, Any] = {}
     starts = {0: 0, 1: 0}
-    restarted = anyio.Event()
 
-    async def on_assign(p: int) -> None:
-        starts[p] += 1
-        if p == 0 and starts[p] == 1:
-            raise ConflictError("another writer claimed the shard", retryable=True)
-        feeds[p] = await coordinator.open_partition(p)
-        if p == 0:
-            restarted.set()
+    class Held(Member):
+        async def start(self, p: int) -> None:
+            starts[p] += 1
+            if p == 0 and starts[p] == 1:
+                raise ConflictError("another writer claimed the shard", retryable=True)
 
-    async def on_revoke(p: int, lost: bool) -> None:
-        feed = feeds.pop(p, None)
-        if feed is not None:
-            await feed.aclose()
-
-    async def taken(p: int, count: int) -> list[bytes]:
-        out: list[Message] = []
-        with anyio.fail_after(30):  # only tells an answer from a hang
-            while len(out) < count:
-                out += await feeds[p].fetch(count - len(out), 0.1)
-        return [m.payload for m in out]  # type: ignore[misc]
-
+    m = Held(broker)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(coordinator.run, on_assign, on_revoke)
-        await consumer.started.wait()
-        await consumer.rebalance({P0, P1})
-        assert not coordinator.valid(0) and coordinator.valid(1)
+        tg.start_soon(m.coordinator.run, m.on_assign, m.on_revoke)
+        await m.consumer.started.wait()
+        await m.consumer.rebalance({P0, P1})
+        assert not m.coordinator.valid(0) and m.coordinator.valid(1)
         # P0's records are not dispatched: P1's queue of one is not stuck behind them
-        assert await taken(1, 2) == [b"b0", b"b1"]
+        assert await m.taken(1, 2) == [b"b0", b"b1"]
         with anyio.fail_after(30):
-            await restarted.wait()
-        assert coordinator.valid(0)
-        assert await taken(0, 2) == [b"a0", b"a1"]
+            await m.assigned.wait()  # P0 started again
+        assert m.coordinator.valid(0)
+        assert await m.taken(0, 2) == [b"a0", b"a1"]
         assert starts == {0: 2, 1: 1}
-        coordinator.stop()
-    for feed in feeds.values():
-        await feed.aclose()
+        m.coordinator.stop()
+    await m.aclose()
