@@ -17,9 +17,11 @@ One consumer fetches for every assigned partition
 (:class:`~lance_async.feeds.KafkaFeed`: contiguous per-partition commits,
 never past an unacknowledged record, fenced by assignment epoch); a
 dispatcher hands each record to its partition's queue, read by that
-partition's ingest loop. A member paused past its session timeout finds its
-commits refused by the group (a new generation) and its puts fenced by the
-next owner's writer epoch.
+partition's ingest loop; a partition whose queue is full is paused in the
+consumer (aiokafka's ``pause``) until its ingest has caught up, so a slow
+partition never holds up the others' records. A member paused past its
+session timeout finds its commits refused by the group (a new generation)
+and its puts fenced by the next owner's writer epoch.
 
 A partition whose work ended while the group still assigns it here (a
 failure that is not a fence: the broker connection of its writer's store,
@@ -38,8 +40,10 @@ itself reconnects and rejoins the group.
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -65,10 +69,22 @@ still holds its shard, until the group's rebalance has moved it."""
 
 
 class _PartitionFeed:
-    """One assigned partition's records, as dispatched from the shared consumer."""
+    """One assigned partition's records, as dispatched from the shared consumer.
 
-    def __init__(self, receive: MemoryObjectReceiveStream[Message]) -> None:
+    ``on_room`` is called (on the loop) after a fetch that left at most
+    ``low_water`` records queued: the coordinator resumes the partition's
+    fetching if it paused it.
+    """
+
+    def __init__(
+        self,
+        receive: MemoryObjectReceiveStream[Message],
+        on_room: Callable[[], None],
+        low_water: int,
+    ) -> None:
         self._receive = receive
+        self._on_room = on_room
+        self._low_water = low_water
 
     @property
     def exhausted(self) -> bool:
@@ -86,6 +102,8 @@ class _PartitionFeed:
                 out.append(self._receive.receive_nowait())
             except (anyio.WouldBlock, anyio.EndOfStream):
                 break
+        if self._receive.statistics().current_buffer_used <= self._low_water:
+            self._on_room()
         return out
 
     async def aclose(self) -> None:
@@ -109,7 +127,11 @@ class KafkaCoordinator:
         This worker's name, for logs and stats.
     queue : int
         Records dispatched to a partition and not yet fetched by its ingest
-        loop before the dispatcher waits (default 10,000).
+        loop before the consumer stops fetching that partition (default
+        10,000; aiokafka's ``pause``, resumed once its ingest has taken half
+        of them). The other partitions' records keep flowing: one slow
+        partition holds up only itself. A partition may hold up to one
+        fetch (1,000 records) more than this.
     """
 
     def __init__(
@@ -128,6 +150,7 @@ class KafkaCoordinator:
         self._queue = queue
         self._feed = KafkaFeed(consumer, revoke_timeout=0.0)
         self._queues: dict[int, MemoryObjectSendStream[Message]] = {}
+        self._paused: set[int] = set()  # partitions whose fetching we paused (queue full)
         self._assigned: set[int] = set()
         self._on_assign: Assign | None = None
         self._on_revoke: Revoke | None = None
@@ -169,9 +192,10 @@ class KafkaCoordinator:
 
     async def open_partition(self, partition: int) -> _PartitionFeed:
         """The feed of an assigned partition (records from the shared consumer)."""
-        send, receive = anyio.create_memory_object_stream[Message](self._queue)
+        # unbounded: the dispatcher never waits on one partition; a full one is paused
+        send, receive = anyio.create_memory_object_stream[Message](math.inf)
         self._queues[partition] = send
-        return _PartitionFeed(receive)
+        return _PartitionFeed(receive, partial(self._resume, partition, send), self._queue // 2)
 
     async def run(self, on_assign: Assign, on_revoke: Revoke) -> None:
         """Join the group and dispatch records until :meth:`stop`; leave cleanly."""
@@ -286,6 +310,32 @@ class KafkaCoordinator:
             self._consumer.seek(tp, committed)
         await self._assigned_now({partition})
 
+    def _topic_partition(self, partition: int) -> Any:
+        from aiokafka import TopicPartition
+
+        return TopicPartition(self._topic, partition)
+
+    def _pause(self, partition: int) -> None:
+        """Stop fetching ``partition`` (its queue is full); the rest go on."""
+        if partition in self._paused:
+            return
+        tp = self._topic_partition(partition)
+        if tp in self._consumer.assignment():
+            self._consumer.pause(tp)
+            self._paused.add(partition)
+
+    def _resume(self, partition: int, queue: MemoryObjectSendStream[Message]) -> None:
+        """Fetch ``partition`` again (its ingest took half its queue), if it
+        is still this queue's partition and paused."""
+        if partition in self._paused and self._queues.get(partition) is queue:
+            self._unpause(partition)
+
+    def _unpause(self, partition: int) -> None:
+        self._paused.discard(partition)
+        tp = self._topic_partition(partition)
+        if tp in self._consumer.assignment():  # a new assignment starts unpaused
+            self._consumer.resume(tp)
+
     def _ready_event(self, partition: int) -> anyio.Event:
         event = self._ready.get(partition)
         if event is None:
@@ -300,6 +350,7 @@ class KafkaCoordinator:
             messages = await self._feed.fetch(1000, 0.2)
             # each partition's assignment epoch as it was fetched (no await since)
             epochs = {int(m.offset.partition): self._feed.epoch(m.offset) for m in messages}
+            waited = False  # no await since the fetch: the epochs still hold
             for message in messages:
                 partition = int(message.offset.partition)
                 if partition in self._dropped:
@@ -308,20 +359,23 @@ class KafkaCoordinator:
                 while queue is None and self._owned_by_group(partition):
                     # the fetcher may run ahead of the assignment callback: wait for
                     # the partition's writer and queue instead of losing the record
+                    waited = True
                     with anyio.move_on_after(0.5):
                         await self._ready_event(partition).wait()
                     queue = self._queues.get(partition)
                 if queue is None:
                     continue  # fetched before a revocation: never acked, read again by the owner
-                if self._feed.epoch(message.offset) != epochs[partition]:
+                if waited and self._feed.epoch(message.offset) != epochs[partition]:
                     # fetched before the group moved the partition (this batch
                     # waited meanwhile): never committed, and the partition's
                     # owner since may have written newer records of its keys
                     continue
                 try:
-                    await queue.send(message)
+                    queue.send_nowait(message)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     continue
+                if queue.statistics().current_buffer_used >= self._queue:
+                    self._pause(partition)  # its next records wait in the broker
 
     async def _assigned_now(self, partitions: set[int]) -> None:
         """Start the partitions together (each opens its shard's writer: their
@@ -365,6 +419,8 @@ class KafkaCoordinator:
                 queue = self._queues.pop(p, None)
                 if queue is not None:
                     queue.close()
+                if p in self._paused:  # still assigned when restarted in place
+                    self._unpause(p)
 
         async with anyio.create_task_group() as tg:
             for p in sorted(partitions & self._assigned):

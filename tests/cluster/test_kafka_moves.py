@@ -1,13 +1,14 @@
-"""A Kafka worker's dispatcher when the group moves a partition away and back.
+"""A Kafka worker's dispatcher: partitions moved away and back, slow partitions.
 
 The dispatcher fetches records of every assigned partition in one batch and
-hands them to each partition's queue; a full queue makes it wait. If the
-group moves a partition away and back meanwhile, the records of the batch
-still waiting belong to the earlier assignment: another member may have
-written and committed them, and newer records of the same keys, since.
-Handed to the new assignment, they would be written again after those
-newer ones (a key back at an old version; seen under chaos, kill -9 and a
-CPU hog). Driven here with the fake aiokafka consumer of
+hands them to each partition's queue. If the group moves a partition away
+and back meanwhile, records of the earlier assignment still queued or in
+hand belong to it: another member may have written and committed them, and
+newer records of the same keys, since. Handed to the new assignment, they
+would be written again after those newer ones (a key back at an old
+version; seen under chaos, kill -9 and a CPU hog). A partition whose queue
+is full is paused in the consumer, so the others' records never wait
+behind it. Driven here with the fake aiokafka consumer of
 ``tests/feeds/test_kafka.py``, whose rebalance follows aiokafka's eager
 protocol; the dispatcher and KafkaFeed are the real ones.
 """
@@ -103,8 +104,8 @@ async def test_records_fetched_before_a_move_never_reach_the_new_assignment() ->
         await m.consumer.started.wait()
         await m.consumer.rebalance({P0, P1})
         await m.assigned.wait()
-        # the batch holds a0-a2 and b0-b2; P0's queue holds one record, so the
-        # dispatcher waits on a1 with b0-b2 still in hand
+        # the batch holds a0-a2 and b0-b2, all queued; P0's and P1's queues
+        # (of one record) are full, so both partitions are paused
         assert await m.taken(0, 1) == [b"a0"]
         # meanwhile the group moved both partitions away and back: another
         # member consumed P1 up to b2, committed, and P1 got a newer record
@@ -157,5 +158,32 @@ async def test_a_partition_whose_shard_is_held_elsewhere_is_started_again_in_pla
         assert m.coordinator.valid(0)
         assert await m.taken(0, 2) == [b"a0", b"a1"]
         assert starts == {0: 2, 1: 1}
+        m.coordinator.stop()
+    await m.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_partition_nobody_reads_is_paused_and_the_others_flow() -> None:
+    """P0's ingest takes nothing: its queue fills, its fetching is paused, and
+    every record of P1 still arrives; once P0's ingest takes its records, it
+    is resumed and the rest come in order, each once."""
+    broker = FakeBroker()
+    broker.produce(P0, [f"a{i}".encode() for i in range(6)])
+    m = Member(broker)
+    m.coordinator = KafkaCoordinator(m.consumer, "events", 2, "m", queue=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(m.coordinator.run, m.on_assign, m.on_revoke)
+        await m.consumer.started.wait()
+        await m.consumer.rebalance({P0, P1})
+        await m.assigned.wait()
+        for i in range(20):  # P1 keeps flowing while P0 sits full
+            broker.produce(P1, [f"b{i}".encode()])
+            assert await m.taken(1, 1) == [f"b{i}".encode()]
+            # fetched and dispatched after P0's records: P0 is paused by now
+            assert m.consumer.paused() == {P0}
+        assert await m.taken(0, 6) == [f"a{i}".encode() for i in range(6)]
+        assert m.consumer.paused() == set()
+        broker.produce(P0, [b"a6"])
+        assert await m.taken(0, 1) == [b"a6"]
         m.coordinator.stop()
     await m.aclose()

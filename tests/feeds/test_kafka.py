@@ -2,7 +2,8 @@
 
 ``FakeConsumer`` implements exactly the ``AIOKafkaConsumer`` calls KafkaFeed
 makes -- ``getmany(timeout_ms=, max_records=)``, ``commit(offsets)``,
-``assignment()``, ``stop()`` -- with aiokafka's own record and offset types
+``assignment()``, ``stop()``, and the ``pause()`` / ``resume()`` of a
+Kafka worker's dispatcher -- with aiokafka's own record and offset types
 and its rules (a commit for an unassigned partition raises
 ``IllegalStateError``; after a rebalance positions restart at the committed
 offsets), and ``rebalance()`` drives the listener as aiokafka's group
@@ -80,6 +81,8 @@ class FakeConsumer:
         self.stopped = False
         self.revoking = False
         self.commits_while_revoking: list[tuple[TopicPartition, int]] = []
+        self._paused: set[TopicPartition] = set()
+        self.pauses = 0
 
     def subscribe(self, topics: list[str], listener: Any) -> None:
         assert isinstance(listener, ConsumerRebalanceListener)  # aiokafka checks this too
@@ -87,6 +90,22 @@ class FakeConsumer:
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._assigned)
+
+    def pause(self, *tps: TopicPartition) -> None:
+        for tp in tps:
+            if tp not in self._assigned:
+                raise IllegalStateError(f"No current assignment for partition {tp}")
+            self.pauses += tp not in self._paused
+            self._paused.add(tp)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        for tp in tps:
+            if tp not in self._assigned:
+                raise IllegalStateError(f"No current assignment for partition {tp}")
+            self._paused.discard(tp)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self._paused)
 
     async def getmany(
         self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None
@@ -96,7 +115,7 @@ class FakeConsumer:
             while True:
                 out: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = {}
                 room = max_records or 1_000_000
-                for tp in sorted(self._assigned):
+                for tp in sorted(self._assigned - self._paused):
                     pos = self._positions[tp]
                     records = self.broker.logs.get(tp, [])[pos : pos + room]
                     if records:
@@ -137,6 +156,7 @@ class FakeConsumer:
         finally:
             self.revoking = False
         self._assigned = set(new_assignment)
+        self._paused = set()  # a new assignment starts unpaused (aiokafka's too)
         self._positions = {tp: self.broker.committed.get(tp, 0) for tp in new_assignment}
         await self.listener.on_partitions_assigned(self.assignment())
 
