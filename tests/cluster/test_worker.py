@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import uuid
@@ -40,6 +41,28 @@ async def client() -> AsyncIterator[Any]:
     c = redis.asyncio.Redis.from_url(URL)
     yield c
     await c.aclose()
+
+
+@contextlib.asynccontextmanager
+async def solo_worker(
+    ds: la.AsyncDataset, client: Any, ttl: float, **options: Any
+) -> AsyncIterator[tuple[Worker, str]]:
+    """A Worker, member "solo", over a fresh 2-partition Redis feed and lease
+    table (lease TTL ``ttl`` s); yields it and the feed's key, and deletes
+    the feed's and the member's keys afterwards."""
+    key = f"w-{uuid.uuid4().hex[:8]}"
+    worker = Worker(
+        ds,
+        RedisPartitions(client, key, "g", 2),
+        RedisLeaseTable(client, f"{key}:leases", "solo", ttl),
+        **options,
+    )
+    try:
+        yield worker, key
+    finally:
+        for p in range(2):
+            await client.delete(f"{key}:{p}")
+        await client.delete(f"{key}:leases:member:solo")
 
 
 @pytest.mark.asyncio
@@ -318,13 +341,6 @@ async def test_a_fenced_partition_is_released_and_the_worker_goes_on(
     )
     await ds.initialize_mem_wal(num_buckets=2, bucket_column="id")
     partitioner = await Partitioner.for_dataset(ds)
-    key = f"w-{uuid.uuid4().hex[:8]}"
-    publisher = RedisPublisher(client, key, 2)
-    worker = Worker(
-        ds,
-        RedisPartitions(client, key, "g", 2),
-        RedisLeaseTable(client, f"{key}:leases", "solo", 2.0),
-    )
     publishing = True
 
     async def publish() -> None:
@@ -337,7 +353,8 @@ async def test_a_fenced_partition_is_released_and_the_worker_goes_on(
             i += 1
             await anyio.sleep(0.002)
 
-    try:
+    async with solo_worker(ds, client, 2.0) as (worker, key):
+        publisher = RedisPublisher(client, key, 2)
         async with anyio.create_task_group() as tg:
             tg.start_soon(worker.run)
             tg.start_soon(publish)
@@ -358,11 +375,6 @@ async def test_a_fenced_partition_is_released_and_the_worker_goes_on(
             worker.stop()
         stats = worker.stats()
         assert stats.partitions == [] and stats.lost >= 1 and stats.assigned >= 3
-    finally:
-        publishing = False
-        for p in range(2):
-            await client.delete(f"{key}:{p}")
-        await client.delete(f"{key}:leases:member:solo")
 
 
 @pytest.mark.asyncio
@@ -390,24 +402,13 @@ async def test_a_shard_held_by_another_writer_is_no_failure_of_the_worker(
         return await real_open(self, *args, **kwargs)
 
     monkeypatch.setattr(la.AsyncShardWriter, "open", open_unless_held)
-    key = f"w-{uuid.uuid4().hex[:8]}"
-    worker = Worker(
-        ds,
-        RedisPartitions(client, key, "g", 2),
-        RedisLeaseTable(client, f"{key}:leases", "solo", 1.0),
-        max_failures=2,
-    )
-    try:
+    async with solo_worker(ds, client, 1.0, max_failures=2) as (worker, _):
         async with anyio.create_task_group() as tg:
             tg.start_soon(worker.run)
             await eventually(lambda: worker.stats().partitions == [0, 1], 60, "partition 0 taken")
             assert fences == 6
             worker.stop()
         assert worker.stats().partitions == []
-    finally:
-        for p in range(2):
-            await client.delete(f"{key}:{p}")
-        await client.delete(f"{key}:leases:member:solo")
 
 
 @pytest.mark.asyncio
@@ -423,16 +424,9 @@ async def test_a_worker_gives_up_only_when_no_partition_can_work(
         KV_SCHEMA.empty_table(), str(tmp_path / "t.lance"), schema=KV_SCHEMA
     )
     await ds.initialize_mem_wal(num_buckets=2, bucket_column="id")
-    key = f"w-{uuid.uuid4().hex[:8]}"
-    for p in range(2):
-        await client.set(f"{key}:{p}", b"not a stream")
-    worker = Worker(
-        ds,
-        RedisPartitions(client, key, "g", 2),
-        RedisLeaseTable(client, f"{key}:leases", "solo", 1.0),
-        max_failures=4,
-    )
-    try:
+    async with solo_worker(ds, client, 1.0, max_failures=4) as (worker, key):
+        for p in range(2):
+            await client.set(f"{key}:{p}", b"not a stream")
         with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
             with anyio.fail_after(60):  # only stops a hung test
                 await worker.run()
@@ -440,7 +434,3 @@ async def test_a_worker_gives_up_only_when_no_partition_can_work(
             None,
             None,
         ]  # nothing left held
-    finally:
-        for p in range(2):
-            await client.delete(f"{key}:{p}")
-        await client.delete(f"{key}:leases:member:solo")
