@@ -348,9 +348,9 @@ class KafkaCoordinator:
     async def _dispatch(self) -> None:
         while True:
             messages = await self._feed.fetch(1000, 0.2)
-            # each partition's assignment epoch as it was fetched (no await since)
-            epochs = {int(m.offset.partition): self._feed.epoch(m.offset) for m in messages}
+            epochs = self._feed.epochs()  # as fetched: no await since
             waited = False  # no await since the fetch: the epochs still hold
+            filled: dict[int, MemoryObjectSendStream[Message]] = {}
             for message in messages:
                 partition = int(message.offset.partition)
                 if partition in self._dropped:
@@ -365,7 +365,9 @@ class KafkaCoordinator:
                     queue = self._queues.get(partition)
                 if queue is None:
                     continue  # fetched before a revocation: never acked, read again by the owner
-                if waited and self._feed.epoch(message.offset) != epochs[partition]:
+                if waited and self._feed.epoch(message.offset) != epochs.get(
+                    self._topic_partition(partition), 0
+                ):
                     # fetched before the group moved the partition (this batch
                     # waited meanwhile): never committed, and the partition's
                     # owner since may have written newer records of its keys
@@ -374,7 +376,12 @@ class KafkaCoordinator:
                     queue.send_nowait(message)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     continue
-                if queue.statistics().current_buffer_used >= self._queue:
+                filled[partition] = queue
+            for partition, queue in filled.items():  # once per fetch, not per record
+                if (
+                    self._queues.get(partition) is queue
+                    and queue.statistics().current_buffer_used >= self._queue
+                ):
                     self._pause(partition)  # its next records wait in the broker
 
     async def _assigned_now(self, partitions: set[int]) -> None:

@@ -255,6 +255,11 @@ class KafkaFeed(BrokerFeed):
         compare before handing it on (does not block)."""
         return self._epochs.get(TopicPartition(where.topic, where.partition), 0)
 
+    def epochs(self) -> dict[TopicPartition, int]:
+        """Every partition's assignment epoch now (a copy; see :meth:`epoch`;
+        a partition never revoked is at 0 and may be missing). Does not block."""
+        return dict(self._epochs)
+
     def in_flight(self, tp: TopicPartition | None = None) -> int:
         """Records handed out and not yet acknowledged (of one partition, or all)."""
         if tp is not None:
