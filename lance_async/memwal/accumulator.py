@@ -227,6 +227,7 @@ class Accumulator:
         self._closed = False  # no more sends: drain, then end
         self._ended = False  # the writer task is gone
         self._last_run = -math.inf
+        self.last_put_seconds = 0.0
         self._space: anyio.Event | None = None
         self.queue_rows = 0
         self.queue_bytes = 0
@@ -316,6 +317,7 @@ class Accumulator:
 
     def put_took(self, seconds: float) -> None:
         """An engine put took ``seconds``: set the pacing of the next ones."""
+        self.last_put_seconds = seconds
         if self._pace is not None:
             self.put_interval = self._pace(seconds)
 

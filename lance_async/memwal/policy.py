@@ -29,7 +29,10 @@ Three policies, chosen with ``commit=`` on
     puts out so that they take at most about a quarter of the time, and
     each carries more rows -- group commit whose group grows with the load.
     Idle or lightly loaded, puts take a millisecond or two and the interval
-    stays at its floor.
+    stays at its floor. A routing writer paces its runs the same way, with
+    one more step once its event loop is saturated: the shards' puts are
+    then paced as the engine's CPU needs, not as one put's wall time (see
+    :meth:`CommitPolicy.pace_run`).
 ``"latency"``
     The same flush-every-put engine setting with small puts (1,000 rows), no
     pacing and a queue of one put (1,000 rows): the shortest acks under load, at the
@@ -51,7 +54,8 @@ from __future__ import annotations
 import difflib
 import functools
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -60,9 +64,12 @@ from .._args import check_seconds
 __all__ = [
     "COMMIT_POLICIES",
     "ENGINE_WAL_BUFFER_SIZE",
+    "LOAD_SMOOTHING",
     "PACE_FACTOR",
+    "SATURATED_LOOP",
     "Commit",
     "CommitPolicy",
+    "LoopLoad",
     "WriterConfig",
     "commit_policy",
     "engine_options",
@@ -116,10 +123,70 @@ class CommitPolicy:
             return self.min_put_interval
         return min(self.max_put_interval, max(self.min_put_interval, PACE_FACTOR * put_seconds))
 
+    def pace_run(self, put_seconds: Sequence[float], loop_busy: float) -> float:
+        """The interval to keep before a routing writer's next run, after one
+        whose shard puts took ``put_seconds`` (one per shard written), with
+        the event loop's thread on the CPU ``loop_busy`` of the time (0..1,
+        :class:`LoopLoad`). Does not block.
+
+        The shards' puts run side by side, so while the loop has time to
+        spare the run is paced as one put: by the longest. Once the loop is
+        saturated (``loop_busy`` at least :data:`SATURATED_LOOP`), CPU is
+        what limits the rows per second, and each put costs the engine a
+        fixed share of it (about a millisecond on a 2-core machine, whatever
+        its rows: ``bench/``); cut into a part per shard, a run makes
+        ``len(put_seconds)`` times the puts one writer would. So the
+        durations are summed instead and the ceiling is ``max_put_interval``
+        per shard written: each shard puts about as many rows at once as one
+        writer would at the same load -- at the price of longer acks, under
+        saturation only. Fixed pacing stays fixed.
+        """
+        if self.max_put_interval <= self.min_put_interval or not put_seconds:
+            return self.min_put_interval
+        if loop_busy < SATURATED_LOOP:
+            return self.pace(max(put_seconds))
+        cap = self.max_put_interval * len(put_seconds)
+        return min(cap, max(self.min_put_interval, PACE_FACTOR * sum(put_seconds)))
+
+
+class LoopLoad:
+    """How busy the event loop's thread is: the share of wall time it spent on
+    the CPU between two samples, smoothed (an exponential moving average).
+
+    Create it and call :meth:`sample` on the loop's thread (a task's code
+    runs there); each sample costs two clock reads. A loop near 1.0 is
+    saturated: its callbacks are what limit throughput.
+    """
+
+    __slots__ = ("_cpu", "_wall", "busy")
+
+    def __init__(self) -> None:
+        self._cpu = time.thread_time()
+        self._wall = time.monotonic()
+        self.busy = 0.0
+        """The smoothed share (0..1)."""
+
+    def sample(self) -> float:
+        """Fold in the time since the last sample; returns :attr:`busy`."""
+        cpu, wall = time.thread_time(), time.monotonic()
+        span = wall - self._wall
+        if span > 0:
+            share = min(1.0, max(0.0, (cpu - self._cpu) / span))
+            self.busy += LOAD_SMOOTHING * (share - self.busy)
+        self._cpu, self._wall = cpu, wall
+        return self.busy
+
 
 PACE_FACTOR = 4.0
 """Adaptive pacing: the interval between puts, in durations of the last put
 (engine puts then take about a quarter of the time at most)."""
+
+SATURATED_LOOP = 0.75
+"""A routing writer's event loop busy this share of the time (or more) is
+saturated: its runs are then paced for throughput (:meth:`CommitPolicy.pace_run`)."""
+
+LOAD_SMOOTHING = 0.2
+"""The weight of each new sample in :class:`LoopLoad`'s moving average."""
 
 
 COMMIT_POLICIES: dict[str, CommitPolicy] = {

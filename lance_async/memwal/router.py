@@ -39,7 +39,7 @@ from .accumulator import Accumulator, Entry, Kind
 from .acks import Ack, PutSummary
 from .committer import DEFAULT_MAX_MEMTABLE_ROWS
 from .compactor import CompactionPolicy, Compactor
-from .policy import WriterConfig
+from .policy import LoopLoad, WriterConfig
 from .routing import FanOut, RoutedPart, ShardCut, cut_part, split_run
 from .sharding import Sharding, default_shard_id, read_sharding
 from .stats import RouterStats, WriterState, percentiles
@@ -126,6 +126,7 @@ class ShardRouter(LsmMethods):
         self._state = WriterState.NEW
         self._open_lock: anyio.Lock | None = None
         self._loop: LoopHandle | None = None
+        self._load: LoopLoad | None = None  # the loop's busy share, for the pacing
         self._acc: Accumulator | None = None
         self._routed: anyio.Event | None = None  # set when the routing task ended
         self._keys = primary_key(dataset.schema)
@@ -176,6 +177,7 @@ class ShardRouter(LsmMethods):
             )
         self._sharding = sharding
         self._loop = LoopHandle()
+        self._load = LoopLoad()
         self._acc = self._route_queue(sharding)
         self._routed = anyio.Event()
         self._open_lock = anyio.Lock()
@@ -385,12 +387,18 @@ class ShardRouter(LsmMethods):
                     FanOut(kind, acks, left.rows, left.batches, left.starts)._part_failed(error)
                 raise
         self._acc.release(rows, nbytes)
-        # the next run waits as long as the slowest shard's pacing asks, and
-        # at least ROUTE_MIN_INTERVAL: a run's fixed cost is paid per run, not per send
-        self._acc.put_interval = max(
-            [ROUTE_MIN_INTERVAL, self.config.policy.min_put_interval]
-            + [w.put_interval for w in self._writers.values()]
-        )
+        self._pace({cut.shard_id for _, cut in parts})
+
+    def _pace(self, shards: set[str]) -> None:
+        """Set the wait before the next run from the last puts of the shards
+        this run wrote and how busy the loop is (:meth:`CommitPolicy.pace_run`),
+        and at least :data:`ROUTE_MIN_INTERVAL` -- a run's fixed cost is paid
+        per run, not per send."""
+        assert self._load is not None and self._acc is not None
+        writers = self._writers
+        took = [writers[s].last_put_seconds for s in shards if s in writers]
+        interval = self.config.policy.pace_run(took, self._load.sample())
+        self._acc.put_interval = max(ROUTE_MIN_INTERVAL, interval)
 
     @staticmethod
     def _refuse(entry: Entry, exc: Exception) -> None:

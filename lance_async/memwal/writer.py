@@ -401,6 +401,12 @@ class AsyncShardWriter(LsmMethods):
         bounds); 0 before the writer is open."""
         return self._acc.put_interval if self._acc is not None else 0.0
 
+    @property
+    def last_put_seconds(self) -> float:
+        """How long this writer's last engine put took (seconds; 0 before
+        any put). A :class:`~lance_async.ShardRouter` paces its runs by it."""
+        return self._acc.last_put_seconds if self._acc is not None else 0.0
+
     def unpaced(self) -> None:
         """Put whatever is queued at once, without waiting out
         :attr:`put_interval` (which is still computed). A

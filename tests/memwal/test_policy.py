@@ -9,10 +9,14 @@ import pyarrow as pa
 import pytest
 
 import lance_async as la
+from lance_async.memwal import policy as policy_module
 from lance_async.memwal.policy import (
     COMMIT_POLICIES,
     ENGINE_WAL_BUFFER_SIZE,
+    LOAD_SMOOTHING,
     PACE_FACTOR,
+    SATURATED_LOOP,
+    LoopLoad,
     WriterConfig,
     commit_policy,
     engine_options,
@@ -174,6 +178,50 @@ def test_adaptive_pacing_follows_the_last_put_within_its_bounds() -> None:
     assert commit_policy("adaptive", 0.1).pace(1.0) == 0.1
     assert commit_policy("latency").pace(1.0) == 0.0  # no pacing at all
     assert commit_policy("throughput", 0.05).pace(1.0) == 0.05
+
+
+def test_a_routed_run_is_paced_as_one_put_until_the_loop_is_saturated() -> None:
+    adaptive = COMMIT_POLICIES["adaptive"]
+    four = [0.002, 0.003, 0.004, 0.001]
+    idle = SATURATED_LOOP - 0.1
+    # loop with time to spare: the shards' puts ran side by side, paced by the longest
+    assert adaptive.pace_run(four, idle) == pytest.approx(PACE_FACTOR * 0.004)
+    assert adaptive.pace_run([2.0] * 4, idle) == adaptive.max_put_interval
+    # saturated: their durations add up, and the ceiling is one writer's per shard
+    assert adaptive.pace_run(four, SATURATED_LOOP) == pytest.approx(PACE_FACTOR * 0.010)
+    assert adaptive.pace_run([2.0] * 4, 1.0) == pytest.approx(4 * adaptive.max_put_interval)
+    assert adaptive.pace_run([2.0] * 2, 1.0) == pytest.approx(2 * adaptive.max_put_interval)
+    assert adaptive.pace_run([0.0001] * 4, 1.0) == adaptive.min_put_interval  # the floor
+    # no shard written yet, and fixed or no pacing, whatever the load
+    assert adaptive.pace_run([], 1.0) == adaptive.min_put_interval
+    assert commit_policy("latency").pace_run(four, 1.0) == 0.0
+    assert commit_policy("throughput", 0.05).pace_run([2.0] * 4, 1.0) == 0.05
+
+
+def test_loop_load_is_the_smoothed_share_of_wall_time_on_the_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = {"cpu": 10.0, "wall": 100.0}
+    monkeypatch.setattr(policy_module.time, "thread_time", lambda: clock["cpu"])
+    monkeypatch.setattr(policy_module.time, "monotonic", lambda: clock["wall"])
+    load = LoopLoad()
+    assert load.busy == 0.0
+
+    def spend(cpu: float, wall: float) -> float:
+        clock["cpu"] += cpu
+        clock["wall"] += wall
+        return load.sample()
+
+    for _ in range(60):  # always on the CPU: converges to 1
+        spend(0.01, 0.01)
+    assert load.busy == pytest.approx(1.0, abs=1e-3)
+    for _ in range(60):  # a quarter of the time
+        spend(0.0025, 0.01)
+    assert load.busy == pytest.approx(0.25, abs=1e-3)
+    before = load.busy
+    assert spend(0.0, 0.0) == before  # no time passed: unchanged
+    spend(0.5, 0.01)  # a clock jitter past 100 % counts as 100 %
+    assert load.busy == pytest.approx(before + LOAD_SMOOTHING * (1.0 - before))
 
 
 @pytest.mark.asyncio

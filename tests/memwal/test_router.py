@@ -110,3 +110,39 @@ async def test_a_closed_or_unopened_router_refuses_every_call_with_closed_error(
     with pytest.raises(la.ClosedError):
         router.lsm_scan()
     await router.aclose()  # still safe to call twice
+
+
+class _Load:
+    """A LoopLoad stand-in whose loop is as busy as the test says."""
+
+    def __init__(self, busy: float) -> None:
+        self.busy = busy
+
+    def sample(self) -> float:
+        return self.busy
+
+
+async def test_a_router_paces_its_runs_for_throughput_only_once_its_loop_is_saturated(
+    table_uri: str,
+) -> None:
+    ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
+    async with ds.shard_router() as router:
+        await router.put(kv_table(range(0, 400)))
+        writers = router.writers
+        assert len(writers) == 4 and all(w.last_put_seconds > 0 for w in writers.values())
+        for w in writers.values():
+            w._acc.put_took(0.004)  # type: ignore[union-attr]  # each shard's put took 4 ms
+        acc = router._acc
+        assert acc is not None
+        router._load = _Load(0.2)  # type: ignore[assignment]
+        router._pace(set(writers))
+        assert acc.put_interval == pytest.approx(0.016)  # side by side: paced as one put
+        router._load = _Load(0.95)  # type: ignore[assignment]
+        router._pace(set(writers))
+        assert acc.put_interval == pytest.approx(0.064)  # saturated: the four summed
+        router._pace(set(list(writers)[:1]))
+        assert acc.put_interval == pytest.approx(0.016)  # a run that wrote one shard
+        # the router keeps routing under the stretched pacing
+        assert (await router.put(kv_table(range(400, 800)))).rows == 400
+    table = await ds.lsm_scan(columns=["id"]).to_table()
+    assert sorted(table.column("id").to_pylist()) == list(range(800))
