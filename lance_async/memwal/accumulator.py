@@ -228,6 +228,7 @@ class Accumulator:
         self._ended = False  # the writer task is gone
         self._last_run = -math.inf
         self.last_put_seconds = 0.0
+        """How long the last engine put took (seconds; 0 before any)."""
         self._space: anyio.Event | None = None
         self.queue_rows = 0
         self.queue_bytes = 0

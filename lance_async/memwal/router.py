@@ -61,13 +61,16 @@ ROUTE_MIN_INTERVAL = 0.001
 commit policy (the latency and throughput policies pace no puts): without
 it a busy router would route each send as a run of its own."""
 
-ROUTE_INLINE_ROWS = 4_096
+ROUTE_INLINE_ROWS = 50_000
 """Runs of up to this many rows are cut on the event loop (one evaluation of
-the spec, one sort, one take: about a millisecond), larger ones on a worker
-thread. For a small run the thread hop and the worker thread's competition
-for the GIL cost the loop more than the cut itself (bench/: the default
-writer's one-send-per-message rows/s fell by about a quarter when every run
-went to a thread)."""
+the spec, one sort, one take), larger ones on a worker thread. A default run
+holds at most 40,000 rows (four shards' puts), so every default run is cut
+on the loop: on 2 cores the thread hop cost more than the cut (bench/, issue
+25: with runs of more than 4,096 rows on a thread, ``send_many`` and
+``ingest()`` through the routing writer reached 0.79x and 0.74x of one
+shard's rows/s, cut on the loop 0.98x and 0.90x). Cutting 40,000 rows of
+4,000 batches holds the loop about 12 ms on that machine, 20,000 rows of two
+batches about 2 ms."""
 
 
 class ShardRouter(LsmMethods):

@@ -254,6 +254,14 @@ def _codes(values: pa.Array) -> tuple[np.ndarray, list[Any] | None]:
     return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
 
 
+def _narrow(codes: np.ndarray) -> np.ndarray:
+    """``codes`` as 16-bit integers when they fit (bucket numbers do): numpy's
+    stable sort of them is then a radix sort, about twice as fast."""
+    if codes.dtype.itemsize > 2 and codes.min() >= 0 and codes.max() < 2**15:
+        return codes.astype(np.int16)
+    return codes
+
+
 def split_run(sharding: Sharding, fit: TableFit, entries: Sequence[Entry]) -> RunCuts:
     """Cut a run of queued entries (one kind) into one part per shard (blocking).
 
@@ -289,7 +297,7 @@ def split_run(sharding: Sharding, fit: TableFit, entries: Sequence[Entry]) -> Ru
         ranked = codes
         taken = table
     else:  # one stable sort: each shard's rows a slice, in run order within it
-        order = np.argsort(codes, kind="stable")
+        order = np.argsort(_narrow(codes), kind="stable")
         ranked = codes[order]
         taken = table.take(pa.array(order))
         row_batch = row_batch[order]

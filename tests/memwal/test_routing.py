@@ -33,11 +33,15 @@ async def ids_by_shard(ds: la.AsyncDataset, ids: range) -> dict[str, list[int]]:
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "inline_rows", [router_module.ROUTE_INLINE_ROWS, 0], ids=["loop", "thread"]
+)
 async def test_sends_queued_together_are_routed_in_one_evaluation_and_one_put_per_shard(
-    table_uri: str, monkeypatch: pytest.MonkeyPatch
+    table_uri: str, monkeypatch: pytest.MonkeyPatch, inline_rows: int
 ) -> None:
     ds = await keyed(table_uri)
     runs: list[int] = []
+    monkeypatch.setattr(router_module, "ROUTE_INLINE_ROWS", inline_rows)  # where the run is cut
 
     def counted(sharding: Any, fit: Any, entries: Any) -> Any:
         runs.append(len(entries))
