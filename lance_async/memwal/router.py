@@ -65,10 +65,11 @@ ROUTE_INLINE_ROWS = 50_000
 """Runs of up to this many rows are cut on the event loop (one evaluation of
 the spec, one sort, one take), larger ones on a worker thread. A default run
 holds at most 40,000 rows (four shards' puts), so every default run is cut
-on the loop: on 2 cores the thread hop cost more than the cut (bench/, issue
-25: with runs of more than 4,096 rows on a thread, ``send_many`` and
-``ingest()`` through the routing writer reached 0.79x and 0.74x of one
-shard's rows/s, cut on the loop 0.98x and 0.90x). Cutting 40,000 rows of
+on the loop: on 2 cores the thread hop cost more than the cut (issue 25,
+the ingestion bench's ``send_many`` and ``ingest()`` runs of 120,000
+messages: with runs of more than 4,096 rows cut on a thread the routing
+writer reached 0.79x and 0.74x of one shard's rows/s, cut on the loop 0.98x
+and 0.90x, medians of three). Cutting 40,000 rows of
 4,000 batches holds the loop about 12 ms on that machine, 20,000 rows of two
 batches about 2 ms."""
 

@@ -192,10 +192,13 @@ def test_a_routed_run_is_paced_as_one_put_until_the_loop_is_saturated() -> None:
     assert adaptive.pace_run([2.0] * 4, 1.0) == pytest.approx(4 * adaptive.max_put_interval)
     assert adaptive.pace_run([2.0] * 2, 1.0) == pytest.approx(2 * adaptive.max_put_interval)
     assert adaptive.pace_run([0.0001] * 4, 1.0) == adaptive.min_put_interval  # the floor
-    # no shard written yet, and fixed or no pacing, whatever the load
-    assert adaptive.pace_run([], 1.0) == adaptive.min_put_interval
-    assert commit_policy("latency").pace_run(four, 1.0) == 0.0
-    assert commit_policy("throughput", 0.05).pace_run([2.0] * 4, 1.0) == 0.05
+    assert adaptive.pace_run([], 1.0) == adaptive.min_put_interval  # no shard written yet
+    # no or fixed pacing, whatever the load: back to back with the longest put
+    assert commit_policy("latency").pace_run(four, 1.0) == 0.004
+    assert commit_policy("latency").pace_run(four, 0.0) == 0.004
+    assert commit_policy("throughput").pace_run([], 1.0) == 0.0
+    assert commit_policy("throughput", 0.05).pace_run(four, 1.0) == 0.05
+    assert commit_policy("throughput", 0.05).pace_run([0.06, 0.01], 1.0) == 0.06
 
 
 def test_loop_load_is_the_smoothed_share_of_wall_time_on_the_cpu(
