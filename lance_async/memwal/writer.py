@@ -395,21 +395,14 @@ class AsyncShardWriter(LsmMethods):
         return ack
 
     @property
-    def put_interval(self) -> float:
-        """Seconds the commit policy asks between the starts of two puts now
-        (adaptive: four times the last put's duration, within the policy's
-        bounds); 0 before the writer is open."""
-        return self._acc.put_interval if self._acc is not None else 0.0
-
-    @property
     def last_put_seconds(self) -> float:
         """How long this writer's last engine put took (seconds; 0 before
         any put). A :class:`~lance_async.ShardRouter` paces its runs by it."""
         return self._acc.last_put_seconds if self._acc is not None else 0.0
 
     def unpaced(self) -> None:
-        """Put whatever is queued at once, without waiting out
-        :attr:`put_interval` (which is still computed). A
+        """Put whatever is queued at once, without waiting out the commit
+        policy's interval (which is still computed). A
         :class:`~lance_async.ShardRouter` does this to its shard writers: it
         paces its own runs, each of which hands every shard one part."""
         self._parts()[0].paced = False
