@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import shlex
 import shutil
@@ -52,9 +53,11 @@ from ._common import (
     Settings,
     close_zygotes,
     code_state,
+    cpu_times,
     log,
     machine_facts,
     set_child_log,
+    steal_share,
 )
 
 WORKLOADS = [
@@ -152,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])])
     shared: dict[str, Any] = {}
     sections: list[Section] = []
+    steal: dict[str, float] = {}  # the machine's CPU steal during each section
     modules = {
         "merge_replay": merge_replay,
         "mem_wal_ingest": mem_wal_ingest,
@@ -165,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in wanted:
             log(f"{name}: starting")
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), cpu_times()
             section = modules[name].run(settings, shared)
             section.seconds = time.perf_counter() - t0
+            steal[name] = steal_share(cpu0, cpu_times())
             sections.append(section)
             log(f"{name}: {section.seconds:.0f} s")
         lag = report.lag_section(shared, use_lancedb, lancedb_note)
@@ -184,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     facts = machine_facts()
     facts["load average (1, 5, 15 min) at start"] = load_at_start
     facts["lance_async commit"] = code.describe()
+    for name, share in steal.items():
+        if not math.isnan(share):  # Linux only
+            facts[f"CPU steal during {name}"] = f"{share:.1%}"
     raw = {
         "command": command,
         "started": started,

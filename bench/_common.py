@@ -462,11 +462,36 @@ def write_bytes() -> int:
     return int(psutil.Process().io_counters().write_bytes)
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """The machine's CPU time stolen by the hypervisor and its total CPU time
+    so far, in clock ticks over all cores (Linux ``/proc/stat``); None
+    elsewhere. Two readings give the steal share between them
+    (:func:`steal_share`)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: guests
+    # are counted in user already
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float:
+    """The share (0..1) of the cores' time the hypervisor gave to other guests
+    between two :func:`cpu_times` readings (NaN when unknown). A few percent
+    or more makes throughput figures of that span unreliable."""
+    if before is None or after is None or after[1] <= before[1]:
+        return math.nan
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 class Meter:
     """Time, bytes written and RSS around one operation, in the current process.
 
     Use as ``with Meter() as m: ...``; then ``m.result()`` gives ``wall_s``,
-    ``write_mib`` (write_bytes delta) and ``base_rss_mib`` (RSS at entry).
+    ``write_mib`` (write_bytes delta), ``base_rss_mib`` (RSS at entry) and
+    ``steal_pct`` (the machine's CPU steal meanwhile, :func:`steal_share`).
     """
 
     def __init__(self) -> None:
@@ -474,11 +499,14 @@ class Meter:
         self.end = 0.0
         self.written = 0
         self.base_rss = 0.0
+        self.steal = math.nan
         self._w0 = 0
+        self._cpu0: tuple[int, int] | None = None
 
     def __enter__(self) -> Meter:
         self.base_rss = current_rss_mib()
         self._w0 = write_bytes()
+        self._cpu0 = cpu_times()
         self.start = time.perf_counter()
         return self
 
@@ -487,6 +515,7 @@ class Meter:
         if not self.end:
             self.end = time.perf_counter()
             self.written = write_bytes() - self._w0
+            self.steal = steal_share(self._cpu0, cpu_times())
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -502,6 +531,7 @@ class Meter:
             "wall_s": self.seconds,
             "write_mib": self.written / MIB,
             "base_rss_mib": self.base_rss,
+            "steal_pct": self.steal * 100,
         }
 
 

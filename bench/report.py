@@ -315,6 +315,10 @@ def write_report(
         "means other processes competed for the 2 cores during the run, which widens the "
         "[min–max] ranges; configurations alternate within each round so that such noise "
         "spreads over all of them.",
+        "- On a virtual machine the hypervisor may run other guests on the same cores: "
+        "'CPU steal during <section>' (see Machine; Linux's `/proc/stat`) is the share of the "
+        "cores' time taken from this guest meanwhile, and each run's own share is `steal_pct` "
+        "in the raw JSON. A few percent or more slows runs unevenly, even in the same round.",
         "",
     ]
     for section in sections:

@@ -8,6 +8,7 @@ a pass.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,39 @@ def test_target_values_never_round_across_the_limit(
     from bench._common import fmt_vs_limit
 
     assert fmt_vs_limit(value, limit, at_most=at_most) == expected
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        ((10, 1_000), (60, 2_000), 0.05),  # 50 of 1,000 ticks stolen
+        ((10, 1_000), (10, 2_000), 0.0),
+        (None, (10, 2_000), math.nan),  # no /proc/stat
+        ((10, 1_000), (10, 1_000), math.nan),  # no time passed
+    ],
+)
+def test_steal_share_is_the_stolen_part_of_the_cores_time(
+    before: tuple[int, int] | None, after: tuple[int, int] | None, expected: float
+) -> None:
+    sys.path.insert(0, str(REPO_ROOT))
+    from bench._common import steal_share
+
+    got = steal_share(before, after)
+    assert got == pytest.approx(expected, nan_ok=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
+def test_cpu_times_reads_steal_and_total_ticks() -> None:
+    sys.path.insert(0, str(REPO_ROOT))
+    from bench._common import cpu_times
+
+    first = cpu_times()
+    assert first is not None
+    sum(i * i for i in range(200_000))  # some CPU time passes
+    second = cpu_times()
+    assert second is not None
+    assert 0 <= first[0] <= first[1]
+    assert second[0] >= first[0] and second[1] >= first[1]
 
 
 @pytest.mark.timeout(300)  # the run's own limit (240 s) first
@@ -90,6 +124,9 @@ def test_quick_run_writes_report_and_charts(tmp_path: Path) -> None:
     assert report.count("lance_async writes no replay bytes") == 8  # all four cases
     assert report.count("concurrent upserters") >= 2
     assert "visibility lag p99" in report
+    if sys.platform.startswith("linux"):  # /proc/stat: each section's CPU steal is reported
+        for section in only.split(","):
+            assert f"| CPU steal during {section} |" in report, section
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs, "no chart was written"
     for png in pngs:
