@@ -318,7 +318,10 @@ def write_report(
         "- On a virtual machine the hypervisor may run other guests on the same cores: "
         "'CPU steal during <section>' (see Machine; Linux's `/proc/stat`) is the share of the "
         "cores' time taken from this guest meanwhile, and each run's own share is `steal_pct` "
-        "in the raw JSON. A few percent or more slows runs unevenly, even in the same round.",
+        "in the raw JSON. A few percent or more slows runs unevenly, even in the same round. "
+        "Steal does not show everything: a guest's cores also run slower at times (a busy "
+        "sibling thread, the host's clock); the ingestion section's `harness_only` row (no "
+        "writer at all) is the speed reference of each round.",
         "",
     ]
     for section in sections:
