@@ -395,14 +395,16 @@ class ShardRouter(LsmMethods):
 
     def _pace(self, shards: set[str]) -> None:
         """Set the wait before the next run from the last puts of the shards
-        this run wrote and how busy the loop is (:meth:`CommitPolicy.pace_run`),
-        and at least :data:`ROUTE_MIN_INTERVAL` -- a run's fixed cost is paid
-        per run, not per send."""
+        this run wrote, how busy the loop is and the wait before this run
+        (:meth:`CommitPolicy.pace_run`), and at least
+        :data:`ROUTE_MIN_INTERVAL` -- a run's fixed cost is paid per run, not
+        per send."""
         assert self._load is not None and self._acc is not None
         writers = self._writers
         took = [writers[s].last_put_seconds for s in shards if s in writers]
-        interval = self.config.policy.pace_run(took, self._load.sample())
-        self._acc.put_interval = max(ROUTE_MIN_INTERVAL, interval)
+        acc = self._acc
+        interval = self.config.policy.pace_run(took, self._load.sample(), acc.put_interval)
+        acc.put_interval = max(ROUTE_MIN_INTERVAL, interval)
 
     @staticmethod
     def _refuse(entry: Entry, exc: Exception) -> None:

@@ -15,6 +15,7 @@ from lance_async.memwal.policy import (
     ENGINE_WAL_BUFFER_SIZE,
     LOAD_SMOOTHING,
     PACE_FACTOR,
+    RAMP,
     SATURATED_LOOP,
     LoopLoad,
     WriterConfig,
@@ -194,7 +195,7 @@ def test_a_routed_run_is_paced_as_one_put_until_the_loop_is_saturated() -> None:
     assert adaptive.pace_run([0.0001] * 4, 1.0) == adaptive.min_put_interval  # the floor
     assert adaptive.pace_run([], 1.0) == adaptive.min_put_interval  # no shard written yet
     # no or fixed pacing, whatever the load: back to back with the longest put
-    assert commit_policy("latency").pace_run(four, 1.0) == 0.004
+    assert commit_policy("latency").pace_run(four, 1.0, 0.0) == 0.004
     assert commit_policy("latency").pace_run(four, 0.0) == 0.004
     assert commit_policy("throughput").pace_run([], 1.0) == 0.0
     assert commit_policy("throughput", 0.05).pace_run(four, 1.0) == 0.05
@@ -244,3 +245,23 @@ async def test_a_writer_paces_its_puts_by_the_last_put(table_uri: str) -> None:
         assert acc.put_interval == 0.005
         await w.put(ten_rows(900))  # the writer keeps writing under the new pacing
         assert (await w.lsm_point_lookup(10_000)).num_rows == 1
+
+
+def test_a_saturated_run_interval_ramps_up_from_the_last_one() -> None:
+    """One saturated sample (a burst, a full GC) stretches the next run by
+    RAMP at most; sustained saturation reaches the summed interval in a few
+    runs; below saturation the interval falls back at once."""
+    adaptive = COMMIT_POLICIES["adaptive"]
+    slow = [0.02] * 4  # the summed interval would be the ceiling: 4 x 20 ms
+    last = adaptive.pace_run(slow, 0.0)  # below saturation: one put's, 20 ms
+    assert last == adaptive.max_put_interval
+    steps = []
+    for _ in range(6):
+        last = adaptive.pace_run(slow, 1.0, last)
+        steps.append(last)
+    assert steps[0] == pytest.approx(adaptive.max_put_interval * RAMP)
+    assert steps == sorted(steps)  # never shrinks while saturated
+    assert steps[-1] == pytest.approx(4 * adaptive.max_put_interval)  # the ceiling, in a few runs
+    assert adaptive.pace_run(slow, 0.0, last) == adaptive.max_put_interval  # back at once
+    # a previous interval below one put's pacing never holds a run below it
+    assert adaptive.pace_run([0.004] * 4, 1.0, 0.0) == pytest.approx(PACE_FACTOR * 0.004)

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 
 import lance_async as la
+from lance_async.memwal.policy import RAMP
 
 from ..helpers import KV_SCHEMA, kv_table
 from .support import mem_wal_table
@@ -139,7 +140,10 @@ async def test_a_router_paces_its_runs_for_throughput_only_once_its_loop_is_satu
         assert acc.put_interval == pytest.approx(0.016)  # side by side: paced as one put
         router._load = _Load(0.95)  # type: ignore[assignment]
         router._pace(set(writers))
-        assert acc.put_interval == pytest.approx(0.064)  # saturated: the four summed
+        assert acc.put_interval == pytest.approx(0.016 * RAMP)  # saturated: it ramps up
+        for _ in range(3):
+            router._pace(set(writers))
+        assert acc.put_interval == pytest.approx(0.064)  # to the four summed
         router._pace(set(list(writers)[:1]))
         assert acc.put_interval == pytest.approx(0.016)  # a run that wrote one shard
         # the router keeps routing under the stretched pacing
