@@ -316,9 +316,7 @@ class ShardRouter(LsmMethods):
             except Exception as exc:  # the shard's rows fail with it, the others go on
                 failed[shard_id] = exc
 
-        if len(missing) == 1:
-            await open_one(missing[0])
-        elif missing:
+        if missing:
             async with anyio.create_task_group() as tg:
                 for shard_id in missing:
                     tg.start_soon(open_one, shard_id)
