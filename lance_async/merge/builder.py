@@ -1,21 +1,20 @@
 """``AsyncMergeInsertBuilder``: merge_insert on worker threads, conflicts retried by replay.
 
-The retry strategy per source mode, tables without a primary key and the
-cancellation rule are described in the package docstring (``merge/__init__.py``);
-the MemWAL path (``via_mem_wal``) in ``mem_wal.py``; the checks of a pass
-of the source in ``passes.py``.
+The builder holds the configuration and picks the path: the MemWAL
+(``via_mem_wal.py``), a group commit with concurrent upserts
+(``coalesce.py``), or the upsert alone (``attempt.py``: one engine merge per
+attempt, replayed after a conflict). The retry strategy per source mode,
+tables without a primary key and the cancellation rule are described in the
+package docstring (``merge/__init__.py``); the checks of a pass of the
+source in ``passes.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import pyarrow as pa
@@ -23,21 +22,24 @@ from lance.dataset import LanceDataset
 
 from .._args import check_choice, check_int, check_timedelta
 from .._duplicates import DUPLICATE_POLICIES
-from .._loop import unwrap_groups
+from .._engine_errors import raise_mapped
 from .._metrics import record_merge
+from .._schema import primary_key
 from .._table import Table
 from .._threads import run_sync
-from ..errors import (
-    ConflictError,
-    ContentionError,
-    MergeShapeError,
-    SchemaMismatchError,
-    map_engine_error,
-    raise_mapped,
-)
+from ..errors import MergeShapeError, SchemaMismatchError
 from ..memwal.acks import PutSummary
 from ..sources import SourceMode, WriteSource, resolve_source
-from .passes import PassGuard, check_keys, insert_lock, materialize, read_keys, read_whole
+from .attempt import MergeSpec, Outcome, once, replayed, replays, run_pass
+from .coalesce import COALESCE_BYTES, COALESCE_ROWS, coalesced, group_shape
+from .passes import (
+    PassGuard,
+    check_keys,
+    check_required,
+    materialize,
+    read_keys,
+    read_whole,
+)
 from .result import MergeResult, backoff_delay, engine_stats
 from .route import check_base_keys, choose_route, whole_rows
 from .via_mem_wal import (
@@ -52,9 +54,25 @@ from .via_mem_wal import (
 __all__ = ["AsyncMergeInsertBuilder", "MergeResult", "backoff_delay"]
 
 log = logging.getLogger("lance_async.merge")
-T = TypeVar("T")
 
-_RETRIES_RE = re.compile(r"Attempted (\d+) retries")
+#: The clauses that say what a merge does with a row (the rest are settings).
+_CLAUSES = frozenset(
+    {
+        "when_matched_update_all",
+        "when_matched_delete",
+        "when_matched_fail",
+        "when_not_matched_insert_all",
+        "when_not_matched_by_source_delete",
+    }
+)
+
+
+def _sql(name: str, value: object) -> str | None:
+    """A clause's SQL condition, checked at the call (pylance would raise a
+    TypeError only when the merge is built, on a worker thread)."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a string of SQL or None, not {type(value).__name__}")
+    return value
 
 
 class AsyncMergeInsertBuilder:
@@ -74,16 +92,18 @@ class AsyncMergeInsertBuilder:
 
     def __init__(self, dataset: Table, on: str | Iterable[str] | None) -> None:
         self._dataset = dataset
-        if on is None:
+        named = None if on is None else [on] if isinstance(on, str) else list(on)
+        if not named:  # None or no column: the primary key (pylance and LanceDB read [] so)
             keys = dataset.primary_key
             if not keys:
                 raise ValueError(
-                    "merge_insert(on=None) uses the primary key, but the schema marks none; "
-                    "pass on='column' or add the lance-schema:unenforced-primary-key metadata"
+                    "merge_insert() with no join column uses the primary key, but the schema "
+                    "marks none; pass on='column' or add the "
+                    "lance-schema:unenforced-primary-key metadata"
                 )
             self._on = keys
         else:
-            self._on = [on] if isinstance(on, str) else list(on)
+            self._on = named
         unknown = [c for c in self._on if c not in dataset.schema.names]
         if unknown:
             raise SchemaMismatchError(
@@ -96,6 +116,7 @@ class AsyncMergeInsertBuilder:
         self._mem_wal = False
         self._base = False
         self._writer: MemWalWriter | None = None
+        self._coalesce: tuple[int, int] | None = (COALESCE_ROWS, COALESCE_BYTES)
         self.last_result: MergeResult | None = None
 
     # -- configuration (mirrors pylance) -----------------------------------
@@ -107,8 +128,14 @@ class AsyncMergeInsertBuilder:
 
     def when_matched_update_all(self, condition: str | None = None) -> AsyncMergeInsertBuilder:
         """Update target rows that match a source row (optionally only where
-        the SQL ``condition`` over ``source.`` / ``target.`` columns holds)."""
-        return self._add("when_matched_update_all", condition)
+        the SQL ``condition`` over ``source.`` / ``target.`` columns holds).
+
+        Raises
+        ------
+        TypeError
+            ``condition`` is not a string of SQL (at the call).
+        """
+        return self._add("when_matched_update_all", _sql("condition", condition))
 
     def when_matched_delete(self) -> AsyncMergeInsertBuilder:
         """Delete target rows that match a source row."""
@@ -124,8 +151,16 @@ class AsyncMergeInsertBuilder:
 
     def when_not_matched_by_source_delete(self, expr: str | None = None) -> AsyncMergeInsertBuilder:
         """Delete target rows that no source row matches (only those matching
-        the SQL ``expr`` when given)."""
-        return self._add("when_not_matched_by_source_delete", expr)
+        the SQL ``expr`` when given). Called again, the last call's ``expr``
+        holds (none: every such row), as in pylance.
+
+        Raises
+        ------
+        TypeError
+            ``expr`` is not a string of SQL (at the call; LanceDB also takes
+            its own expression objects, pylance and lance_async SQL only).
+        """
+        return self._add("when_not_matched_by_source_delete", _sql("expr", expr))
 
     def duplicate_keys(self, policy: str) -> AsyncMergeInsertBuilder:
         """What to do with a join key repeated inside the source.
@@ -162,6 +197,56 @@ class AsyncMergeInsertBuilder:
         self._timeout = check_timedelta("retry_timeout", timeout)
         return self
 
+    def coalesce(
+        self,
+        enabled: bool = True,
+        *,
+        max_rows: int = COALESCE_ROWS,
+        max_bytes: int = COALESCE_BYTES,
+    ) -> AsyncMergeInsertBuilder:
+        """Whether this upsert may share one commit with concurrent ones (group commit).
+
+        On by default. While another upsert of the same table, join columns,
+        clauses and source columns is in flight in this event loop, this one
+        waits with the others that arrive, and all of them then run as one
+        engine merge: one commit, one version, rows applied in arrival order
+        (the last upsert of a key wins; for insert-only merges the first),
+        each caller with its own counts (``MergeResult.group_size`` says how
+        many shared the commit). A lone upsert never waits. See
+        ``merge/coalesce.py`` for the rules; pylance and LanceDB commit every
+        call.
+
+        Only plain clauses coalesce: ``when_matched_update_all()`` and/or
+        ``when_not_matched_insert_all()`` without a condition, through the
+        base table, from an in-memory source or a replayable one of at most
+        ``max_bytes`` (read into memory to join); any other merge runs alone.
+
+        Parameters
+        ----------
+        enabled : bool
+            False: always run alone (one commit per call, as pylance).
+        max_rows : int
+            Rows a pending group holds at most (default 1,000,000); an upsert
+            that does not fit waits for the next group (backpressure).
+        max_bytes : int
+            Bytes of Arrow data a pending group holds at most (default 64
+            MiB); a source larger than that runs alone at once.
+
+        Returns
+        -------
+        AsyncMergeInsertBuilder
+            ``self`` (does not block).
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``max_rows`` or ``max_bytes`` not an int of at least 1.
+        """
+        rows = check_int("max_rows", max_rows, minimum=1)
+        nbytes = check_int("max_bytes", max_bytes, minimum=1)
+        self._coalesce = (rows, nbytes) if enabled else None
+        return self
+
     def use_index(self, use_index: bool) -> AsyncMergeInsertBuilder:
         """Whether to use an index on the join key (default True)."""
         return self._add("use_index", use_index)
@@ -190,10 +275,10 @@ class AsyncMergeInsertBuilder:
         each row to its own shard, by the table's sharding -- and resolves
         once the writer acknowledged them (durable in the WAL with
         ``durable_write``, the default). No version is committed: LSM reads
-        (``lsm_scan``, ``lsm_point_lookup``, a writer's reads) see the rows
+        (``ds.lsm.scan``, ``ds.lsm.point_lookup``, a writer's ``lsm`` reads) see the rows
         at once, base-table reads after :meth:`AsyncDataset.compact_mem_wal`,
         which leaves the table as the base-table merge would have. See
-        ``docs/parity.md`` for when to use which path.
+        ``docs/upserts.md`` for when to use which path.
 
         Two shapes have a MemWAL form: ``when_matched_update_all()`` with
         ``when_not_matched_insert_all()`` (every row put; columns the source lacks
@@ -279,18 +364,32 @@ class AsyncMergeInsertBuilder:
                 clause="via_mem_wal",
             )
 
-    # -- building -----------------------------------------------------------
-    def _build(self, target: LanceDataset, retries: int) -> Any:
-        builder = target.merge_insert(self._on)
-        for name, args in self._steps:
-            builder = getattr(builder, name)(*args)
-        return builder.conflict_retries(retries).retry_timeout(self._timeout)
+    def _check_clauses(self) -> None:
+        """A merge with no clause changes nothing: pylance refuses it with a
+        ``ValueError`` from the engine; here it is refused before any I/O."""
+        if not any(name in _CLAUSES for name, _ in self._steps):
+            raise MergeShapeError(
+                "merge_insert has no clause, so it would change nothing: add "
+                "when_matched_update_all(), when_not_matched_insert_all(), when_matched_delete(), "
+                "when_matched_fail() or when_not_matched_by_source_delete(); nothing was read",
+                clause=None,
+            )
 
+    # -- building -----------------------------------------------------------
     def _check_source(self, source: WriteSource) -> None:
         table = self._dataset.schema
         for name in self._on:
             if name not in source.schema.names:
                 raise SchemaMismatchError(f"the source lacks join column {name!r}", field=name)
+        for name in primary_key(source.schema):
+            if source.schema.field(name).nullable:  # Lance refuses it with an untyped OSError
+                raise SchemaMismatchError(
+                    f"the source's schema marks column {name!r} as a primary key (field "
+                    "metadata lance-schema:unenforced-primary-key) but lets it be null, which "
+                    "Lance refuses; make the field non-nullable or drop the source's field "
+                    "metadata (the table's schema names the key); nothing was written",
+                    field=name,
+                )
         for field in source.schema:
             target = table.field(field.name) if field.name in table.names else None
             if target is None:
@@ -311,37 +410,24 @@ class AsyncMergeInsertBuilder:
             src = await materialize(src)
         batches = src.batches() if src.mode is SourceMode.MATERIALIZED else None
         if batches:
-            table = await run_sync(lambda: check_keys(batches, self._key_sets(), self._duplicates))
+            table = await run_sync(lambda: self._check_rows(batches))
             if table is not None:  # keep_last dropped earlier occurrences
                 src = await resolve_source(table)
         return src
 
-    def _key_sets(self) -> list[list[str]]:
-        """Columns whose values must be unique in a source: the join key and,
-        when it differs, the table's primary key (rows inserted with a repeated
-        primary key would break it)."""
-        sets = [list(self._on)]
-        pk = self._dataset.primary_key
-        if pk and sorted(pk) != sorted(self._on):
-            sets.append(pk)
-        return sets
+    def _check_rows(self, batches: list[pa.RecordBatch]) -> pa.Table | None:
+        """In-memory rows: keys never null nor repeated, non-nullable columns
+        without nulls (blocking); the deduplicated rows under ``keep_last``."""
+        check_required(batches, self._dataset.schema)
+        return check_keys(batches, self._key_sets(), self._duplicates)
 
-    def _serialize(self) -> AbstractContextManager[Any]:
-        """The lock an attempt holds from checkout to commit: the table's
-        insert lock when this merge can insert and the table declares no
-        primary key (Lance would let two such inserts of one key both
-        commit), else nothing."""
-        inserts = any(name == "when_not_matched_insert_all" for name, _ in self._steps)
-        if inserts and not self._dataset.primary_key:
-            return insert_lock(self._dataset.uri)
-        return nullcontext()
-
-    def _guard(self) -> PassGuard:
-        keep_empty = any(  # these act even on an empty source (a compaction's mark)
-            name in ("when_not_matched_by_source_delete", "mark_sstables_as_compacted")
-            for name, _ in self._steps
+    def _spec(self) -> MergeSpec:
+        return MergeSpec(
+            self._dataset, tuple(self._on), tuple(self._steps), self._retries, self._timeout
         )
-        return PassGuard(self._key_sets(), keep_empty=keep_empty, stop=threading.Event())
+
+    def _key_sets(self) -> list[list[str]]:
+        return self._spec().key_sets
 
     # -- execution -----------------------------------------------------------
     async def execute(self, source: Any, *, schema: pa.Schema | None = None) -> MergeResult:
@@ -365,6 +451,13 @@ class AsyncMergeInsertBuilder:
 
         Raises
         ------
+        MergeShapeError
+            No clause (the merge would change nothing; pylance's engine
+            refuses it with a ValueError), before anything is read; on a
+            table with a MemWAL, a shape it has no form for.
+        InvalidInputError
+            ``when_matched_fail()`` and a source key the table holds (the
+            engine's "found matching row"; nothing was committed).
         SchemaMismatchError
             The source's columns do not fit the table (before anything runs),
             or a batch drifts (nothing committed); in-memory rows with a null
@@ -385,6 +478,7 @@ class AsyncMergeInsertBuilder:
         BaseException
             An error raised by the source itself, unchanged (nothing committed).
         """
+        self._check_clauses()
         asked = "mem_wal" if self._mem_wal else "base" if self._base else "auto"
         marks = any(name == "mark_sstables_as_compacted" for name, _ in self._steps)
         route = await choose_route(self._dataset, asked, marks=marks)
@@ -393,9 +487,21 @@ class AsyncMergeInsertBuilder:
         src = await self._prepare(source, schema)
         if route == "checked_base":
             await check_base_keys(self._dataset, await read_keys(src, self._dataset.primary_key))
-        if src.mode is SourceMode.REPLAYABLE:
-            return await self._execute_replayable(src)
-        return await self._execute_once(src)
+        spec = self._spec()
+        shape = group_shape(spec.steps) if self._coalesce is not None else None
+        if shape is not None and replays(src):
+            max_rows, max_bytes = self._coalesce or (COALESCE_ROWS, COALESCE_BYTES)
+            return await coalesced(
+                spec,
+                shape,
+                src,
+                solo=lambda: self._execute_alone(spec, src),
+                settle=self._settle,
+                warn_cancelled=self._warn_cancelled,
+                max_rows=max_rows,
+                max_bytes=max_bytes,
+            )
+        return await self._execute_alone(spec, src)
 
     async def _execute_mem_wal(
         self, source: Any, schema: pa.Schema | None, *, explicit: bool = True
@@ -443,25 +549,17 @@ class AsyncMergeInsertBuilder:
         await anyio.lowlevel.checkpoint_if_cancelled()
         return result
 
-    def _record(
-        self, target: LanceDataset, stats: Any, attempts: int, mode: SourceMode
-    ) -> MergeResult:
-        ins, upd, dele = engine_stats(stats)
-        result = MergeResult(ins, upd, dele, attempts, mode, int(target.version))
-        record_merge(self._dataset.uri, attempts)
+    def _settle(self, result: MergeResult, committed: LanceDataset) -> None:
+        """A committed result: metrics, ``last_result``, the table moved on."""
+        record_merge(self._dataset.uri, result.num_attempts)
         self.last_result = result
-        self._dataset.advance(target)
+        self._dataset._advance(committed)
+
+    def _result(self, outcome: Outcome, attempts: int, mode: SourceMode) -> MergeResult:
+        ins, upd, dele = engine_stats(outcome.stats)
+        result = MergeResult(ins, upd, dele, attempts, mode, int(outcome.target.version))
+        self._settle(result, outcome.target)
         return result
-
-    def _on_cancel(
-        self, mode: SourceMode, attempts: int
-    ) -> Callable[[Any, BaseException | None], None]:
-        def handle(outcome: Any, error: BaseException | None) -> None:
-            if error is None and outcome is not None:
-                target, stats = outcome
-                self._warn_cancelled(self._record(target, stats, attempts, mode))
-
-        return handle
 
     def _warn_cancelled(self, result: MergeResult) -> None:
         log.warning(
@@ -472,94 +570,18 @@ class AsyncMergeInsertBuilder:
             extra={"table": self._dataset.uri},
         )
 
-    async def _run_pass(
-        self,
-        src: WriteSource,
-        work: Callable[[Any], T],
-        *,
-        on_cancel_result: Callable[[T | None, BaseException | None], None] | None = None,
-        source_must_succeed: bool = False,
-    ) -> T:
-        """``work(data)`` on an engine thread over one pass of ``src``.
+    async def _execute_alone(self, spec: MergeSpec, src: WriteSource) -> MergeResult:
+        """This upsert by itself, replayed by lance_async after a conflict: an
+        in-memory source from memory, a replayable one by its factory, a
+        streamed one from the spool its first pass left."""
 
-        ``data`` is the rows as one table for in-memory sources, a fresh
-        reader otherwise, or None when the pass holds no rows (see
-        :class:`PassGuard`). A failing source's own error replaces the
-        engine's text-only version of it; with ``source_must_succeed`` it is
-        raised even when the engine call returned.
-        """
-        guard = self._guard()
-        stop = guard.stop
-        assert stop is not None
+        def cancelled(outcome: Outcome, attempts: int) -> None:
+            self._warn_cancelled(self._result(outcome, attempts, src.mode))
 
-        async def stop_on_cancel() -> None:
-            try:
-                await anyio.sleep_forever()
-            finally:  # the awaiting task was cancelled: the engine's next batch stops it
-                stop.set()
-
-        async with src.reader_plan() as plan:
-            try:
-                with unwrap_groups():
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(stop_on_cancel)
-                        result = await run_sync(
-                            lambda: work(guard.wrap(plan.data())),
-                            on_cancel_result=on_cancel_result,
-                        )
-                        tg.cancel_scope.cancel()
-            except BaseException as exc:
-                guard.reraise(exc)
-                plan.reraise(exc)
-                raise
-            if source_must_succeed and plan.error is not None:
-                raise plan.error
-            return result
-
-    async def _attempt(self, src: WriteSource, retries: int, attempts: int) -> MergeResult:
-        """One pass of the source through one engine merge.
-
-        A replayable source's merge (Lance's retries off: lance_async replays)
-        runs in two engine calls, the merge uncommitted and then its commit, so
-        a task cancelled before the commit commits nothing: its source stops
-        at the next batch (``PassGuard.stop``) and the engine's work is
-        dropped. The commit itself runs to its end, shielded, and is recorded.
-        """
-        base = self._dataset.lance
-        lock = self._serialize()
-        # pylance's uncommitted merge drops mark_sstables_as_compacted: compaction's
-        # merges (which mark) commit in the one call
-        marks = any(name == "mark_sstables_as_compacted" for name, _ in self._steps)
-        split = src.mode is SourceMode.REPLAYABLE and isinstance(lock, nullcontext) and not marks
-
-        def work(data: Any) -> tuple[LanceDataset, Any] | None:
-            if data is None:
-                return None  # no rows: nothing to merge, no empty version
-            with lock:
-                target = base.checkout_version(base.latest_version)
-                if split:
-                    return target, self._build(target, retries).execute_uncommitted(data)
-                return target, self._build(target, retries).execute(data)
-
-        outcome = await self._run_pass(
-            src, work, on_cancel_result=None if split else self._on_cancel(src.mode, attempts)
-        )
-        if outcome is not None and split:
-            target, (txn, stats) = outcome
-            await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled: nothing committed
-
-            def commit() -> LanceDataset:
-                return LanceDataset.commit(target, txn, max_retries=max(retries, 20))
-
-            with anyio.CancelScope(shield=True):
-                committed = await run_sync(commit)
-                result = self._record(committed, stats, attempts, src.mode)
-            try:
-                await anyio.lowlevel.checkpoint_if_cancelled()
-            except anyio.get_cancelled_exc_class():
-                self._warn_cancelled(result)
-                raise
-            return result
+        if replays(src):
+            outcome, attempts = await replayed(spec, src, on_cancel=cancelled)
+        else:
+            outcome, attempts = await once(spec, src, on_cancel=cancelled)
         if outcome is None:
             log.info(
                 "lance_async: merge_insert into %s: the source held no rows; nothing was committed",
@@ -569,66 +591,18 @@ class AsyncMergeInsertBuilder:
             result = MergeResult(0, 0, 0, attempts, src.mode, self._dataset.version, False)
             self.last_result = result
             return result
-        target, stats = outcome
-        return self._record(target, stats, attempts, src.mode)
-
-    async def _execute_once(self, src: WriteSource) -> MergeResult:
-        try:
-            return await self._attempt(src, self._retries, 1)
-        except (OSError, ValueError, RuntimeError) as exc:
-            mapped = map_engine_error(exc)
-            if isinstance(mapped, ConflictError) and mapped.retryable:
-                match = _RETRIES_RE.search(str(exc))
-                attempts = int(match.group(1)) + 1 if match else 1
-                raise ContentionError(
-                    f"merge_insert into {self._dataset.uri} lost to concurrent writers after "
-                    f"{attempts} attempt(s) ({src.mode.value} source: "
-                    + (
-                        "no replay possible; pass a replayable source or raise conflict_retries)"
-                        if src.mode is SourceMode.STREAMING
-                        else "Lance's own retries)"
-                    ),
-                    num_attempts=attempts,
-                ) from exc
-            if mapped is not None:
-                raise mapped from exc
-            raise
-
-    async def _execute_replayable(self, src: WriteSource) -> MergeResult:
-        deadline = time.monotonic() + self._timeout.total_seconds()
-        attempts = 0
-        while True:
-            attempts += 1
-            started = time.monotonic()
-            try:
-                return await self._attempt(src, 0, attempts)
-            except (OSError, ValueError, RuntimeError) as exc:
-                mapped = map_engine_error(exc)
-                if not (isinstance(mapped, ConflictError) and mapped.retryable):
-                    if mapped is not None:
-                        raise mapped from exc
-                    raise
-                took = time.monotonic() - started
-                delay = backoff_delay(attempts, took)
-                if attempts > self._retries or time.monotonic() + delay > deadline:
-                    raise ContentionError(
-                        f"merge_insert into {self._dataset.uri} lost to concurrent writers "
-                        f"{attempts} time(s); retries exhausted (conflict_retries="
-                        f"{self._retries}, retry_timeout={self._timeout.total_seconds():g}s)",
-                        num_attempts=attempts,
-                    ) from exc
-                log.debug(
-                    "lance_async: merge_insert attempt %d conflicted; replaying in %.3f s",
-                    attempts,
-                    delay,
-                    extra={"table": self._dataset.uri},
-                )
-            await anyio.sleep(delay)
+        return self._result(outcome, attempts, src.mode)
 
     async def execute_uncommitted(
         self, source: Any, *, schema: pa.Schema | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Run the merge without committing; the source is read once.
+
+        pylance's twin, for transactions committed elsewhere. Beware: pylance
+        14's commit of such a transaction (``AsyncDataset.commit``) does not
+        check that the keys it inserts are still absent, so two of them
+        inserting the same new key both commit; :meth:`execute` does not
+        have that gap.
 
         Returns
         -------
@@ -642,17 +616,20 @@ class AsyncMergeInsertBuilder:
             As :meth:`execute` (no retries: nothing is committed here).
         """
         self._refuse_mem_wal("execute_uncommitted")
+        self._check_clauses()
         src = await self._prepare(source, schema)
         base = self._dataset.lance
 
-        def work(data: Any) -> tuple[Any, dict[str, Any]]:
+        def work(data: Any, guard: PassGuard) -> tuple[Any, dict[str, Any]]:
             if data is None:
                 data = pa.RecordBatchReader.from_batches(src.schema, [])
-            txn, stats = self._build(base, 0).execute_uncommitted(data)
+            if not guard.streamed:
+                guard.commit_point()
+            txn, stats = self._spec().build(base, 0).execute_uncommitted(data)
             return txn, dict(stats)
 
         try:
-            return await self._run_pass(src, work)
+            return await run_pass(self._spec(), src, work)
         except (OSError, ValueError, RuntimeError) as exc:
             raise_mapped(exc)
             raise
@@ -668,21 +645,39 @@ class AsyncMergeInsertBuilder:
             The source's own error when it fails: never a plan that looks fine.
         """
         self._refuse_mem_wal("analyze_plan")
+        self._check_clauses()
         src = await self._prepare(source, schema)
         base = self._dataset.lance
 
-        def work(data: Any) -> str:
+        def work(data: Any, guard: PassGuard) -> str:
             if data is None:
                 data = pa.RecordBatchReader.from_batches(src.schema, [])
-            return str(self._build(base, 0).analyze_plan(data))
+            if not guard.streamed:
+                guard.commit_point()
+            return str(self._spec().build(base, 0).analyze_plan(data))
 
-        return await self._run_pass(src, work, source_must_succeed=True)
+        return await run_pass(self._spec(), src, work, source_must_succeed=True)
 
     async def explain_plan(self, schema: pa.Schema | None = None, verbose: bool = False) -> str:
         """The plan Lance would run for a streamed source of ``schema``
-        (default: the table's schema). Writes nothing."""
+        (default: the table's schema). Writes nothing.
+
+        Raises
+        ------
+        MergeShapeError
+            No clause; or a plan the engine cannot explain -- pylance 14
+            explains no merge whose join goes through a scalar index on the
+            key (``use_index(False)`` explains the hash join instead).
+        """
         self._refuse_mem_wal("explain_plan")
+        self._check_clauses()
         base = self._dataset.lance
-        return str(
-            await run_sync(lambda: self._build(base, 0).explain_plan(schema, verbose=verbose))
-        )
+        try:
+            return str(
+                await run_sync(
+                    lambda: self._spec().build(base, 0).explain_plan(schema, verbose=verbose)
+                )
+            )
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise_mapped(exc)
+            raise

@@ -9,6 +9,7 @@ inserting merges into tables without a declared primary key (see the
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -24,37 +25,142 @@ from .._threads import run_sync
 from ..errors import SchemaMismatchError
 from ..sources import WriteSource, resolve_source
 
-__all__ = ["PassGuard", "check_keys", "insert_lock", "materialize", "read_whole"]
+__all__ = [
+    "Lease",
+    "MergeLock",
+    "PassGuard",
+    "check_keys",
+    "check_required",
+    "materialize",
+    "merge_lock",
+    "read_whole",
+    "warn_no_primary_key",
+]
 
 log = logging.getLogger("lance_async.merge")
 
-_insert_locks: dict[str, threading.Lock] = {}
-_insert_locks_guard = threading.Lock()
+_locks: dict[str, MergeLock] = {}
+_locks_guard = threading.Lock()
 _warned: set[str] = set()
+_POLL = 0.05  # seconds between checks of a waiting merge's stop event
 
 
 def _table_key(uri: str) -> str:
     return uri if "://" in uri else os.path.realpath(uri)
 
 
-def insert_lock(uri: str) -> threading.Lock:
-    """The process-wide lock of inserting merges into one table without a primary key."""
+class MergeLock:
+    """The merges of one table in this process: plain upserts side by side,
+    any other merge alone (a writer-preferring readers-writer lock; blocking,
+    held on the engine thread from an attempt's checkout to its commit).
+
+    Why: Lance rebases a merge over a concurrent commit that touched none of
+    the rows the merge *wrote*, without asking what it *read*. A plain upsert
+    of a table with a declared key is safe with that (it writes every key it
+    names, and two inserts of one new key conflict), but an update-only or
+    delete merge that finds a key absent, an insert-only merge that finds it
+    present, or a conditional update that leaves it alone, writes nothing
+    for that key and commits over a concurrent commit that changed it -- its
+    outcome is then that of running before that commit, though its version
+    comes after (pylance 14.0.3). Run alone in the process, such a merge
+    sees every commit of the process before its own; merges of other
+    processes are not held back (see the ``merge`` package docstring).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0  # exclusive waiters: new shared holders wait behind them
+
+    @contextlib.contextmanager
+    def hold(self, *, exclusive: bool, stop: threading.Event | None = None) -> Iterator[Lease]:
+        """Hold the lock (blocking); yields the :class:`Lease`, which a
+        stopped merge's guard may give back early (:meth:`Lease.release`).
+
+        Raises
+        ------
+        MergeStopped
+            ``stop`` was set while waiting (the merge was cancelled).
+        """
+        with self._cond:
+            if exclusive:
+                self._waiting += 1
+                try:
+                    while self._exclusive or self._shared:
+                        self._wait(stop)
+                finally:
+                    self._waiting -= 1
+                    self._cond.notify_all()  # a withdrawn exclusive waiter lets upserts on
+                self._exclusive = True
+            else:
+                while self._exclusive or self._waiting:
+                    self._wait(stop)
+                self._shared += 1
+        lease = Lease(self, exclusive)
+        try:
+            yield lease
+        finally:
+            lease.release()
+
+    def _release(self, exclusive: bool) -> None:
+        with self._cond:
+            if exclusive:
+                self._exclusive = False
+            else:
+                self._shared -= 1
+            self._cond.notify_all()
+
+    def _wait(self, stop: threading.Event | None) -> None:
+        if stop is not None and stop.is_set():
+            raise MergeStopped("the merge was cancelled before its commit; nothing was committed")
+        self._cond.wait(_POLL if stop is not None else None)
+
+
+class Lease:
+    """One hold of a :class:`MergeLock`; released once, by whoever comes first."""
+
+    def __init__(self, lock: MergeLock, exclusive: bool) -> None:
+        self._lock = lock
+        self._exclusive = exclusive
+        self._done = False
+        self._guard = threading.Lock()
+
+    def release(self) -> None:
+        """Give the hold back (idempotent; any thread)."""
+        with self._guard:
+            if self._done:
+                return
+            self._done = True
+        self._lock._release(self._exclusive)
+
+
+def merge_lock(uri: str) -> MergeLock:
+    """The process-wide :class:`MergeLock` of table ``uri`` (does not block)."""
     key = _table_key(uri)
-    with _insert_locks_guard:
-        lock = _insert_locks.get(key)
+    with _locks_guard:
+        lock = _locks.get(key)
         if lock is None:
-            lock = _insert_locks[key] = threading.Lock()
-        if key not in _warned:
-            _warned.add(key)
-            log.warning(
-                "lance_async: %s declares no primary key: merges that insert into it run one at "
-                "a time in this process, but merges from other processes can insert the same "
-                "new key twice; declare the key (field metadata "
-                "lance-schema:unenforced-primary-key)",
-                uri,
-                extra={"table": uri},
-            )
+            lock = _locks[key] = MergeLock()
         return lock
+
+
+def warn_no_primary_key(uri: str) -> None:
+    """Log, once per table and process, that inserting merges into a table
+    without a declared primary key are safe only within this process."""
+    key = _table_key(uri)
+    with _locks_guard:
+        if key in _warned:
+            return
+        _warned.add(key)
+    log.warning(
+        "lance_async: %s declares no primary key: merges that insert into it run one at "
+        "a time in this process, but merges from other processes can insert the same "
+        "new key twice; declare the key (field metadata "
+        "lance-schema:unenforced-primary-key)",
+        uri,
+        extra={"table": uri},
+    )
 
 
 def check_keys(
@@ -89,6 +195,28 @@ def check_keys(
     for keys in key_sets:
         check_unique_keys(table, keys, what="the merge_insert source")
     return None
+
+
+def check_required(batches: Sequence[pa.RecordBatch], table: pa.Schema) -> None:
+    """No null in a column the table declares non-nullable (blocking, O(columns)).
+
+    Raises
+    ------
+    SchemaMismatchError
+        Naming the column; the engine would refuse the whole merge.
+    """
+    for field in table:
+        if field.nullable:
+            continue
+        nulls = sum(
+            b.column(field.name).null_count for b in batches if field.name in b.schema.names
+        )
+        if nulls:
+            raise SchemaMismatchError(
+                f"column {field.name!r} holds {nulls} null value(s) but the table declares it "
+                "non-nullable; nothing was written",
+                field=field.name,
+            )
 
 
 async def read_whole(src: WriteSource) -> pa.Table:
@@ -132,6 +260,13 @@ class PassGuard:
     nothing) and a join key repeated anywhere in a streamed pass (raised
     before the engine sees the end of the stream, so nothing commits). The
     error is kept, since the engine turns it into text.
+
+    It also keeps the pass's *commit point*: the moment after which the
+    engine may commit. For a streamed pass that is when the engine has read
+    the end of the stream (the last stop check passed); for rows handed over
+    in memory, :meth:`commit_point` called right before the engine runs.
+    Until then a cancelled merge can be abandoned (:meth:`try_abandon`):
+    whatever its thread still does, it commits nothing.
     """
 
     def __init__(
@@ -147,10 +282,58 @@ class PassGuard:
         """Set from the loop when the merge's task is cancelled: the next batch
         raises :class:`MergeStopped` into the engine."""
         self.error: BaseException | None = None
+        self.streamed = False
+        """True once :meth:`wrap` handed the engine a checked stream (whose end
+        is the commit point)."""
+        self._lock = threading.Lock()
+        self._committing = False
+        self._lease: Lease | None = None
 
     def _check_stop(self) -> None:
         if self.stop is not None and self.stop.is_set():
             raise MergeStopped("the merge was cancelled before its commit; nothing was committed")
+
+    def commit_point(self) -> None:
+        """Pass the commit point (blocking; on the engine's thread): from here on
+        the engine runs to its end and may commit, and a cancelled merge is
+        waited for. Call it right before the engine call for rows that are
+        not a checked stream (``streamed`` False); a stream passes it at its end.
+
+        Raises
+        ------
+        MergeStopped
+            The merge was cancelled (or abandoned) before it got here.
+        """
+        with self._lock:
+            self._check_stop()
+            self._committing = True
+
+    def keep(self, lease: Lease) -> None:
+        """Record the :class:`MergeLock` hold of this pass (on the engine's
+        thread, once acquired), so that abandoning the pass gives it back.
+
+        Raises
+        ------
+        MergeStopped
+            The merge was cancelled meanwhile (the caller's ``with`` releases it).
+        """
+        with self._lock:
+            self._check_stop()
+            self._lease = lease
+
+    def try_abandon(self) -> bool:
+        """Stop the pass (on the loop, when the merge's task is cancelled); True
+        when it has not passed its commit point, so its thread commits
+        nothing and need not be waited for. The pass's :class:`MergeLock`
+        hold is then given back at once: a source blocked for ever must not
+        hold up the other merges of the table."""
+        with self._lock:
+            if self.stop is not None:
+                self.stop.set()
+            abandoned = self.stop is not None and not self._committing
+            if abandoned and self._lease is not None:
+                self._lease.release()
+            return abandoned
 
     def wrap(self, data: pa.Table | pa.RecordBatchReader) -> Any:
         if isinstance(data, pa.Table):  # in memory: checked by _check_keys already
@@ -168,6 +351,7 @@ class PassGuard:
             raise
         if first is None:
             return pa.RecordBatchReader.from_batches(data.schema, []) if self.keep_empty else None
+        self.streamed = True
         return pa.RecordBatchReader.from_batches(data.schema, self._checked(first, batches))
 
     def _checked(
@@ -183,6 +367,9 @@ class PassGuard:
                 yield batch
             for tracker in trackers:
                 tracker.check()
+            # the end of the source is the commit point: a merge cancelled
+            # before the engine sees it commits nothing
+            self.commit_point()
         except GeneratorExit:
             raise
         except BaseException as exc:

@@ -24,8 +24,10 @@ class MergeResult:
     num_inserted_rows, num_updated_rows, num_deleted_rows : int
         Row counts reported by Lance for the committed attempt.
     num_attempts : int
-        Attempts lance_async ran (1 + retries). For MATERIALIZED sources Lance
-        retries inside one attempt, so this stays 1 there.
+        Engine merges run until one committed (1 + retries), for every source
+        kind: in-memory and replayable sources are replayed by lance_async
+        with Lance's own retries off. A streamed source (one pass) retries
+        inside Lance, which pylance 14 does not count: 1 there.
     source_mode : SourceMode
         How the source was read (decides the retry strategy).
     version : int
@@ -44,6 +46,14 @@ class MergeResult:
         then 0 -- which keys were new is known only when the rows are
         compacted, as in LanceDB's LSM write path -- and ``version`` is the
         version read.
+    group_size : int
+        How many upserts the commit held: 1 alone; more when concurrent
+        upserts of this table were coalesced into one engine merge (group
+        commit, see ``merge/coalesce.py``). The counts are still this
+        upsert's own, in the group's serial order.
+    group_index : int
+        This upsert's place in its group's serial order, from 0 (0 alone):
+        the rows of a lower index were applied first.
     """
 
     num_inserted_rows: int
@@ -54,25 +64,26 @@ class MergeResult:
     version: int
     committed: bool = True
     mem_wal: PutSummary | None = None
+    group_size: int = 1
+    group_index: int = 0
 
 
 def backoff_delay(
     attempt: int, last_attempt_seconds: float, rng: random.Random | None = None
 ) -> float:
-    """Seconds to wait before retry number ``attempt`` (1-based).
+    """Seconds to wait before retry number ``attempt`` (1-based): a random slot.
 
-    ``0.05 * 2**(attempt-1)`` seconds -- 50, 100, 200, 400 ms ... -- times a
-    jitter in [0.5, 1.5), capped at 5 s. From the third retry on, the wait is
-    at least half the last attempt's duration, so writers whose attempts are
-    slow spread out instead of colliding again; the first retries stay short,
-    since one conflict usually means one competitor that has just committed.
-    The shape follows Lance's own commit retry backoff.
+    Slotted exponential backoff, as Ethernet's and Lance's own commit retries
+    (``SlotBackoff``): a slot is as long as the last attempt took (at least
+    50 ms), and retry ``k`` waits a whole number of slots drawn from
+    ``[0, 2**(k+1))`` -- 4 slots before the first retry, 8 before the second
+    -- capped at 5 s. Contenders whose attempts collide spread over as many
+    attempt lengths as there are of them, so most retries find the table
+    free, where a fixed short wait makes them collide again.
     """
-    base = BASE_BACKOFF * (2 ** max(attempt - 1, 0))
-    if attempt >= 3:
-        base = max(base, 0.5 * last_attempt_seconds)
-    jitter = (rng or random).uniform(0.5, 1.5)
-    return float(min(MAX_BACKOFF, base * jitter))
+    slot = max(BASE_BACKOFF, last_attempt_seconds)
+    slots = 2 ** min(max(attempt, 1) + 1, 16)
+    return float(min(MAX_BACKOFF, (rng or random).randrange(slots) * slot))
 
 
 def engine_stats(result: Any) -> tuple[int, int, int]:

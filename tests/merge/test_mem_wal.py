@@ -21,7 +21,7 @@ def upsert(ds: la.AsyncDataset) -> la.AsyncMergeInsertBuilder:
 
 
 async def sorted_rows(ds: la.AsyncDataset) -> list[dict[str, object]]:
-    return sorted((await ds.to_table()).to_pylist(), key=lambda r: r["id"])  # type: ignore[arg-type,return-value]
+    return sorted((await ds.to_table()).to_pylist(), key=lambda r: r["id"])
 
 
 @pytest.mark.asyncio
@@ -39,7 +39,7 @@ async def test_upserts_through_the_mem_wal_end_as_the_base_table_path(tmp_path: 
     assert result.mem_wal is not None and result.mem_wal.rows == 15 and result.committed
     assert (result.num_inserted_rows, result.version) == (0, wal.version)
     assert await wal.count_rows() == 20  # nothing committed to the base table
-    assert (await wal.lsm_point_lookup(25)).column("value").to_pylist() == [1]
+    assert (await wal.lsm.point_lookup(25)).column("value").to_pylist() == [1]
 
     async with wal.mem_wal_writer() as router:  # an app's open writer, shared
         deleted = (
@@ -48,14 +48,14 @@ async def test_upserts_through_the_mem_wal_end_as_the_base_table_path(tmp_path: 
         assert deleted.mem_wal is not None and deleted.mem_wal.deletes == 3
         last = await upsert(wal).duplicate_keys("keep_last").via_mem_wal(router).execute(repeated)
         assert last.mem_wal is not None and last.mem_wal.rows == 2
-        assert (await router.lsm_point_lookup(5)).column("value").to_pylist() == [3]
-        assert (await router.lsm_point_lookup(3)).num_rows == 0
+        assert (await router.lsm.point_lookup(5)).column("value").to_pylist() == [3]
+        assert (await router.lsm.point_lookup(3)).num_rows == 0
 
     await upsert(table).execute(first)
     await table.merge_insert().when_matched_delete().execute(deletes)
     await upsert(table).duplicate_keys("keep_last").execute(repeated)
 
-    lsm = await wal.lsm_scan().to_table()
+    lsm = await wal.lsm.scan().to_table()
     assert rows_by_key(lsm) == rows_by_key(await table.to_table())
     compaction = await wal.compact_mem_wal()
     assert compaction.rows_deleted == 2  # 3 and 4; 99 never existed
@@ -104,8 +104,8 @@ async def test_shapes_the_mem_wal_cannot_express_are_refused_with_the_reason(
         upsert(ds).via_mem_wal(writer=ds)  # type: ignore[arg-type]
     with pytest.raises(la.DuplicateKeyError):
         await upsert(ds).via_mem_wal().execute(kv_table([7, 7]))
-    assert (await ds.shard_snapshots()) == [] or all(
-        not s.sstables for s in await ds.shard_snapshots()
+    assert (await ds.lsm.snapshots()) == [] or all(
+        not s.sstables for s in await ds.lsm.snapshots()
     )  # nothing of the refused merges was written
     empty = await upsert(ds).via_mem_wal().execute([], schema=KV_SCHEMA)
     assert not empty.committed and empty.mem_wal == la.PutSummary(0, 0, 0)
@@ -122,8 +122,8 @@ async def test_tables_the_mem_wal_path_cannot_route(tmp_path: Path) -> None:
     # manual shards: lance_async's default shard, the one `lance-async ingest` writes
     done = await upsert(manual).via_mem_wal().execute(kv_table([2], value=6))
     assert done.mem_wal is not None and done.mem_wal.rows == 1
-    assert (await manual.lsm_point_lookup(2)).column("value").to_pylist() == [6]
+    assert (await manual.lsm.point_lookup(2)).column("value").to_pylist() == [6]
     async with manual.mem_wal_writer(str(uuid.uuid4())) as writer:  # one shard, named
         result = await upsert(manual).via_mem_wal(writer).execute(kv_table([1], value=5))
         assert result.mem_wal is not None and result.mem_wal.rows == 1
-        assert (await writer.lsm_point_lookup(1)).column("value").to_pylist() == [5]
+        assert (await writer.lsm.point_lookup(1)).column("value").to_pylist() == [5]

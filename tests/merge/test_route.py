@@ -46,7 +46,7 @@ async def test_a_merge_into_a_mem_wal_table_goes_through_it_and_survives_compact
     result = await upsert(ds).execute(kv_table([3], value=2))  # newer, no via_mem_wal()
     assert result.mem_wal is not None and result.mem_wal.rows == 1
     assert result.version == lance.dataset(str(tmp_path / "t.lance")).version  # no new version
-    assert (await ds.lsm_point_lookup(3)).column("value").to_pylist() == [2]
+    assert (await ds.lsm.point_lookup(3)).column("value").to_pylist() == [2]
     await ds.compact_mem_wal()
     assert rows_by_key(await ds.to_table())[3]["value"] == 2
 
@@ -107,7 +107,7 @@ async def test_partial_rows_keep_stored_values_on_both_paths(tmp_path: Path) -> 
     expected = {1: {"id": 1, "value": 7, "name": "n1"}, 9: {"id": 9, "value": 8, "name": None}}
     plain_rows = rows_by_key(await plain.to_table())
     assert {k: plain_rows[k] for k in (1, 9)} == expected
-    assert rows_by_key(await via_wal.lsm_point_lookups([1, 9])) == expected
+    assert rows_by_key(await via_wal.lsm.point_lookups([1, 9])) == expected
     await via_wal.compact_mem_wal()
     assert rows_by_key(await via_wal.to_table()) == plain_rows
 
@@ -122,7 +122,7 @@ async def test_a_new_key_lacking_a_required_column_is_refused(tmp_path: Path) ->
         await upsert(ds).execute(rows)
     done = await upsert(ds).execute(rows.slice(0, 1))  # a stored key: keeps its value
     assert done.mem_wal is not None
-    assert (await ds.lsm_point_lookup(1)).column("must").to_pylist() == [1]
+    assert (await ds.lsm.point_lookup(1)).column("must").to_pylist() == [1]
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
