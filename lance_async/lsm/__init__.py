@@ -6,39 +6,50 @@ argument typed by :class:`~lance_async._table.Table`):
 ``manifest.py``
     Shard manifests and compaction progress read from storage (what the
     engine does not expose).
+``walfiles.py``
+    A WAL's files: entries decoded; lance_async's tail checkpoints.
 ``wal.py``
     A shard's WAL tail: durable rows no generation holds yet, read with the
-    engine's replay rules, incrementally.
+    engine's replay rules, incrementally, kept resolved.
 ``snapshots.py``
     :func:`shard_snapshots`: which shards are live, what each has flushed,
-    where its WAL tail starts; shards retired by a later MemWAL.
+    where its WAL tail starts; shards retired by a later MemWAL;
+    :class:`LsmSnapshot`, a point-in-time view that reads are given.
 ``keys.py``, ``keyindex.py``, ``basekeys.py``
     Key values given by callers (strict literals, arrays); key sets and
     positions built once and probed per batch; a base version's keys by row
     offset.
 ``memtable.py``
     A live shard writer's memtable, mirrored for this process's reads.
+``unflushed.py``
+    The unflushed levels of a read (a mirror's rows, a WAL tail's), with a
+    filter pushed into them.
+``cache.py``
+    The process's cache of flushed generations: bounded by bytes, emptied
+    of what compaction merged.
 ``levels.py``
     The levels of one read resolved: the newest version of each key.
 ``scan.py``, ``lookup.py``, ``vector.py``
     The streaming scan; batched and coalesced point lookups; vector search.
 ``reader.py``
     :class:`LsmReader`, the one read object (``dataset.lsm``, ``writer.lsm``,
-    ``router.lsm``), and :class:`LsmMethods`, the facades' methods.
+    ``router.lsm``).
 """
 
 from __future__ import annotations
 
+from .cache import LevelCacheStats
 from .lookup import CoalescerStats
 from .memtable import MemtableMirror
-from .reader import LsmMethods, LsmReader
-from .snapshots import ShardSnapshot, ShardSnapshots, shard_snapshots
+from .reader import LsmReader
+from .snapshots import LsmSnapshot, ShardSnapshot, ShardSnapshots, shard_snapshots
 from .wal import WalTail, read_wal_tail
 
 __all__ = [
     "CoalescerStats",
-    "LsmMethods",
+    "LevelCacheStats",
     "LsmReader",
+    "LsmSnapshot",
     "MemtableMirror",
     "ShardSnapshot",
     "ShardSnapshots",

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["KeyIndex", "exact_codes", "key_codes"]
+__all__ = ["KeyIndex", "exact_codes", "first_occurrence", "key_codes"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -282,3 +282,37 @@ class KeyIndex:
             eq = pc.equal(theirs.take(take_rows), mine.take(take_pos))
             same &= np.asarray(pc.fill_null(eq, False).to_numpy(zero_copy_only=False))
         return same
+
+
+def first_occurrence(columns: list[pa.Array], total: int) -> np.ndarray:
+    """Mask of the first row of each distinct key (exact, whatever the key type).
+
+    Parameters
+    ----------
+    columns : list of pa.Array
+        Key columns, ``total`` rows each.
+    total : int
+
+    Returns
+    -------
+    np.ndarray of bool, shape (total,)
+
+    Notes
+    -----
+    Blocking: a sort of the key codes (an exact integer key), or Arrow's
+    hash group-by (any other key, so hash collisions cannot merge keys).
+    """
+    codes, exact = key_codes(columns)
+    win = np.zeros(total, dtype=bool)
+    if exact:
+        _, first = np.unique(codes, return_index=True)
+        win[first] = True
+        return win
+    t = pa.table(
+        [*columns, pa.array(np.arange(total))], names=[*map(str, range(len(columns))), "__o"]
+    )
+    first = t.group_by([str(i) for i in range(len(columns))], use_threads=False).aggregate(
+        [("__o", "min")]
+    )
+    win[first.column("__o_min").to_numpy()] = True
+    return win

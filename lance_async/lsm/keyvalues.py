@@ -195,7 +195,7 @@ def key_columns(schema: pa.Schema, keys: Sequence[str], values: Any) -> list[pa.
     Parameters
     ----------
     values : sequence of keys, pa.Table, pa.RecordBatch, mapping of columns, or pa.Array
-        Keys as :meth:`AsyncDataset.lsm_point_lookup` takes them (scalars, or
+        Keys as ``LsmReader.point_lookups`` takes them (scalars, or
         dicts / tuples for composite keys), or the key columns themselves.
 
     Raises

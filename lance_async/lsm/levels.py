@@ -22,24 +22,32 @@ collects its whole result before returning a batch.
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import Any, TypeVar
 
+import anyio
 import numpy as np
 import pyarrow as pa
 
+from .._loop import unwrap_groups
+from .._memory import memory_freed
 from .._schema import NO_KEY
 from .._table import Table
 from .._threads import run_engine
-from ..errors import InvalidInputError
-from .keyindex import KeyIndex, key_codes
+from ..errors import InvalidInputError, LanceAsyncError
+from .cache import GENERATION_OVERHEAD, LevelCache, LevelCacheStats
+from .keyindex import KeyIndex, first_occurrence
 from .memtable import MemPart, MemtableMirror
-from .snapshots import ShardSnapshot, discover_latest
+from .pinned import pinned_base, raise_expired
+from .snapshots import LsmSnapshot, ShardSnapshot, discover_latest
+from .unflushed import MemLevel, resolve_memtable, tail_level
 from .wal import TOMBSTONE, read_wal_tail
 
 __all__ = [
@@ -48,6 +56,7 @@ __all__ = [
     "LsmView",
     "MemLevel",
     "ShardLevels",
+    "level_cache_stats",
     "load_generation",
     "open_view",
     "read_view",
@@ -56,8 +65,8 @@ __all__ = [
 T = TypeVar("T")
 
 ROWADDR = "_rowaddr"
-_GENERATIONS = 1024  # generations whose keys are kept (about 17 bytes per row)
-_SHARDS = 256  # resolved shards kept
+_GENERATIONS = 4096  # generations and resolved shards kept at most (bytes bound them first)
+_SHARDS = 256  # WAL tails kept
 _SHADOWS = 8  # combined shadow indexes kept
 
 
@@ -82,10 +91,10 @@ class _Lru(OrderedDict[Any, Any]):
         return value
 
 
-_gen_cache = _Lru(_GENERATIONS)
-_shard_cache = _Lru(_SHARDS)
+# generations' keys and resolved shards: bounded by bytes, emptied of what a
+# compaction merged (cache.py; configure_memory(lsm_cache_bytes=...))
+_levels = LevelCache(_GENERATIONS)
 _shadow_cache = _Lru(_SHADOWS)
-_tail_cache = _Lru(_SHARDS)
 
 
 @dataclass
@@ -130,6 +139,30 @@ class Generation:
     def __len__(self) -> int:
         return len(self.rowaddr)
 
+    @cached_property
+    def _offsets(self) -> tuple[int, np.ndarray | None, np.ndarray]:
+        """(lowest address, dense position table or None, argsort of the addresses)."""
+        n = len(self.rowaddr)
+        if not n:
+            return 0, None, np.zeros(0, np.int64)
+        addr = self.rowaddr.astype(np.int64)
+        lo, hi = int(addr.min()), int(addr.max())
+        if hi - lo < 4 * n + 1024:  # one fragment, few deletions: a dense table
+            table = np.full(hi - lo + 1, -1, np.int64)
+            table[addr - lo] = np.arange(n)
+            return lo, table, np.zeros(0, np.int64)
+        return lo, None, np.argsort(addr, kind="stable")
+
+    def positions(self, addresses: np.ndarray) -> np.ndarray:
+        """The position in this generation's key order of each row address
+        (addresses of its rows; blocking, O(n))."""
+        lo, dense, order = self._offsets
+        addr = np.asarray(addresses).astype(np.int64)
+        if dense is not None:
+            return np.asarray(dense[addr - lo])
+        ordered = self.rowaddr.astype(np.int64)[order]
+        return np.asarray(order[np.searchsorted(ordered, addr)])
+
 
 def load_generation(
     uri: str,
@@ -147,7 +180,7 @@ def load_generation(
         The engine's errors (a generation folder removed by a clean-up).
     """
     gen_uri = posixpath.join(uri, "_mem_wal", shard_id, path)
-    hit: Generation | None = _gen_cache.get_item((gen_uri, tuple(keys)))
+    hit: Generation | None = _levels.get_item((gen_uri, tuple(keys)))
     if hit is not None:
         return hit
     import lance
@@ -164,26 +197,11 @@ def load_generation(
         tomb = np.zeros(t.num_rows, dtype=bool)
     rowaddr = t.column(ROWADDR).to_numpy()
     gen = Generation(gen_uri, shard_id, generation, cols, rowaddr, tomb, storage_options, ds)
-    result: Generation = _gen_cache.put((gen_uri, tuple(keys)), gen)
+    size = sum(c.nbytes for c in cols) + rowaddr.nbytes + tomb.nbytes + GENERATION_OVERHEAD
+    result: Generation = _levels.put(
+        (gen_uri, tuple(keys)), gen, size, group=(uri, shard_id), low=generation
+    )
     return result
-
-
-def _first_occurrence(columns: list[pa.Array], total: int) -> np.ndarray:
-    """Mask of the first row of each distinct key (exact, whatever the key type)."""
-    codes, exact = key_codes(columns)
-    win = np.zeros(total, dtype=bool)
-    if exact:
-        _, first = np.unique(codes, return_index=True)
-        win[first] = True
-        return win
-    t = pa.table(
-        [*columns, pa.array(np.arange(total))], names=[*map(str, range(len(columns))), "__o"]
-    )
-    first = t.group_by([str(i) for i in range(len(columns))], use_threads=False).aggregate(
-        [("__o", "min")]
-    )
-    win[first.column("__o_min").to_numpy()] = True
-    return win
 
 
 @dataclass
@@ -236,7 +254,7 @@ def resolve_shard(
 ) -> ShardLevels:
     """Which row of which generation is the newest version of each key (blocking; cached)."""
     cache_key = (uri, snapshot.shard_id, tuple(snapshot.sstables), tuple(keys))
-    hit: ShardLevels | None = _shard_cache.get_item(cache_key)
+    hit: ShardLevels | None = _levels.get_item(cache_key)
     if hit is not None:
         return hit
     gens = sorted(generations, key=lambda g: -g.generation)
@@ -252,7 +270,7 @@ def resolve_shard(
             )
             for j in range(len(keys))
         ]
-        win = _first_occurrence(cols, total)
+        win = first_occurrence(cols, total)
         winners, offset = [], 0
         for g, o in zip(gens, order, strict=True):
             mask = np.zeros(len(g), dtype=bool)
@@ -260,55 +278,29 @@ def resolve_shard(
             winners.append(mask)
             offset += len(g)
         levels = ShardLevels(snapshot.shard_id, gens, winners)
-    result: ShardLevels = _shard_cache.put(cache_key, levels)
+    result: ShardLevels = _levels.put(
+        cache_key,
+        levels,
+        _shard_bytes(levels),
+        group=(uri, snapshot.shard_id),
+        low=min((g for g, _ in snapshot.sstables), default=None),
+    )
     return result
 
 
-@dataclass
-class MemLevel:
-    """The newest mirrored row of each key of one shard's unflushed memtables.
-
-    Attributes
-    ----------
-    shard_id : str
-    table : pa.Table
-        One row per key (table columns, nullable, plus ``_tombstone``).
-    index : KeyIndex
-        Over ``table``'s key columns.
-    """
-
-    shard_id: str
-    table: pa.Table
-    index: KeyIndex
-
-    @property
-    def tomb(self) -> np.ndarray:
-        """True where the newest state of the key is a delete."""
-        return np.asarray(self.table.column(TOMBSTONE).to_numpy(zero_copy_only=False), dtype=bool)
-
-    def live(self) -> pa.Table | None:
-        """The rows whose newest state is not a delete, without ``_tombstone``
-        (None when there are none)."""
-        keep = ~self.tomb
-        if not keep.any():
-            return None
-        return self.table.filter(pa.array(keep)).drop_columns([TOMBSTONE])
+def level_cache_stats() -> LevelCacheStats:
+    """What the process's cache of generations and resolved shards holds."""
+    return _levels.stats()
 
 
-def resolve_memtable(shard_id: str, parts: Sequence[MemPart], keys: Sequence[str]) -> MemLevel:
-    """The newest row per key among a shard's mirrored memtable parts (blocking)."""
-    ordered = sorted(parts, key=lambda p: p.generation)
-    table = pa.concat_tables([p.table for p in ordered]) if ordered else None
-    if table is None or table.num_rows == 0:
-        empty = ordered[0].table.schema.empty_table() if ordered else pa.table({})
-        return MemLevel(shard_id, empty, KeyIndex([pa.array([], pa.int64())]))
-    n = table.num_rows
-    rev = pa.array(np.arange(n - 1, -1, -1))
-    cols = [table.column(k).combine_chunks().take(rev) for k in keys]
-    win = _first_occurrence(cols, n)
-    rows = np.sort(n - 1 - np.flatnonzero(win))
-    newest = table.take(pa.array(rows)).combine_chunks()
-    return MemLevel(shard_id, newest, KeyIndex([newest.column(k) for k in keys]))
+def _shard_bytes(levels: ShardLevels) -> int:
+    """About what a resolved shard holds: its masks, and its index once built
+    (the winning keys and two int64 arrays over them)."""
+    rows = sum(len(g) for g in levels.generations)
+    key_bytes = sum(sum(k.nbytes for k in g.keys) for g in levels.generations)
+    won = sum(int(w.sum()) for w in levels.winners)
+    per_key = key_bytes // rows if rows else 0
+    return sum(w.nbytes for w in levels.winners) + won * (per_key + 16)
 
 
 @dataclass
@@ -336,6 +328,8 @@ class LsmView:
     memtables: list[MemLevel]
     shadow: KeyIndex
     """Every key a generation holds (deletes too): base rows with one are hidden."""
+    pinned: bool = False
+    """True for a point-in-time view (a file gone is then :class:`ViewExpiredError`)."""
 
     @cached_property
     def memtable_index(self) -> KeyIndex:
@@ -404,38 +398,81 @@ def _live_mirrors(
     return [(m, m.parts()[1]) for m in mirrors]
 
 
-def _tail_level(
-    uri: str,
-    snap: ShardSnapshot,
-    schema: pa.Schema,
-    keys: list[str],
-    storage_options: dict[str, str] | None,
-) -> MemLevel | None:
-    """The shard's WAL tail, resolved (blocking; cached per position reached)."""
-    tail = read_wal_tail(uri, snap.shard_id, snap.replay_after, schema, storage_options)
-    if not tail.rows.num_rows:
-        return None
-    cache_key = (
-        uri,
-        snap.shard_id,
-        tail.replay_after,
-        tail.end,
-        tail.stamp,
-        tail.rows.schema,
-        tuple(keys),
-    )
-    hit: MemLevel | None = _tail_cache.get_item(cache_key)
-    if hit is not None:
-        return hit
-    level = resolve_memtable(snap.shard_id, [MemPart(snap.shard_id, 0, tail.rows)], keys)
-    result: MemLevel = _tail_cache.put(cache_key, level)
-    return result
+def _unflushed_parts(
+    taken: list[tuple[MemtableMirror, list[MemPart]]], snaps: Sequence[ShardSnapshot]
+) -> dict[str, list[MemPart]]:
+    """The mirrored parts no flushed generation of ``snaps`` holds, by shard; a
+    mirror fenced by a newer writer is left out (its WAL tail is the truth)."""
+    by_shard = {s.shard_id: s for s in snaps}
+    out: dict[str, list[MemPart]] = {}
+    for mirror, parts in taken:
+        snap = by_shard.get(mirror.shard_id)
+        if snap is not None and mirror.epoch and snap.writer_epoch > mirror.epoch:
+            continue
+        flushed = {g for g, _ in snap.sstables} if snap is not None else set()
+        done = snap.compacted_generation if snap is not None else 0
+        live = [p for p in parts if p.generation not in flushed and p.generation > done]
+        mirror.forget({p.generation for p in parts} - {p.generation for p in live})
+        out[mirror.shard_id] = live
+    return out
+
+
+async def take_snapshot(table: Table, mirrors: Sequence[MemtableMirror] = ()) -> LsmSnapshot:
+    """Pin the table's LSM state now: :class:`~lance_async.lsm.snapshots.LsmSnapshot`.
+
+    The mirrors' rows are taken first, then the table is moved to its latest
+    version, the shard manifests read, and each shard's WAL tail read to its
+    end (one thread hop; the tails are cached for the reads that follow).
+
+    Raises
+    ------
+    InvalidInputError
+        The table has no primary key.
+    """
+    keys = table.primary_key
+    if not keys:
+        raise InvalidInputError(NO_KEY)
+    taken = _live_mirrors(mirrors)
+    lance_ds, uri, options = table.lance, table.uri, table.storage_options
+
+    def work() -> tuple[Any, LsmSnapshot]:
+        newer, snaps = discover_latest(lance_ds, uri, storage_options=options)
+        base = newer if newer is not None else lance_ds
+        schema = base.schema
+        parts = _unflushed_parts(taken, snaps)
+        pinned = []
+        for snap in snaps:
+            if snap.shard_id in parts:  # read from the rows taken, not the WAL
+                pinned.append(snap)
+                continue
+            tail = read_wal_tail(
+                uri,
+                snap.shard_id,
+                snap.replay_after,
+                schema,
+                options,
+                keys=keys,
+                manifest_version=snap.manifest_version or None,
+            )
+            pinned.append(dataclasses.replace(snap, wal_end=tail.end))
+        held = tuple(p for ps in parts.values() for p in ps)
+        snapshot = LsmSnapshot(
+            uri, int(base.version), tuple(pinned), held, frozenset(parts), time.time()
+        )
+        return newer, snapshot
+
+    newer, snapshot = await run_engine(work)
+    if newer is not None:
+        table._advance(newer)
+    return snapshot
 
 
 async def open_view(
     table: Table,
     snapshots: Sequence[ShardSnapshot] | None = None,
     mirrors: Sequence[MemtableMirror] = (),
+    *,
+    pinned: LsmSnapshot | None = None,
 ) -> LsmView:
     """Resolve the levels of one read: base, generations, WAL tails, memtables.
 
@@ -451,11 +488,17 @@ async def open_view(
     table : Table
         An :class:`~lance_async.AsyncDataset`.
     snapshots : sequence of ShardSnapshot, optional
-        Default: discovered now (:func:`~lance_async.lsm.snapshots.shard_snapshots`).
+        Read these shards' levels, on the base table at the version ``table``
+        reads, instead of discovering them (each tail up to its ``wal_end``,
+        or up to now when it has none).
     mirrors : sequence of MemtableMirror
         This process's live writers' memtables; a shard with one is read
         from it instead of its WAL tail (the mirror holds every row the
         writer took, durable or not), unless a newer writer fenced it.
+    pinned : LsmSnapshot, optional
+        Read exactly this point-in-time view (``snapshots`` and ``mirrors``
+        are then not used): its base version, its shards' generations and
+        WAL positions, the unflushed rows it holds.
 
     Returns
     -------
@@ -467,13 +510,15 @@ async def open_view(
         The table has no primary key, or ``snapshots`` of another kind.
     ManifestFormatError
         MemWAL files in a layout this version does not know.
+    ViewExpiredError
+        ``pinned`` given, and a file it pins was deleted since.
 
     Notes
     -----
     Runs on worker threads, one generation at a time (cancellable between
     them); a generation's keys are read once per process.
     """
-    return (await _open(table, snapshots, mirrors, None))[0]
+    return (await _open(table, snapshots, mirrors, None, pinned))[0]
 
 
 async def _open(
@@ -481,15 +526,24 @@ async def _open(
     snapshots: Sequence[ShardSnapshot] | None,
     mirrors: Sequence[MemtableMirror],
     work: Callable[[LsmView], T] | None,
+    pinned: LsmSnapshot | None = None,
 ) -> tuple[LsmView, tuple[T] | None]:
     """:func:`open_view`; with ``work``, also ``(work(view),)`` when discovery
     resolved the whole view in its own thread hop (else None)."""
     keys = table.primary_key
     if not keys:
         raise InvalidInputError(NO_KEY)
-    taken = _live_mirrors(mirrors)
-    read = _Read(table.uri, table.storage_options, keys, taken)
-    if snapshots is None:
+    memory_freed()  # what the reads before this one used is free now (rate-limited)
+    read = _Read(table.uri, table.storage_options, keys, _live_mirrors(mirrors), pinned)
+    if pinned is not None:
+        snaps = list(pinned.shards)
+        lance_ds = table.lance
+        try:
+            base = await run_engine(partial(pinned_base, lance_ds, table.uri, pinned.version))
+        except (OSError, ValueError, LanceAsyncError) as exc:
+            raise_expired(exc, f"version {pinned.version} of the base table")
+            raise
+    elif snapshots is None:
         # one hop: the latest version, the manifests, the WAL tails and (when
         # every shard's generations are resolved already, the common case)
         # the whole view
@@ -502,44 +556,61 @@ async def _open(
 
         newer, snaps, found, done = await run_engine(discover)
         if newer is not None:
-            table.advance(newer)
+            table._advance(newer)
         if found is not None:
             return found, done
+        base = table.lance
     else:
         snaps = list(snapshots)
         for snap in snaps:
             if not isinstance(snap, ShardSnapshot):
                 raise InvalidInputError(
-                    "LSM reads take lance_async ShardSnapshot objects (dataset.shard_snapshots())"
+                    "LSM reads take lance_async ShardSnapshot objects (dataset.lsm.snapshots())"
                 )
-    base = table.lance
+        base = table.lance
     shards: list[ShardLevels] = []
     for snap in snaps:
         cached = read.cached_shard(snap)
         if cached is not None:  # no thread hop for a resolved shard
             shards.append(cached)
             continue
-        gens = []
-        for generation, path in snap.sstables:  # one generation per hop: cancellable
-            gens.append(
-                await run_engine(
-                    partial(
-                        load_generation,
-                        read.uri,
-                        snap.shard_id,
-                        generation,
-                        path,
-                        keys,
-                        read.options,
-                    )
-                )
-            )
+        gens = await _load_generations(read, snap, pinned is not None)
         shards.append(await run_engine(partial(resolve_shard, read.uri, snap, keys, gens)))
     return await run_engine(partial(read.finish, base, base.schema, snaps, shards)), None
 
 
+GENERATION_LOADS = 4
+"""Generations whose keys one read loads side by side (each on an engine thread)."""
+
+
+async def _load_generations(read: _Read, snap: ShardSnapshot, pinned: bool) -> list[Generation]:
+    """The keys of a shard's generations, loaded side by side, one generation
+    per thread hop (cancellable between them); cached per process."""
+    found: list[Generation | None] = [None] * len(snap.sstables)
+    gate = anyio.Semaphore(GENERATION_LOADS)
+
+    async def one(i: int, generation: int, path: str) -> None:
+        load = partial(
+            load_generation, read.uri, snap.shard_id, generation, path, read.keys, read.options
+        )
+        async with gate:
+            try:
+                found[i] = await run_engine(load)
+            except (OSError, ValueError, LanceAsyncError) as exc:
+                if pinned:
+                    raise_expired(exc, f"generation {generation} of shard {snap.shard_id}")
+                raise
+
+    with unwrap_groups():
+        async with anyio.create_task_group() as tg:
+            for i, (generation, path) in enumerate(snap.sstables):
+                tg.start_soon(one, i, generation, path)
+    return [g for g in found if g is not None]
+
+
 class _Read:
-    """What one view needs beside the snapshots: the table's identity and the mirrors."""
+    """What one view needs beside the snapshots: the table's identity, the
+    mirrors (or the pinned view's rows)."""
 
     def __init__(
         self,
@@ -547,11 +618,13 @@ class _Read:
         options: dict[str, str] | None,
         keys: list[str],
         taken: list[tuple[MemtableMirror, list[MemPart]]],
+        pinned: LsmSnapshot | None = None,
     ) -> None:
         self.uri, self.options, self.keys, self.taken = uri, options, keys, taken
+        self.pinned = pinned
 
     def cached_shard(self, snap: ShardSnapshot) -> ShardLevels | None:
-        hit: ShardLevels | None = _shard_cache.get_item(
+        hit: ShardLevels | None = _levels.get_item(
             (self.uri, snap.shard_id, tuple(snap.sstables), tuple(self.keys))
         )
         return hit
@@ -560,6 +633,8 @@ class _Read:
         """The latest version and its shards; the view too when every shard's
         generations are cached (blocking)."""
         newer, snaps = discover_latest(ds, self.uri, storage_options=self.options)
+        for snap in snaps:  # what a compaction merged is never read again by a new view
+            _levels.compacted((self.uri, snap.shard_id), snap.compacted_generation)
         shards = []
         for snap in snaps:
             cached = self.cached_shard(snap)
@@ -577,30 +652,32 @@ class _Read:
         shards: list[ShardLevels],
     ) -> LsmView:
         """The view, once every shard's generations are resolved: the memtables
-        of live local writers, the other shards' WAL tails, the shadow index
-        (blocking)."""
+        of live local writers (or the pinned view's rows), the other shards'
+        WAL tails, the shadow index (blocking)."""
         keys = self.keys
         key_types = [schema.field(k).type for k in keys]
-        by_shard = {s.shard_id: s for s in snaps}
-        mems: list[MemLevel] = []
-        mirrored: set[str] = set()
-        for mirror, parts in self.taken:
-            snap = by_shard.get(mirror.shard_id)
-            if snap is not None and mirror.epoch and snap.writer_epoch > mirror.epoch:
-                continue  # fenced by a newer writer: its WAL tail is the truth
-            mirrored.add(mirror.shard_id)
-            flushed = {g for g, _ in snap.sstables} if snap is not None else set()
-            done = snap.compacted_generation if snap is not None else 0
-            live = [p for p in parts if p.generation not in flushed and p.generation > done]
-            mirror.forget({p.generation for p in parts} - {p.generation for p in live})
-            if live:
-                mems.append(resolve_memtable(mirror.shard_id, live, keys))
+        if self.pinned is not None:
+            parts: dict[str, list[MemPart]] = {s: [] for s in self.pinned.mirrored}
+            for part in self.pinned.unflushed:
+                parts.setdefault(part.shard_id, []).append(part)
+        else:
+            parts = _unflushed_parts(self.taken, snaps)
+        mems: list[MemLevel] = [
+            resolve_memtable(shard, live, keys) for shard, live in parts.items() if live
+        ]
         for snap in snaps:
-            if snap.shard_id not in mirrored:
-                tail = _tail_level(self.uri, snap, schema, keys, self.options)
+            if snap.shard_id not in parts:
+                try:
+                    tail = tail_level(self.uri, snap, schema, keys, self.options)
+                except (OSError, ValueError) as exc:
+                    if self.pinned is not None:
+                        raise_expired(exc, f"a WAL entry of shard {snap.shard_id}")
+                    raise
                 if tail is not None:
                     mems.append(tail)
-        return LsmView(base, schema, keys, shards, mems, _shadow(shards, key_types))
+        view = LsmView(base, schema, keys, shards, mems, _shadow(shards, key_types))
+        view.pinned = self.pinned is not None
+        return view
 
 
 async def read_view(

@@ -31,8 +31,8 @@ import anyio
 import numpy as np
 import pyarrow as pa
 
+from .._engine_errors import raise_mapped
 from .._loop import LoopHandle
-from ..errors import raise_mapped
 from .basekeys import base_keys
 from .keyindex import KeyIndex
 from .keyvalues import keys_filter

@@ -4,7 +4,7 @@ The engine has no public API that lists a shard's flushed generations
 (SSTables), where its WAL replay starts, or the generations already
 compacted into the base table, so lance_async reads them from storage,
 defensively. What is relied on (the MemWAL layout of the pylance release
-``pyproject.toml`` pins; README, "Notes on pylance"):
+``pyproject.toml`` pins; docs/engine-notes.md):
 
 Shard manifests
     ``<table>/_mem_wal/<shard uuid>/manifest/<64 binary digits>.binpb``. The
@@ -43,12 +43,15 @@ from .._storage import filesystem
 from ..errors import ManifestFormatError
 
 __all__ = [
+    "ManifestFile",
     "ShardManifest",
     "SsTableEntry",
     "compacted_generations",
     "list_shards",
+    "manifest_files",
     "parse_position",
     "position_name",
+    "read_manifest_file",
     "read_shard_manifest",
 ]
 
@@ -271,6 +274,67 @@ def read_shard_manifest(
         result: ShardManifest = _remember(_decoded, key, manifest)
         return result
     raise ManifestFormatError("no shard manifest decodes: " + "; ".join(errors))
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """One stored version of a shard manifest.
+
+    Attributes
+    ----------
+    version : int
+    path : str
+        In the table's filesystem (:func:`lance_async._storage.filesystem`).
+    mtime_ns : int
+        When the store wrote it, in nanoseconds since the epoch (the store's clock).
+    size : int
+        Bytes.
+    """
+
+    version: int
+    path: str
+    mtime_ns: int
+    size: int
+
+    @property
+    def mtime(self) -> float:
+        """``mtime_ns`` in seconds."""
+        return self.mtime_ns / 1e9
+
+
+def manifest_files(
+    uri: str, shard_id: str, storage_options: Mapping[str, str] | None = None
+) -> list[ManifestFile]:
+    """Every stored version of a shard's manifest, oldest first (blocking; one listing)."""
+    fs, root = _fs(uri, storage_options)
+    out = []
+    for info in _children(fs, f"{root}/_mem_wal/{shard_id}/manifest"):
+        v = parse_position(info.base_name)
+        if v is not None and info.type == pafs.FileType.File:
+            out.append(ManifestFile(v, info.path, info.mtime_ns or 0, info.size or 0))
+    return sorted(out, key=lambda m: m.version)
+
+
+def read_manifest_file(
+    uri: str, shard_id: str, file: ManifestFile, storage_options: Mapping[str, str] | None = None
+) -> ShardManifest:
+    """One stored manifest version, decoded (blocking; cached: versions never change).
+
+    Raises
+    ------
+    ManifestFormatError
+        It does not decode as a shard manifest.
+    OSError
+        The store failed (FileNotFoundError: it was removed meanwhile).
+    """
+    key = f"{file.path}:{file.size}:{file.mtime_ns}"
+    hit = _decoded.get(key)
+    if hit is not None:
+        return hit
+    fs, _root = _fs(uri, storage_options)
+    manifest = _decode_shard_manifest(read_bytes(fs, file.path), shard_id)
+    result: ShardManifest = _remember(_decoded, key, manifest)
+    return result
 
 
 # -- compaction progress --------------------------------------------------------

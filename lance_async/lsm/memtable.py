@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .._memory import memory_freed
 from ..errors import LanceAsyncError
 from . import manifest as _manifest
 from .wal import TOMBSTONE, level_schema
@@ -198,6 +199,8 @@ class MemtableMirror:
                 del self._parts[g]
             if gone:
                 self._version += 1
+        if gone:
+            memory_freed()  # the flushed rows go with the last reference to them
 
     @property
     def version(self) -> int:

@@ -7,11 +7,10 @@ router has open). Every read sees the base table, every shard's flushed
 generations and every shard's WAL tail, so a row acknowledged as durable by
 any writer, in any process, is visible at once; through a writer (or
 router) its rows not yet durable are visible too. The arguments are checked
-here, once, and every read records its metric here. The facades' methods of
-the same name (:class:`LsmMethods`: ``lsm_scan``, ``lsm_point_lookup``,
-``lsm_point_lookups``, ``lsm_vector_search``) delegate to it, as lancedb's
-tables make LSM one flag of one query path and aiokafka's producer delegates
-to one accumulator.
+here, once, and every read records its metric here. It is the one spelling
+of each LSM read (the facades hold it as ``.lsm``; their plain reads reach
+it through ``use_lsm=True``), as lancedb's tables make LSM one flag of one
+query path and aiokafka's producer delegates to one accumulator.
 
 * :meth:`LsmReader.scan` streams (``scan.py``): memory bounded by the batch
   size, the first batch after the small levels are read, a cancel that lands
@@ -32,40 +31,64 @@ reach the caller mapped (a refusing store is a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
-from .._args import check_batch_size, check_columns, check_int, check_knn
-from .._filters import check_filter
+from .._args import (
+    check_batch_size,
+    check_columns,
+    check_distance_range,
+    check_int,
+    check_knn,
+)
+from .._filters import check_lsm_filter
 from .._metrics import record_lookup, record_scan
 from .._schema import NO_KEY
 from .._table import Table
 from .._threads import call_timeouts, run_engine
-from ..errors import InvalidInputError, SchemaMismatchError
+from ..errors import InvalidInputError, SchemaMismatchError, ViewExpiredError
 from ..sources.streams import AsyncBatchStream
+from .cache import LevelCacheStats
+from .expiry import expired_views, expiring
 from .keyvalues import key_columns
-from .levels import open_view, read_view
+from .levels import level_cache_stats, open_view, read_view, take_snapshot
 from .lookup import CoalescerStats, LookupCoalescer, coalescer_for, lookup_view, split_rows
 from .memtable import MemtableMirror
 from .scan import output_schema, scan_view
-from .snapshots import ShardSnapshot, ShardSnapshots, shard_snapshots
+from .snapshots import LsmSnapshot, ShardSnapshot, ShardSnapshots, shard_snapshots
 from .vector import search_view, vector_query
 from .wal import read_wal_tail
 
-__all__ = ["SLICED_BELOW", "LsmMethods", "LsmReader"]
+__all__ = ["SLICED_BELOW", "LsmReader"]
 
 SLICED_BELOW = 16_384
 """Scans asking for smaller batches read batches of about this size and slice them."""
 
 Memtables = Callable[[], Sequence[MemtableMirror]]
+T = TypeVar("T")
 
 
 def _no_memtables() -> Sequence[MemtableMirror]:
     return ()
+
+
+async def _fresh(read: Callable[[], Awaitable[T]], given: object) -> T:
+    """``await read()``, a "not found" made :class:`~lance_async.errors.ViewExpiredError`;
+    a read that discovers its own view (``given`` None: no snapshot list, no
+    pinned snapshot) tries once more with a fresh one when a clean-up
+    removed a file of the first."""
+    try:
+        with expired_views():
+            return await read()
+    except ViewExpiredError:
+        if given is not None:
+            raise
+    with expired_views():
+        return await read()
 
 
 class LsmReader:
@@ -128,17 +151,93 @@ class LsmReader:
         snaps = list(snapshots)
         if not all(isinstance(s, ShardSnapshot) for s in snaps):
             raise InvalidInputError(
-                "LSM reads take lance_async ShardSnapshot objects (dataset.shard_snapshots())"
+                "LSM reads take lance_async ShardSnapshot objects (dataset.lsm.snapshots())"
             )
         return snaps
+
+    def _pinned(
+        self, snapshot: LsmSnapshot | None, snapshots: ShardSnapshots | None
+    ) -> LsmSnapshot | None:
+        """The point-in-time view of a read, checked (no I/O)."""
+        if snapshot is None:
+            return None
+        if snapshots is not None:
+            raise ValueError("give snapshot= (a point-in-time view) or snapshots=, not both")
+        if not isinstance(snapshot, LsmSnapshot):
+            raise InvalidInputError(
+                f"snapshot= takes an LsmSnapshot (await dataset.lsm.snapshot()), "
+                f"got {type(snapshot).__name__}"
+            )
+        if snapshot.uri != self._table.uri:
+            raise InvalidInputError(
+                f"this snapshot is of {snapshot.uri!r}, not of {self._table.uri!r}"
+            )
+        return snapshot
+
+    def _check_live(self, snaps: object, pin: object) -> None:
+        """Refuse a read that discovers the live state on a checked-out table.
+
+        Such a read moves the table object to the latest version (it reads the
+        MemWAL, which is live state): on an object from ``checkout(version)``
+        that would silently end its time travel. A read of snapshots given
+        (``snapshots=``, ``snapshot=``) is allowed. LanceDB refuses the same.
+        """
+        if snaps is None and pin is None and self._table.checked_out:
+            raise InvalidInputError(
+                f"{self._table.uri!r} is checked out at version {self._table.version}: "
+                "an LSM read shows the table's live state (the MemWAL is not versioned "
+                "with the base table); read that version with plain reads, or await "
+                "refresh() (or open the table again) to read it live"
+            )
 
     # -- reads ---------------------------------------------------------------
     async def snapshots(self) -> list[ShardSnapshot]:
         """Each live shard's flushed generations and where its WAL tail starts
         (see :func:`~lance_async.lsm.snapshots.shard_snapshots`)."""
+        self._check_live(None, None)
         self._memtables()
         with call_timeouts(self._table.storage_timeout):
             return await shard_snapshots(self._table)
+
+    async def snapshot(self) -> LsmSnapshot:
+        """Pin the table's LSM state now: a point-in-time view for later reads.
+
+        Every read given the result (``snapshot=``: :meth:`scan`,
+        :meth:`point_lookup`, :meth:`point_lookups`, :meth:`vector_search`)
+        sees exactly the state of this moment -- the shard set, each shard's
+        flushed generations and WAL position, the base table's version, and
+        (through a writer's or router's reader) the rows of its live
+        memtables -- however long it is held and whatever is written,
+        flushed or compacted meanwhile, in any process. Reads without one
+        see the table as it is when they run.
+
+        Returns
+        -------
+        LsmSnapshot
+            Immutable, holds no resource; one of a dataset's reader pickles
+            (another process may read the same view).
+
+        Raises
+        ------
+        InvalidInputError
+            The table has no primary key.
+        ClosedError
+            The writer (or router) this reader belongs to is not open.
+
+        Notes
+        -----
+        One thread hop: the latest version, the shard manifests, each
+        shard's WAL tail read to its end (cached for the reads that follow).
+        A view stays readable while the files it pins exist: past the
+        MemWAL's storage retention (or a ``cleanup_old_versions`` of its
+        base version) its reads raise
+        :class:`~lance_async.errors.ViewExpiredError`. A storage engine's
+        read snapshot (RocksDB's ``GetSnapshot()``) is the model.
+        """
+        self._check_live(None, None)
+        mirrors = self._memtables()
+        with call_timeouts(self._table.storage_timeout):
+            return await take_snapshot(self._table, mirrors)
 
     def scan(
         self,
@@ -150,6 +249,7 @@ class LsmReader:
         with_row_id: bool = False,
         batch_size: int | None = None,
         snapshots: ShardSnapshots | None = None,
+        snapshot: LsmSnapshot | None = None,
     ) -> AsyncBatchStream:
         """Every key's newest live row across the levels, streamed.
 
@@ -170,8 +270,12 @@ class LsmReader:
         batch_size : int, optional
             Rows per batch at most.
         snapshots : list of ShardSnapshot, optional
-            Read these (and their WAL tails) instead of discovering the shards
-            when the scan starts.
+            Read only these shards, as listed: their generations, their WAL
+            tails (up to each one's ``wal_end``, or up to now when it has
+            none), over the base table at the version the dataset object
+            reads. Default: the shards discovered when the scan starts.
+        snapshot : LsmSnapshot, optional
+            Read this point-in-time view (:meth:`snapshot`) instead of now.
 
         Returns
         -------
@@ -187,10 +291,17 @@ class LsmReader:
             ``offset``, ``batch_size`` below 1 (at the call).
         SchemaMismatchError
             A column not in the table (at the call).
+        FilterError
+            ``filter`` is not one expression, or names a row id or address
+            (``_rowid``, ``_rowaddr``: each level numbers its own rows), at
+            the call.
         InvalidInputError
             The table has no primary key, or a bad filter (on the first batch).
         ClosedError
-            The writer (or router) this reader belongs to is not open.
+            The writer (or router) this reader belongs to is not open (a
+            ``snapshot=`` read does not need it open: the view holds its rows).
+        ViewExpiredError
+            ``snapshot`` given and a file it pins was deleted since.
         """
         cols = self._columns(columns)
         if limit is not None:
@@ -198,10 +309,13 @@ class LsmReader:
         skip = check_int("offset", offset, minimum=0) if offset is not None else 0
         if batch_size is not None:
             check_batch_size("batch_size", batch_size)
-        filter = check_filter(filter)  # one expression, as on every read path
+        filter = check_lsm_filter(filter)  # one expression, as on every read path
         snaps = self._snapshots(snapshots)
-        self._memtables()
-        table, memtables = self._table, self._memtables
+        pin = self._pinned(snapshot, snapshots)
+        self._check_live(snaps, pin)
+        memtables = self._memtables if pin is None else _no_memtables
+        memtables()
+        table = self._table
         record_scan(table.uri, self._path)
         read_size, max_rows = batch_size, None
         if batch_size is not None and batch_size < SLICED_BELOW:  # read large, slice on the loop
@@ -209,8 +323,11 @@ class LsmReader:
 
         async def prepare() -> Callable[[], Any]:
             with call_timeouts(table.storage_timeout):
-                view = await open_view(table, snaps, memtables())
+                view = await _fresh(
+                    lambda: open_view(table, snaps, memtables(), pinned=pin), snaps or pin
+                )
             return partial(
+                expiring,
                 scan_view,
                 view,
                 cols,
@@ -229,13 +346,21 @@ class LsmReader:
         probe: list[pa.Array],
         columns: Sequence[str] | None,
         snapshots: list[ShardSnapshot] | None = None,
+        pinned: LsmSnapshot | None = None,
     ) -> tuple[pa.Table, np.ndarray]:
         answer = partial(lookup_view, probe=probe, columns=columns)
-        with call_timeouts(self._table.storage_timeout):
-            if snapshots is None:
+
+        async def read() -> tuple[pa.Table, np.ndarray]:
+            if pinned is not None:
+                view = await open_view(self._table, pinned=pinned)
+            elif snapshots is None:
                 return await read_view(self._table, answer, self._memtables())
-            view = await open_view(self._table, snapshots, self._memtables())
+            else:
+                view = await open_view(self._table, snapshots, self._memtables())
             return await run_engine(partial(answer, view))
+
+        with call_timeouts(self._table.storage_timeout):
+            return await _fresh(read, snapshots or pinned)
 
     def _coalescer(self) -> LookupCoalescer:
         return coalescer_for(self, lambda: LookupCoalescer(self._lookup_batch))
@@ -246,6 +371,7 @@ class LsmReader:
         columns: Sequence[str] | None = None,
         *,
         snapshots: ShardSnapshots | None = None,
+        snapshot: LsmSnapshot | None = None,
     ) -> pa.Table:
         """The newest row of one primary key.
 
@@ -259,7 +385,10 @@ class LsmReader:
             The key value; composite keys as ``{"a": 1, "b": "x"}`` or ``(1, "x")``.
         columns : list of str, optional
         snapshots : list of ShardSnapshot, optional
-            Default: discovered now (then the lookup is coalesced).
+            Only these shards, as listed (see :meth:`scan`). Default:
+            discovered now (then the lookup is coalesced).
+        snapshot : LsmSnapshot, optional
+            Read this point-in-time view (:meth:`snapshot`) instead of now.
 
         Returns
         -------
@@ -274,14 +403,19 @@ class LsmReader:
             A column not in the table.
         ClosedError
             The writer (or router) this reader belongs to is not open.
+        ViewExpiredError
+            ``snapshot`` given and a file it pins was deleted since.
         """
         cols = self._columns(columns)
         probe = self._keys([key])
         snaps = self._snapshots(snapshots)
-        self._memtables()
+        pin = self._pinned(snapshot, snapshots)
+        self._check_live(snaps, pin)
+        if pin is None:
+            self._memtables()
         record_lookup(self._table.uri, self._path)
-        if snaps is not None:
-            rows, owner = await self._lookup_batch(probe, cols, snaps)
+        if snaps is not None or pin is not None:
+            rows, owner = await self._lookup_batch(probe, cols, snaps, pin)
             return split_rows(rows, owner, 1)[0]
         return await self._coalescer().lookup(probe, cols)
 
@@ -291,6 +425,7 @@ class LsmReader:
         columns: Sequence[str] | None = None,
         *,
         snapshots: ShardSnapshots | None = None,
+        snapshot: LsmSnapshot | None = None,
     ) -> pa.Table:
         """The newest row of each of many primary keys, in one batch.
 
@@ -300,6 +435,8 @@ class LsmReader:
             As :meth:`point_lookup` takes one key.
         columns : list of str, optional
         snapshots : list of ShardSnapshot, optional
+        snapshot : LsmSnapshot, optional
+            As :meth:`point_lookup`.
 
         Returns
         -------
@@ -309,17 +446,20 @@ class LsmReader:
 
         Raises
         ------
-        InvalidInputError, SchemaMismatchError, ClosedError
+        InvalidInputError, SchemaMismatchError, ClosedError, ViewExpiredError
             As :meth:`point_lookup`.
         """
         cols = self._columns(columns)
         probe = self._keys(keys)
         snaps = self._snapshots(snapshots)
-        self._memtables()
+        pin = self._pinned(snapshot, snapshots)
+        self._check_live(snaps, pin)
+        if pin is None:
+            self._memtables()
         record_lookup(self._table.uri, self._path, len(probe[0]))
         if not len(probe[0]):
             return output_schema(self._table.schema, cols).empty_table()
-        rows, owner = await self._lookup_batch(probe, cols, snaps)
+        rows, owner = await self._lookup_batch(probe, cols, snaps, pin)
         order = owner.argsort(kind="stable")
         return rows.take(pa.array(order)) if len(order) else rows
 
@@ -334,7 +474,13 @@ class LsmReader:
         columns: Sequence[str] | None = None,
         metric: str = "l2",
         refine_factor: int | None = None,
+        overfetch_factor: float = 1.0,
+        distance_range: tuple[float | None, float | None] | None = None,
+        offset: int = 0,
+        postfilter: bool = False,
+        bypass_vector_index: bool = False,
         snapshots: ShardSnapshots | None = None,
+        snapshot: LsmSnapshot | None = None,
     ) -> pa.Table:
         """The ``k`` nearest rows across the levels, newest version per key.
 
@@ -348,68 +494,133 @@ class LsmReader:
         nprobes : int, optional
             IVF partitions to search in the base table's index (default 20).
         filter : str, optional
-            Lance SQL, applied before ranking (a prefilter).
+            Lance SQL, applied before ranking (a prefilter) unless
+            ``postfilter``; it may not name ``_rowid`` or ``_rowaddr``.
         columns : list of str, optional
             Columns to return besides ``_distance`` (default all).
         metric : {"l2", "cosine", "dot"}
         refine_factor : int, optional
             Re-rank ``refine_factor * k`` base candidates with exact distances.
+        overfetch_factor : float
+            Each level gives its ``ceil(k * overfetch_factor)`` nearest live
+            rows before the merge keeps the ``k`` nearest (default 1.0, at
+            least 1.0), as pylance's ``LsmVectorSearchPlanner.plan_search``
+            takes it. Rows a newer level hides are excluded *before* ranking
+            here, so ``k`` rows come back whenever ``k`` live rows exist
+            without it; a larger pool only raises the recall of an
+            approximate base index (more of its candidates are ranked).
+        distance_range : (float or None, float or None), optional
+            ``(lower, upper)``: only rows with ``lower <= _distance < upper``
+            (half-open, in the metric's distance as ``_distance`` reports
+            it: squared L2, 1 - cosine, 1 - dot; a bound None is open), the
+            ``k`` nearest of them. pylance's ``nearest["distance_range"]``
+            and LanceDB's ``distance_range(lower_bound, upper_bound)``.
+            Applied inside each level's search, so a level whose nearest
+            rows are below ``lower`` still gives its rows in range.
+        offset : int
+            Skip the ``offset`` nearest rows of the merged ranking (default
+            0): ``offset=k`` is the second page of ``k``. Each level gives
+            ``k + offset`` rows, so a page is full whenever that many live
+            rows exist (LanceDB's ``offset``; pylance's ``offset`` over
+            ``k + offset`` nearest).
+        postfilter : bool
+            Rank first, then filter (default False: filter, then rank):
+            the ``k + offset`` nearest live rows are found unfiltered, those
+            failing ``filter`` are dropped, then ``offset`` skips; fewer
+            than ``k`` rows may come back. LanceDB's ``postfilter()``,
+            pylance's ``prefilter=False``. A key's newest version is the one
+            ranked and filtered: an older version never stands in for it.
+        bypass_vector_index : bool
+            Search the base table exactly (every row's distance) instead of
+            through its vector index; ``nprobes`` and ``refine_factor`` are
+            then unused (LanceDB's ``bypass_vector_index()``, pylance's
+            ``use_index=False``). The other levels are always exact.
         snapshots : list of ShardSnapshot, optional
-            Default: discovered now.
+            Only these shards, as listed (see :meth:`scan`). Default:
+            discovered now.
+        snapshot : LsmSnapshot, optional
+            Read this point-in-time view (:meth:`snapshot`) instead of now.
 
         Returns
         -------
         pa.Table
             At most ``k`` rows with ``_distance`` (float32), nearest first;
-            equal distances in key order. Rows a newer level hides are
-            excluded before ranking, so ``k`` rows come back whenever ``k``
-            live rows exist (no over-fetch is needed, so none is offered).
+            equal distances in key order.
 
         Raises
         ------
         TypeError, ValueError
-            ``k``, ``nprobes`` or ``refine_factor`` below 1, an unknown
-            ``metric``, ``columns`` given as one string (at the call).
+            ``k``, ``nprobes`` or ``refine_factor`` below 1, a negative
+            ``offset`` (or ``k + offset`` above 1,000,000), an unknown
+            ``metric``, ``columns`` given as one string, ``overfetch_factor``
+            below 1 or not a number, a ``distance_range`` that is not a pair
+            of numbers (or None) with ``lower < upper``, ``postfilter`` or
+            ``bypass_vector_index`` not a bool (at the call).
+        FilterError
+            ``filter`` is not one expression, or names a row id or address
+            (at the call).
         SchemaMismatchError
             ``column`` or a ``columns`` entry is not in the table.
         InvalidInputError
             A query that is not a vector of the column's dimension.
+        ViewExpiredError
+            ``snapshot`` given and a file it pins was deleted since.
 
         Notes
         -----
         The base table's search is as exact as its index (``nprobes``,
         ``refine_factor``); the other levels are searched exactly.
+        pylance 14's ``LsmVectorSearchPlanner`` is not a substitute: it
+        returns no row when the base table has no vector index, and with an
+        IVF index on the base it misses rows held in flushed generations
+        (``docs/lsm-reads.md``; ``tests/lsm/test_vector_parity.py`` pins it).
         """
         check_knn(
             {
                 "k": k,
                 "nprobes": nprobes,
                 "refine_factor": refine_factor,
+                "overfetch_factor": overfetch_factor,
                 "metric": metric,
                 "columns": columns,
+                "offset": offset,
+                "postfilter": postfilter,
+                "bypass_vector_index": bypass_vector_index,
             }
         )
-        filter = check_filter(filter)
+        bounds = check_distance_range(distance_range)
+        filter = check_lsm_filter(filter)
         q = vector_query(self._table.schema, column, query, columns)
         snaps = self._snapshots(snapshots)
-        self._memtables()
+        pin = self._pinned(snapshot, snapshots)
+        self._check_live(snaps, pin)
+        memtables = self._memtables if pin is None else _no_memtables
+        memtables()
         record_lookup(self._table.uri, f"{self._path}-vector")
-        with call_timeouts(self._table.storage_timeout):
-            view = await open_view(self._table, snaps, self._memtables())
-        work = partial(
-            search_view,
-            view,
-            q,
-            column,
-            k,
-            nprobes=nprobes,
-            refine_factor=refine_factor,
-            filter=filter,
-            columns=columns,
-            metric=metric,
-        )
-        with call_timeouts(self._table.storage_timeout):
+
+        async def search() -> pa.Table:
+            view = await open_view(self._table, snaps, memtables(), pinned=pin)
+            work = partial(
+                search_view,
+                view,
+                q,
+                column,
+                k,
+                nprobes=nprobes,
+                refine_factor=refine_factor,
+                filter=filter,
+                columns=columns,
+                metric=metric,
+                overfetch_factor=float(overfetch_factor),
+                distance_range=bounds,
+                offset=int(offset),
+                postfilter=postfilter,
+                use_index=not bypass_vector_index,
+            )
             return await run_engine(work)
+
+        with call_timeouts(self._table.storage_timeout):
+            return await _fresh(search, snaps or pin)
 
     async def unflushed_rows(self) -> dict[str, int]:
         """Rows (puts and deletes) each live shard holds in its WAL tail:
@@ -427,13 +638,29 @@ class LsmReader:
         def count() -> dict[str, int]:
             return {
                 s.shard_id: read_wal_tail(
-                    uri, s.shard_id, s.replay_after, schema, options
-                ).rows.num_rows
+                    uri,
+                    s.shard_id,
+                    s.replay_after,
+                    schema,
+                    options,
+                    manifest_version=s.manifest_version,
+                ).row_count
                 for s in snaps
             }
 
-        with call_timeouts(table.storage_timeout):
+        with call_timeouts(table.storage_timeout), expired_views():
             return await run_engine(count)
+
+    @staticmethod
+    def cache_stats() -> LevelCacheStats:
+        """What this process's cache of flushed generations holds (every
+        reader of every table shares it; does not block).
+
+        Its budget is ``configure_memory(lsm_cache_bytes=...)``; a
+        generation leaves it once a view sees it compacted
+        (:mod:`lance_async.lsm.cache`).
+        """
+        return level_cache_stats()
 
     def lookup_stats(self) -> CoalescerStats:
         """What this reader's point-lookup coalescer did in this event loop (does not block)."""
@@ -441,61 +668,3 @@ class LsmReader:
         if current is None:
             return CoalescerStats(0, 0, 0, 0)
         return current.stats()
-
-
-class LsmMethods:
-    """The LSM reads as methods of a facade (dataset, shard writer, router).
-
-    Each delegates to the facade's :class:`LsmReader`, its ``lsm`` attribute;
-    the documentation is the reader's.
-    """
-
-    lsm: LsmReader
-    """This object's LSM reads (see :class:`LsmReader`)."""
-
-    def lsm_scan(
-        self,
-        columns: Sequence[str] | None = None,
-        filter: str | None = None,
-        limit: int | None = None,
-        *,
-        offset: int | None = None,
-        with_row_id: bool = False,
-        batch_size: int | None = None,
-        snapshots: ShardSnapshots | None = None,
-    ) -> AsyncBatchStream:
-        """Every key's newest live row across the LSM levels, streamed
-        (:meth:`LsmReader.scan`)."""
-        return self.lsm.scan(
-            columns,
-            filter,
-            limit,
-            offset=offset,
-            with_row_id=with_row_id,
-            batch_size=batch_size,
-            snapshots=snapshots,
-        )
-
-    async def lsm_point_lookup(
-        self,
-        key: Any,
-        columns: Sequence[str] | None = None,
-        snapshots: ShardSnapshots | None = None,
-    ) -> pa.Table:
-        """The newest row of one primary key, 0 or 1 row (:meth:`LsmReader.point_lookup`)."""
-        return await self.lsm.point_lookup(key, columns, snapshots=snapshots)
-
-    async def lsm_point_lookups(
-        self,
-        keys: Any,
-        columns: Sequence[str] | None = None,
-        snapshots: ShardSnapshots | None = None,
-    ) -> pa.Table:
-        """The newest row of each of many keys, in their order
-        (:meth:`LsmReader.point_lookups`)."""
-        return await self.lsm.point_lookups(keys, columns, snapshots=snapshots)
-
-    async def lsm_vector_search(self, query: Any, *, column: str, **options: Any) -> pa.Table:
-        """The k nearest rows across the LSM levels, with ``_distance``
-        (:meth:`LsmReader.vector_search`; the same keywords)."""
-        return await self.lsm.vector_search(query, column=column, **options)

@@ -19,14 +19,18 @@ engine's does.
 
 from __future__ import annotations
 
-import uuid
+import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
 
-from ..errors import raise_mapped
-from .levels import ROWADDR, LsmView
+from .._engine_errors import raise_mapped
+from ..errors import LanceAsyncError
+from .levels import ROWADDR, Generation, LsmView
+from .pinned import raise_expired
 
 __all__ = ["DEFAULT_BATCH_ROWS", "ROWID", "output_schema", "scan_view"]
 
@@ -36,6 +40,12 @@ flushed-generation rows: only base rows have a row id)."""
 
 DEFAULT_BATCH_ROWS = 8192
 """Rows per batch of the in-memory levels when no ``batch_size`` is given."""
+READ_AHEAD = 3
+"""Generations read side by side ahead of the one a scan emits."""
+WHOLE_ROWS = 262_144
+"""Generations of at most this many rows are read whole (and ahead); larger ones stream."""
+WHOLE_BATCH_ROWS = 65_536
+"""Rows per batch of a generation read whole, when no ``batch_size`` is given."""
 
 
 def output_schema(
@@ -49,25 +59,9 @@ def output_schema(
     return out.with_metadata(schema.metadata)
 
 
-def filter_in_memory(table: pa.Table, columns: list[str], filter: str | None) -> pa.Table:
-    """Rows of an in-memory table that pass a Lance SQL filter (blocking).
-
-    The filter runs in Lance's own engine over a ``memory://`` dataset, so it
-    means exactly what it means on the table.
-    """
-    if not filter:
-        return table.select(columns)
-    import lance
-
-    ds = lance.write_dataset(table, f"memory://lance_async-{uuid.uuid4().hex}")
-    result: pa.Table = ds.to_table(columns=columns, filter=filter)
-    return result
-
-
-def _addr_mask(addresses: np.ndarray, keep_sorted: np.ndarray) -> np.ndarray:
-    pos = np.searchsorted(keep_sorted, addresses)
-    pos[pos == len(keep_sorted)] = 0
-    return np.asarray(keep_sorted[pos] == addresses)
+def _mask_of(gen: Generation, keep: np.ndarray, addresses: np.ndarray) -> np.ndarray:
+    """``keep`` of the rows at ``addresses`` (rows of ``gen``, any subset)."""
+    return np.asarray(keep[gen.positions(addresses)])
 
 
 class _Emitter:
@@ -85,8 +79,13 @@ class _Emitter:
     def done(self) -> bool:
         return self.remaining is not None and self.remaining <= 0
 
-    def __call__(self, data: pa.Table | pa.RecordBatch) -> Iterator[pa.RecordBatch]:
-        batches = data.to_batches(max_chunksize=self.size) if isinstance(data, pa.Table) else [data]
+    def __call__(
+        self, data: pa.Table | pa.RecordBatch, size: int | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        if isinstance(data, pa.Table):
+            batches = data.to_batches(max_chunksize=size or self.size)
+        else:
+            batches = [data]
         for batch in batches:
             if self.done:
                 return
@@ -110,34 +109,129 @@ def _memtables(
     view: LsmView, cols: list[str], filter: str | None, emit: _Emitter
 ) -> Iterator[pa.RecordBatch]:
     for mem in view.memtables:
-        table = mem.live()
+        table = mem.select(cols, filter)
         if table is None:
             continue
-        yield from emit(filter_in_memory(table, cols, filter).select(cols))
+        yield from emit(table.select(cols))
         if emit.done:
             return
+
+
+def _read_generation(
+    gen: Generation, keep: np.ndarray, cols: list[str], filter: str | None
+) -> pa.Table:
+    """A whole generation's rows that ``keep`` keeps, projected (blocking)."""
+    every = bool(keep.all())
+    # unfiltered, a generation's scan gives its rows in the order its keys
+    # were read in (``load_generation``): the mask applies by position;
+    # filtered, by row address
+    by_address = not every and filter is not None
+    table = gen.dataset.to_table(columns=cols, filter=filter, with_row_address=by_address)
+    if by_address:
+        mask = _mask_of(gen, keep, table.column(ROWADDR).to_numpy())
+        return table.filter(pa.array(mask)).select(cols)
+    if not every:
+        if table.num_rows != len(keep):
+            raise LanceAsyncError(
+                f"generation {gen.uri} holds other rows than when its keys were read; "
+                "generations never change: its folder was written again"
+            )
+        table = table.filter(pa.array(keep))
+    return table.combine_chunks()  # one batch per generation, not one per chunk read
+
+
+def _stream_generation(
+    gen: Generation,
+    keep: np.ndarray,
+    cols: list[str],
+    filter: str | None,
+    batch_size: int | None,
+    emit: _Emitter,
+) -> Iterator[pa.RecordBatch]:
+    """A large generation batch by batch (as :func:`_read_generation` reads it whole)."""
+    every = bool(keep.all())
+    by_address = not every and filter is not None
+    scanner = gen.dataset.scanner(
+        columns=cols, filter=filter, with_row_address=by_address, batch_size=batch_size
+    )
+    reader = scanner.to_reader()
+    at = 0
+    try:
+        for batch in reader:
+            if by_address:
+                mask = _mask_of(gen, keep, batch.column(ROWADDR).to_numpy())
+                batch = batch.filter(pa.array(mask)).select(cols)
+            elif not every:
+                n = batch.num_rows
+                if at + n > len(keep):
+                    raise LanceAsyncError(
+                        f"generation {gen.uri} holds more rows than when its keys were "
+                        "read; generations never change: its folder was written again"
+                    )
+                batch = batch.filter(pa.array(keep[at : at + n]))
+                at += n
+            yield from emit(batch)
+            if emit.done:
+                return
+    finally:
+        reader.close()
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _readers() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="lance_async generations")
+        return _pool
 
 
 def _generations(
     view: LsmView, cols: list[str], filter: str | None, batch_size: int | None, emit: _Emitter
 ) -> Iterator[pa.RecordBatch]:
-    for gen, keep in view.live_generations():
-        every = bool(keep.all())
-        keep_addr = np.sort(gen.rowaddr[keep])
-        scanner = gen.dataset.scanner(
-            columns=cols, filter=filter, with_row_address=not every, batch_size=batch_size
-        )
-        reader = scanner.to_reader()
-        try:
-            for batch in reader:
-                if not every:
-                    mask = _addr_mask(batch.column(ROWADDR).to_numpy(), keep_addr)
-                    batch = batch.filter(pa.array(mask))
-                yield from emit(batch.select(cols))
-                if emit.done:
-                    return
-        finally:
-            reader.close()
+    """The generations' winning rows, newest first within a shard.
+
+    A generation is a small Lance dataset of its own, and reading one costs
+    a fixed setup besides its rows; so up to :data:`READ_AHEAD` generations
+    (of at most :data:`WHOLE_ROWS` rows each) are read side by side ahead of
+    the one being emitted, and emitted in order: memory is bounded by that
+    many generations. A larger generation is streamed batch by batch.
+    """
+    todo = iter(view.live_generations())
+    ahead: deque[tuple[Generation, np.ndarray, Future[pa.Table] | None]] = deque()
+    size = batch_size or max(emit.size, WHOLE_BATCH_ROWS)
+
+    def refill() -> None:
+        while len(ahead) < READ_AHEAD:
+            item = next(todo, None)
+            if item is None:
+                return
+            gen, keep = item
+            if len(gen) > WHOLE_ROWS:
+                ahead.append((gen, keep, None))
+                return  # streamed in its turn; nothing read ahead past it
+            ahead.append((gen, keep, _readers().submit(_read_generation, gen, keep, cols, filter)))
+
+    try:
+        refill()
+        while ahead:
+            gen, keep, future = ahead.popleft()
+            if future is None:
+                yield from _stream_generation(gen, keep, cols, filter, batch_size, emit)
+            else:
+                table = future.result()
+                refill()
+                yield from emit(table, size)
+            if emit.done:
+                return
+            refill()
+    finally:
+        for _gen, _keep, future in ahead:
+            if future is not None:
+                future.cancel()
 
 
 def _base(
@@ -214,7 +308,7 @@ def scan_view(
 
     Notes
     -----
-    Blocking: run it on a worker thread (``lsm_scan`` does). Each ``next()``
+    Blocking: run it on a worker thread (``LsmReader.scan`` does). Each ``next()``
     reads at most one batch.
     """
     cols = list(columns) if columns is not None else list(view.schema.names)
@@ -233,5 +327,7 @@ def scan_view(
         if not emit.done:
             yield from _base(view, cols, filter, batch_size, emit)
     except (OSError, ValueError, RuntimeError) as exc:
+        if view.pinned:
+            raise_expired(exc, "a file")
         raise_mapped(exc)
         raise

@@ -28,10 +28,12 @@ from lance.mem_wal import ShardSnapshot as LanceShardSnapshot
 from .._table import Table
 from .._threads import run_engine
 from . import manifest as _manifest
+from .memtable import MemPart
 
 __all__ = [
     "EPOCH_KEY",
     "RETIRED_KEY",
+    "LsmSnapshot",
     "ShardSnapshot",
     "ShardSnapshots",
     "discover_latest",
@@ -91,6 +93,11 @@ class ShardSnapshot:
     writer_epoch : int
         The epoch of the shard's newest writer (a writer of a lower epoch is
         fenced).
+    wal_end : int, optional
+        One past the last WAL entry the snapshot pins: a read given it reads
+        the entries ``replay_after + 1 .. wal_end - 1`` exactly. None (what
+        :func:`shard_snapshots` gives): the tail up to the newest entry
+        when the read runs. The shards of an :class:`LsmSnapshot` pin one.
     """
 
     shard_id: str
@@ -101,6 +108,7 @@ class ShardSnapshot:
     manifest_version: int = 0
     replay_after: int = 0
     writer_epoch: int = 0
+    wal_end: int | None = None
 
     @property
     def lance(self) -> LanceShardSnapshot:
@@ -114,6 +122,59 @@ class ShardSnapshot:
 
 
 ShardSnapshots = Sequence[ShardSnapshot]
+
+
+@dataclass(frozen=True)
+class LsmSnapshot:
+    """A point-in-time LSM view of one table: what every read given it sees.
+
+    Take one with ``await dataset.lsm.snapshot()`` (or a writer's or router's
+    ``lsm.snapshot()``, which also holds the rows of its live memtables) and
+    pass it to any LSM read as ``snapshot=``. It pins the shard set, each
+    shard's flushed generations and its WAL position, and the base table's
+    version, so every read given it returns exactly what the first did,
+    however long it is held and whatever is written, flushed or compacted
+    meanwhile, in any process -- until a clean-up deletes a file it pins
+    (the MemWAL's storage retention, ``cleanup_old_versions`` of the pinned
+    version): then a read fails with
+    :class:`~lance_async.errors.ViewExpiredError`, never returns other rows.
+
+    It holds no resource (no thread, no file handle) and is immutable; one
+    without ``unflushed`` rows pickles, so another process can read the same
+    view. The idea is a storage engine's read snapshot (RocksDB's
+    ``GetSnapshot()`` given to ``ReadOptions``, LevelDB's), with files kept
+    by retention rather than by reference counts.
+
+    Attributes
+    ----------
+    uri : str
+        The table.
+    version : int
+        The base table's version.
+    shards : tuple of ShardSnapshot
+        The live shards then, each with its generations and ``wal_end``.
+    unflushed : tuple of MemPart
+        Rows of this process's live writers that no generation held then
+        (durable or not), for the shards in ``mirrored``; empty for a
+        dataset's snapshot.
+    mirrored : frozenset of str
+        Shards read from ``unflushed`` instead of their WAL tail.
+    taken_at : float
+        When it was taken (``time.time()``, seconds).
+    """
+
+    uri: str
+    version: int
+    shards: tuple[ShardSnapshot, ...]
+    unflushed: tuple[MemPart, ...] = ()
+    mirrored: frozenset[str] = frozenset()
+    taken_at: float = 0.0
+
+    def __repr__(self) -> str:
+        return (
+            f"<LsmSnapshot {self.uri!r} version={self.version} shards={len(self.shards)} "
+            f"generations={sum(len(s.sstables) for s in self.shards)}>"
+        )
 
 
 def _discover(
@@ -215,5 +276,5 @@ async def shard_snapshots(
         partial(discover_latest, table.lance, table.uri, ids, include_compacted, options)
     )
     if newer is not None:
-        table.advance(newer)
+        table._advance(newer)
     return snaps

@@ -16,11 +16,27 @@ A row whose key a newer level holds is never returned, and k rows come back
 whenever k live rows exist (flat and IVF_PQ indexes alike; the tests check
 both). The base table's keys and row addresses are read once per table
 version to find the hidden rows.
+
+The knobs of LanceDB's vector query (and pylance's scanner) keep their
+meaning across the levels because every level is searched for the same
+candidates and the merge applies them once, to the newest version of each
+key: ``distance_range`` is pushed into each level's search (the engine's
+``distance_range``; a mask in numpy) and checked again on the merged
+distances; ``offset`` makes each level give ``k + offset`` rows and the
+merge skip the nearest ``offset``; ``postfilter`` searches every level
+unfiltered and evaluates the filter on the merged nearest rows (an
+in-memory Lance dataset of them, so the filter means what it means to the
+engine); ``use_index=False`` searches the base table exactly. A base row a
+newer level hides is left out of the base's search *before* ranking in every
+case, so it never comes back, whether the newer version is in the range,
+filtered out or deleted.
 """
 
 from __future__ import annotations
 
+import math
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -30,9 +46,8 @@ import pyarrow as pa
 
 from ..errors import InvalidInputError, SchemaMismatchError
 from .levels import ROWADDR, LsmView
-from .scan import filter_in_memory
 
-__all__ = ["exact_knn", "search_view", "vector_query"]
+__all__ = ["Range", "exact_knn", "in_range", "matching", "search_view", "vector_query"]
 
 _METRICS = ("l2", "cosine", "dot")
 _base_keys: OrderedDict[tuple[str, int, tuple[str, ...]], tuple[list[pa.Array], np.ndarray]] = (
@@ -63,12 +78,36 @@ def _distances(vectors: pa.Array | pa.ChunkedArray, query: np.ndarray, metric: s
     return np.where(np.isnan(out), np.inf, out).astype(np.float32)
 
 
-def exact_knn(table: pa.Table, column: str, query: Any, k: int, metric: str = "l2") -> pa.Table:
+Range = tuple[float | None, float | None]
+
+
+def in_range(dist: np.ndarray, distance_range: Range | None) -> np.ndarray:
+    """Mask of the distances in ``[lower, upper)`` (a bound None is open; pure)."""
+    mask: np.ndarray = np.isfinite(dist)
+    if distance_range is not None:
+        lower, upper = distance_range
+        if lower is not None:
+            mask &= dist >= np.float32(lower)
+        if upper is not None:
+            mask &= dist < np.float32(upper)
+    return mask
+
+
+def exact_knn(
+    table: pa.Table,
+    column: str,
+    query: Any,
+    k: int,
+    metric: str = "l2",
+    distance_range: Range | None = None,
+) -> pa.Table:
     """Rank ``table``'s rows by exact distance from ``query`` (blocking, numpy).
 
     Returns the ``k`` nearest rows with a ``_distance`` column (float32, the
     distance as Lance reports it: squared L2, 1 - cosine similarity, or
-    1 - dot product).
+    1 - dot product); with ``distance_range=(lower, upper)`` the ``k``
+    nearest of those with ``lower <= _distance < upper`` (pylance's
+    ``distance_range``: a bound None is open).
     """
     if k < 1:
         raise InvalidInputError("k must be >= 1")
@@ -76,6 +115,7 @@ def exact_knn(table: pa.Table, column: str, query: Any, k: int, metric: str = "l
     if column not in table.column_names:
         raise SchemaMismatchError(f"no vector column {column!r}", field=column)
     dist = _distances(table.column(column), q, metric)
+    dist = np.where(in_range(dist, distance_range), dist, np.float32(np.inf))
     order = np.argsort(dist, kind="stable")[:k]
     order = order[np.isfinite(dist[order])]
     picked = table.take(pa.array(order, type=pa.int64()))
@@ -106,6 +146,24 @@ def _serialize(addresses: np.ndarray) -> bytes:
     return result
 
 
+def matching(table: pa.Table, filter: str) -> np.ndarray:
+    """Mask of ``table``'s rows that pass ``filter`` (Lance SQL; blocking).
+
+    The rows are written to an in-memory Lance dataset and filtered by the
+    engine, so the filter means what it means on every level (a NULL result
+    is no match, as in SQL).
+    """
+    import lance
+
+    position = "_lance_async_position"
+    marked = table.append_column(position, pa.array(np.arange(table.num_rows), pa.int64()))
+    ds = lance.write_dataset(marked, f"memory://lance_async-{uuid.uuid4().hex}")
+    passed = ds.to_table(columns=[position], filter=filter).column(position).to_numpy()
+    mask = np.zeros(table.num_rows, dtype=bool)
+    mask[passed] = True
+    return mask
+
+
 def search_view(
     view: LsmView,
     query: np.ndarray,
@@ -117,32 +175,52 @@ def search_view(
     filter: str | None = None,
     columns: Sequence[str] | None = None,
     metric: str = "l2",
+    overfetch_factor: float = 1.0,
+    distance_range: Range | None = None,
+    offset: int = 0,
+    postfilter: bool = False,
+    use_index: bool = True,
 ) -> pa.Table:
-    """The ``k`` nearest live rows of a view's levels (blocking; see the module notes)."""
+    """The ``k`` nearest live rows of a view's levels after the nearest
+    ``offset`` (blocking; see the module notes).
+
+    Each level gives its ``ceil((k + offset) * overfetch_factor)`` nearest
+    live rows (within ``distance_range``; passing ``filter`` unless
+    ``postfilter``); the merge keeps the ``k + offset`` nearest of all,
+    drops those failing ``filter`` when ``postfilter``, then skips
+    ``offset`` and keeps at most ``k``.
+    """
     cols = list(columns) if columns is not None else list(view.schema.names)
-    read = list(dict.fromkeys([*cols, column, *view.keys]))
-    nearest: dict[str, Any] = {"column": column, "q": query, "k": k, "metric": metric}
+    late = filter if postfilter else None  # evaluated on the merged rows
+    level_filter = None if postfilter else filter
+    extra = list(view.schema.names) if late else []  # what the filter may name
+    read = list(dict.fromkeys([*cols, column, *view.keys, *extra]))
+    wanted = k + offset
+    fetch = max(wanted, math.ceil(wanted * overfetch_factor))
+    nearest: dict[str, Any] = {"column": column, "q": query, "k": fetch, "metric": metric}
+    if distance_range is not None:
+        nearest["distance_range"] = distance_range
     found: list[pa.Table] = []
     hides_mem = any(m.table.num_rows for m in view.memtables)
     for mem in view.memtables:
-        table = mem.live()
+        table = mem.select(read, level_filter)
         if table is not None:
-            found.append(exact_knn(filter_in_memory(table, read, filter), column, query, k, metric))
+            found.append(exact_knn(table, column, query, fetch, metric, distance_range))
     for gen, keep in view.live_generations():
         allow = None if keep.all() else _serialize(np.sort(gen.rowaddr[keep]))
         found.append(
             gen.dataset.scanner(
                 columns=[*read, "_distance"],
                 nearest={**nearest, "use_index": False},  # exact: generations are small
-                filter=filter,
+                filter=level_filter,
                 prefilter=True,
                 row_addr_allowlist=allow,
             ).to_table()
         )
-    base_nearest = dict(nearest)
-    if nprobes is not None:
+    base_nearest = dict(nearest, use_index=use_index)
+    if nprobes is not None and use_index:
         base_nearest["nprobes"] = nprobes
-    if refine_factor is not None:
+    if refine_factor is not None and use_index:
         base_nearest["refine_factor"] = refine_factor
     block = None
     if view.shadow.size or hides_mem:
@@ -153,12 +231,12 @@ def search_view(
         view.base.scanner(
             columns=[*read, "_distance"],
             nearest=base_nearest,
-            filter=filter,
+            filter=level_filter,
             prefilter=True,
             row_addr_blocklist=block,
         ).to_table()
     )
-    names = list(dict.fromkeys([*cols, *view.keys]))
+    names = list(dict.fromkeys([*cols, *view.keys, *extra]))
     fields = [view.schema.field(c) for c in names] + [pa.field("_distance", pa.float32())]
     merged_schema = pa.schema(fields, metadata=view.schema.metadata)
     parts = [
@@ -172,11 +250,16 @@ def search_view(
     if not parts:
         return merged_schema.empty_table().select([*cols, "_distance"])
     merged = pa.concat_tables(parts)
+    if distance_range is not None:  # the engine's bounds, held to on the merged distances too
+        dist = merged.column("_distance").to_numpy()
+        merged = merged.filter(pa.array(in_range(dist, distance_range)))
     # nearest first; equal distances in key order, so the answer is deterministic
     ranked = merged.sort_by(
         [("_distance", "ascending")] + [(key, "ascending") for key in view.keys]
-    )
-    return ranked.slice(0, k).select([*cols, "_distance"]).combine_chunks()
+    ).slice(0, wanted)
+    if late and ranked.num_rows:
+        ranked = ranked.filter(pa.array(matching(ranked.combine_chunks(), late)))
+    return ranked.slice(offset, k).select([*cols, "_distance"]).combine_chunks()
 
 
 def vector_query(schema: pa.Schema, column: str, query: Any, columns: Any) -> np.ndarray:

@@ -30,14 +30,20 @@ argument typed by :class:`~lance_async._table.Table`; the reads are the
     :func:`compact_mem_wal`: flushed generations merged into the base table,
     one guarded commit per shard; :class:`Compactor`: the same in the
     background, by a :class:`CompactionPolicy`.
+``cleanup.py``
+    :func:`cleanup_table`: the garbage collector -- old base versions,
+    compacted generation folders, flushed WAL entries, superseded shard
+    manifests -- by a retention (the compactor runs it too).
 """
 
 from __future__ import annotations
 
 from .acks import Ack, PutSummary
 from .check import ShardCheck
+from .cleanup import CleanupPlan, CleanupStats, cleanup_table, plan_cleanup
 from .compaction import CompactionResult, compact_mem_wal
 from .compactor import CompactionPolicy, Compactor, CompactorStats
+from .policy import WriterOptions
 from .router import ShardRouter
 from .stats import WriterState, WriterStats
 from .writer import AsyncShardWriter
@@ -45,6 +51,8 @@ from .writer import AsyncShardWriter
 __all__ = [
     "Ack",
     "AsyncShardWriter",
+    "CleanupPlan",
+    "CleanupStats",
     "CompactionPolicy",
     "CompactionResult",
     "Compactor",
@@ -52,7 +60,10 @@ __all__ = [
     "PutSummary",
     "ShardCheck",
     "ShardRouter",
+    "WriterOptions",
     "WriterState",
     "WriterStats",
+    "cleanup_table",
     "compact_mem_wal",
+    "plan_cleanup",
 ]

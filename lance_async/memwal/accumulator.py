@@ -1,16 +1,21 @@
-"""The writer's accumulator: queue room, the hand-off to the writer task, coalescing.
+"""The write path's one queue: room, the hand-off to the task behind it, coalescing.
 
-The middle one of a shard writer's three parts, as aiokafka splits its
-producer (``AIOKafkaProducer`` / ``MessageAccumulator`` / ``Sender``):
+Every send waits in one bounded queue: a shard writer's own, or -- through
+the routing writer -- the router's (a router's shard writers have none:
+``handoff.py``). It is the middle one of a writer's three parts, as
+aiokafka splits its producer (``AIOKafkaProducer`` / ``MessageAccumulator``
+/ ``Sender``):
 
 * the producer side (:meth:`Accumulator.submit`, :meth:`~Accumulator.submit_batch`,
   :meth:`~Accumulator.submit_nowait`)
-  checks rows against the table and the shard, cuts them to at most
+  checks rows against the table (and, for a shard writer's sends, against
+  its shard: the sender's ``shard_check``), cuts them to at most
   ``max_put_rows`` and queues them whole or not at all, waiting while the
   queue holds ``max_queue_rows`` rows or ``max_queue_bytes`` bytes (queued
   or in flight);
-* the consumer side (:meth:`Accumulator.next_run`, used by the committer)
-  takes what queued while the previous engine put was in flight, waits for
+* the consumer side (:meth:`Accumulator.next_run`, used by a shard writer's
+  committer or a router's routing task) takes what queued while the
+  previous engine put (or routed run) was in flight, waits for
   more when the commit policy asks (``linger``, ``min_put_interval``: Kafka's
   ``linger.ms``), and hands out runs of entries of one kind of at most
   ``max_put_rows`` / ``max_put_bytes`` (Kafka's ``batch.size``).
@@ -21,8 +26,9 @@ the common case of a feed of small messages -- is one object besides the
 batch: its :class:`~lance_async.Ack` is also its queue entry
 (:class:`BatchAck`). Each send gets one ack whatever the number of pieces
 its rows are cut into, and several batches sent together (a table of many
-chunks, ``send_many``) that fit one put are one entry. Room is given back by
-the committer once a run's engine put returned (:meth:`Accumulator.release`).
+chunks, ``send_many``) that fit one put are one entry. Room is given back
+once the engine put that carried the rows returned (:meth:`Accumulator.release`:
+by the committer, or through a routed shard's ``Handoff``).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from ..sources import SourceMode, resolve_source
 from .acks import Ack
 from .policy import WriterConfig
 
-__all__ = ["Accumulator", "BatchAck", "Entry", "Item", "Kind"]
+__all__ = ["Accumulator", "BatchAck", "Entry", "Item", "Kind", "ShardCheck", "take_run"]
 
 
 class Kind(enum.Enum):
@@ -153,8 +159,27 @@ INLINE_CHECK_ROWS = 1_024
 few microseconds); larger ones on a worker thread."""
 
 
+def take_run(pending: deque[Entry], max_rows: int, max_bytes: int) -> tuple[list[Entry], int]:
+    """Take the next run off a non-empty queue: its first entry and the entries
+    of the same kind behind it while the run stays within ``max_rows`` and
+    ``max_bytes`` (a flush marker alone). Returns the run and its rows."""
+    first = pending.popleft()
+    run = [first]
+    if first.kind is Kind.FLUSH:
+        return run, 0
+    rows, nbytes = first.rows, first.nbytes
+    while pending and pending[0].kind is first.kind:
+        nxt = pending[0]
+        if rows + nxt.rows > max_rows or nbytes + nxt.nbytes > max_bytes:
+            break
+        run.append(pending.popleft())
+        rows += nxt.rows
+        nbytes += nxt.nbytes
+    return run, rows
+
+
 class Accumulator:
-    """Queue room, validation and coalescing for one shard writer.
+    """Queue room, validation and coalescing: one shard writer's, or a router's.
 
     Parameters
     ----------
@@ -179,10 +204,6 @@ class Accumulator:
         Raises when the writer can take no more rows (closed, failed).
     describe : callable
         The writer's repr, for messages.
-    shard_check : callable, optional
-        Raises :class:`~lance_async.errors.WrongShardError` for a batch with a
-        row of another shard (see ``sharding.py``); None on tables with
-        manual shards.
     """
 
     def __init__(
@@ -200,7 +221,6 @@ class Accumulator:
         pace: Callable[[float], float] | None = None,
         check: Callable[[], None],
         describe: Callable[[], str],
-        shard_check: ShardCheck | None = None,
     ) -> None:
         self.fit = fit
         self.key_fit = key_fit
@@ -213,12 +233,8 @@ class Accumulator:
         self.put_interval = min_put_interval
         """The pacing now (seconds): ``pace(last put's duration)``, see ``policy.py``."""
         self._pace = pace
-        self.paced = True
-        """Whether runs wait out :attr:`put_interval` (a routing writer's shard
-        writers do not: the router paces its runs, see ``router.py``)."""
         self._check = check
         self._describe = describe
-        self._shard_check = shard_check
         self._pending: deque[Entry] = deque()
         self.pending_rows = 0
         """PUT rows queued and not yet handed to the writer task."""
@@ -247,7 +263,6 @@ class Accumulator:
         *,
         check: Callable[[], None],
         describe: Callable[[], str],
-        shard_check: ShardCheck | None,
     ) -> Accumulator:
         """The accumulator of a writer with ``config`` and ``limits`` =
         ``(max_put_rows, max_queue_rows)`` (see :meth:`WriterConfig.limits`)."""
@@ -265,7 +280,6 @@ class Accumulator:
             pace=config.policy.pace,
             check=check,
             describe=describe,
-            shard_check=shard_check,
         )
 
     # -- room -----------------------------------------------------------------
@@ -397,11 +411,11 @@ class Accumulator:
             rows = sum(p.num_rows for p, _ in pieces)
             nbytes = sum(n for _, n in pieces)
             if rows <= self.max_put_rows and nbytes <= self.max_put_bytes:
-                ack._add_part()
+                ack.add_part()
                 self._push(Item(kind, [p for p, _ in pieces], ack, rows, nbytes, now))
                 return
         for piece, nbytes in pieces:
-            ack._add_part()
+            ack.add_part()
             self._push(Item(kind, piece, ack, piece.num_rows, nbytes, now))
 
     async def _enqueue(
@@ -414,34 +428,39 @@ class Accumulator:
         await self._reserve(sum(p.num_rows for p, _ in pieces), sum(n for _, n in pieces), deadline)
         self._queue(kind, pieces, ack)
 
-    def check_shard_nowait(self, batches: Sequence[pa.RecordBatch]) -> None:
+    @staticmethod
+    def check_shard_nowait(batches: Sequence[pa.RecordBatch], check: ShardCheck | None) -> None:
         """Refuse rows of another shard, on the loop (small sends)."""
-        if self._shard_check is not None:
+        if check is not None:
             for batch in batches:
-                self._shard_check(batch)
+                check(batch)
 
-    async def check_shard(self, batches: Sequence[pa.RecordBatch]) -> None:
+    @staticmethod
+    async def check_shard(batches: Sequence[pa.RecordBatch], check: ShardCheck | None) -> None:
         """Refuse rows of another shard (on a worker thread for large sends)."""
-        if self._shard_check is None:
+        if check is None:
             return
         if sum(b.num_rows for b in batches) <= INLINE_CHECK_ROWS:
-            self.check_shard_nowait(batches)
+            Accumulator.check_shard_nowait(batches, check)
         else:
-            await run_sync(lambda: self.check_shard_nowait(batches), limiter=stream_limiter())
+            await run_sync(
+                lambda: Accumulator.check_shard_nowait(batches, check), limiter=stream_limiter()
+            )
 
     async def submit_batch(
         self,
         batch: pa.RecordBatch,
         loop: LoopHandle | None,
         deadline: float | None,
-        *,
-        routed: bool = False,
+        shard_check: ShardCheck | None = None,
     ) -> Ack | None:
         """The fast path: queue one checked-fitting batch as one entry.
 
         Returns its :class:`BatchAck`, or None (nothing done, nothing
         raised) when the batch is empty or larger than one put: then use
         :meth:`submit`. The ack's clock starts before any wait for room.
+        ``shard_check`` refuses rows of another shard (a shard writer's
+        sends; None: a router's, which routes them).
 
         Raises
         ------
@@ -455,11 +474,11 @@ class Accumulator:
         nbytes = batch.get_total_buffer_size()
         if nbytes > self.max_put_bytes:
             return None
-        if not routed and self._shard_check is not None:
+        if shard_check is not None:
             if rows <= INLINE_CHECK_ROWS:
-                self._shard_check(batch)
+                shard_check(batch)
             else:
-                await self.check_shard([batch])
+                await self.check_shard([batch], shard_check)
         ack = BatchAck(loop, batch, rows, nbytes)
         if self.has_room(rows, nbytes):
             self._take_room(rows, nbytes)
@@ -475,15 +494,14 @@ class Accumulator:
         ack: Ack,
         deadline: float | None,
         schema: pa.Schema | None,
-        *,
-        routed: bool = False,
+        shard_check: ShardCheck | None = None,
     ) -> None:
         """Check and queue one send's rows; seal ``ack`` once all are queued.
 
-        In-memory rows are checked whole (schema, then shard) before anything
-        is queued; a stream batch by batch (batches before a bad one stay
-        queued, and ``ack`` reports the failure). ``routed`` rows were split
-        by shard by a :class:`~lance_async.ShardRouter` already.
+        In-memory rows are checked whole (schema, then ``shard_check``, as
+        :meth:`submit_batch`) before anything is queued; a stream batch by
+        batch (batches before a bad one stay queued, and ``ack`` reports
+        the failure).
         """
         conform: Conform = self.fit.check if kind is Kind.PUT else self.conform_keys
         # fast path: one batch or table, checked before anything is queued
@@ -493,13 +511,12 @@ class Accumulator:
                 data, schema=schema, rows_into=self.fit.schema if kind is Kind.PUT else None
             )
             if source.mode is not SourceMode.MATERIALIZED:
-                await self._submit_stream(kind, source.open(), ack, deadline, conform, routed)
+                await self._submit_stream(kind, source.open(), ack, deadline, conform, shard_check)
                 return
             batches = [conform(b, i) for i, b in enumerate(source.batches() or [])]
-        if not routed:
-            await self.check_shard(batches)
+        await self.check_shard(batches, shard_check)
         await self._enqueue(kind, batches, ack, deadline)  # all rows of the send, or none
-        ack._seal()
+        ack.seal()
 
     async def _submit_stream(
         self,
@@ -508,30 +525,34 @@ class Accumulator:
         ack: Ack,
         deadline: float | None,
         conform: Conform,
-        routed: bool,
+        shard_check: ShardCheck | None,
     ) -> None:
         index = 0
         try:
             async for batch in stream:
                 if batch.num_rows:
                     checked = [conform(batch, index)]
-                    if not routed:
-                        await self.check_shard(checked)
+                    await self.check_shard(checked, shard_check)
                     await self._enqueue(kind, checked, ack, deadline)
                 index += 1
         except BaseException as exc:
             # batches already queued are written; the ack reports the failure
-            ack._fail_unsealed(exc if isinstance(exc, Exception) else ClosedError("send cancelled"))
+            ack.fail_unsealed(exc if isinstance(exc, Exception) else ClosedError("send cancelled"))
             raise
         finally:
             await aclose_shielded(stream)
-        ack._seal()
+        ack.seal()
 
-    def submit_nowait(self, data: pa.RecordBatch | pa.Table, loop: LoopHandle | None) -> Ack:
+    def submit_nowait(
+        self,
+        data: pa.RecordBatch | pa.Table,
+        loop: LoopHandle | None,
+        shard_check: ShardCheck | None = None,
+    ) -> Ack:
         """Check and queue in-memory rows at once, or raise ``anyio.WouldBlock``.
 
         One batch that fits a put is one entry (a :class:`BatchAck`). Does
-        not block and is no checkpoint.
+        not block and is no checkpoint. ``shard_check``: as :meth:`submit_batch`.
 
         Raises
         ------
@@ -548,7 +569,7 @@ class Accumulator:
                 f"send_nowait takes a pyarrow RecordBatch or Table, not {type(data).__name__}; "
                 "use `await writer.send(...)` for other sources"
             )
-        self.check_shard_nowait(batches)
+        self.check_shard_nowait(batches, shard_check)
         pieces = self.pieces(batches)
         rows = sum(p.num_rows for p, _ in pieces)
         nbytes = sum(n for _, n in pieces)
@@ -563,28 +584,14 @@ class Accumulator:
         if pieces:
             self._take_room(rows, nbytes)
             self._queue(Kind.PUT, pieces, ack)
-        ack._seal()
+        ack.seal()
         return ack
-
-    async def submit_part(self, part: Item) -> None:
-        """Queue an entry made elsewhere (a routing writer's part for this
-        shard: checked, relabelled and of this shard already), waiting for
-        room without a deadline (the routing writer's own queue bounds its
-        senders).
-
-        Raises
-        ------
-        ClosedError, WriterFailedError, FencedError
-            The writer can take no more rows (nothing was queued).
-        """
-        await self._reserve(part.rows, part.nbytes, None)
-        self._push(part)
 
     def submit_flush(self, ack: Ack) -> None:
         """Queue a marker that resolves ``ack`` once everything before it is written."""
         self._check_open()
-        ack._add_part()
-        ack._seal()
+        ack.add_part()
+        ack.seal()
         self._push(Item(Kind.FLUSH, None, ack, 0, 0, time.monotonic()))
 
     def close(self) -> None:
@@ -613,7 +620,7 @@ class Accumulator:
             deadline = -math.inf
             if self.linger > 0:
                 deadline = pending[0].queued_at + self.linger
-            if self.put_interval > 0 and self.paced:
+            if self.put_interval > 0:
                 deadline = max(deadline, self._last_run + self.put_interval)
             if deadline > time.monotonic() and self.pending_rows < self.max_put_rows:
                 await self._linger(deadline)
@@ -635,20 +642,8 @@ class Accumulator:
             self._wake = None
 
     def _take_run(self) -> list[Entry]:
-        pending = self._pending
-        first = pending.popleft()
-        run = [first]
-        if first.kind is Kind.FLUSH:
-            return run
-        rows, nbytes = first.rows, first.nbytes
-        while pending and pending[0].kind is first.kind:
-            nxt = pending[0]
-            if rows + nxt.rows > self.max_put_rows or nbytes + nxt.nbytes > self.max_put_bytes:
-                break
-            run.append(pending.popleft())
-            rows += nxt.rows
-            nbytes += nxt.nbytes
-        if first.kind is Kind.PUT:
+        run, rows = take_run(self._pending, self.max_put_rows, self.max_put_bytes)
+        if run[0].kind is Kind.PUT:
             self.pending_rows -= rows
         return run
 

@@ -102,10 +102,30 @@ class Ack:
         self.resolved_at: float | None = None
 
     # -- writer side ----------------------------------------------------
-    def _add_part(self) -> None:
+    # (the producer's half of the ack, as ``set_result`` is an asyncio
+    # future's: the writer, the router and the repartitioner settle acks
+    # with these; a user only awaits)
+    def add_part(self) -> None:
+        """One more part (a piece of the send's rows) must settle before the ack resolves."""
         self._parts += 1
 
-    def _part_done(
+    def add_parts(self, count: int) -> None:
+        """``count`` more parts (negative: fewer; a routed send cut per shard)."""
+        self._parts += count
+
+    def counted_part_done(self, rows: int, batches: int, deleting: bool) -> None:
+        """A part settled by a put counted, not named (a routed shard part)."""
+        self._parts -= 1
+        self._put_count += 1
+        if deleting:
+            self._deletes += rows
+        else:
+            self._rows += rows
+            self._batches += batches
+        if self._parts <= 0:
+            self.maybe_resolve()
+
+    def part_done(
         self,
         *,
         rows: int = 0,
@@ -114,6 +134,7 @@ class Ack:
         deletes: int = 0,
         put_ids: Iterable[Any] = (),
     ) -> None:
+        """One part settled: its rows (or deleted keys) were written by the put(s) named."""
         self._parts -= 1
         self._rows += rows
         self._batches += batches
@@ -122,7 +143,7 @@ class Ack:
             self._add_put(put_id)
         for other in put_ids:
             self._add_put(other)
-        self._maybe_resolve()
+        self.maybe_resolve()
 
     def _add_put(self, put_id: Any) -> None:
         puts = self._puts
@@ -133,30 +154,39 @@ class Ack:
         elif puts != put_id:
             self._puts = {puts, put_id}
 
-    def _put_ids(self) -> set[Any]:
+    def carried_puts(self) -> set[Any]:
+        """The ids of the engine puts that carried this send's rows."""
         puts = self._puts
         if puts is None:
             return set()
         return puts if isinstance(puts, set) else {puts}
 
-    def _part_failed(self, error: BaseException) -> None:
+    def part_failed(self, error: BaseException) -> None:
+        """One part failed with ``error`` (the ack fails with the first, unless a
+        later one's rows may still land)."""
         self._parts -= 1
-        if self._error is None:
+        if self._error is None or (
+            getattr(error, "may_have_landed", False)
+            and not getattr(self._error, "may_have_landed", False)
+        ):
+            # the first error, unless a later part's says its rows may still
+            # be written: that is what the sender must know
             self._error = error
-        self._maybe_resolve()
+        self.maybe_resolve()
 
-    def _seal(self) -> None:
+    def seal(self) -> None:
         """No more parts will be added."""
         self._sealed = True
-        self._maybe_resolve()
+        self.maybe_resolve()
 
-    def _fail_unsealed(self, error: BaseException) -> None:
+    def fail_unsealed(self, error: BaseException) -> None:
         """The send stopped before its end (bad batch, cancellation)."""
         if self._error is None:
             self._error = error
-        self._seal()
+        self.seal()
 
-    def _maybe_resolve(self) -> None:
+    def maybe_resolve(self) -> None:
+        """Resolve (wake the waiter, run the callbacks) once sealed with no part left."""
         if self._sealed and self._parts <= 0 and not self._done:
             self._done = True
             self.resolved_at = time.monotonic()
@@ -184,25 +214,25 @@ class Ack:
 
         def child_done(child: Ack) -> None:
             if child._error is not None:
-                parent._part_failed(child._error)
+                parent.part_failed(child._error)
             else:
                 parent._put_count += child._put_count
-                parent._part_done(
+                parent.part_done(
                     rows=child._rows,
                     batches=child._batches,
                     deletes=child._deletes,
-                    put_ids=child._put_ids(),
+                    put_ids=child.carried_puts(),
                 )
 
         for child in children:
-            parent._add_part()
+            parent.add_part()
             if child._done:
                 child_done(child)
             elif child._callbacks is None:
                 child._callbacks = [child_done]
             else:
                 child._callbacks.append(child_done)
-        parent._seal()
+        parent.seal()
         return parent
 
     # -- user side -------------------------------------------------------
@@ -224,7 +254,7 @@ class Ack:
             raise LanceAsyncError("the ack is not resolved yet; await it")
         if self._error is not None:
             raise self._error
-        engine_puts = len(self._put_ids()) + self._put_count
+        engine_puts = len(self.carried_puts()) + self._put_count
         return PutSummary(self._rows, self._batches, engine_puts, self._deletes)
 
     def exception(self) -> BaseException | None:

@@ -1,8 +1,12 @@
 """The writer task: engine puts and deletes, acks settled, fatal failures.
 
 The last of a shard writer's three parts (aiokafka's ``Sender``): one task
-per writer takes runs from the :class:`~lance_async.memwal.accumulator.Accumulator`,
-makes one engine call per run on a worker thread, and settles the run's acks.
+per writer takes runs from its :class:`Runs` -- the writer's own
+:class:`~lance_async.memwal.accumulator.Accumulator`, or, for a shard
+writer of a :class:`~lance_async.ShardRouter`, the
+:class:`~lance_async.memwal.handoff.Handoff` its router hands parts to --
+makes one engine call per run on a worker thread, and settles the run's
+acks, giving their room back to where it was taken.
 
 * A run the engine rejects as bad input is retried item by item, so exactly
   the bad items fail and the writer stays usable.
@@ -34,11 +38,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, Protocol
 
 import anyio
 import pyarrow as pa
 
+from .._engine_errors import map_engine_error
+from .._memory import memory_freed
 from .._metrics import record_settled, track_queue
 from .._schema import TableFit
 from .._threads import DEFAULT_STORAGE_TIMEOUT, run_sync
@@ -50,34 +56,25 @@ from ..errors import (
     StorageError,
     StorageTimeoutError,
     WriterFailedError,
-    map_engine_error,
-    raise_mapped,
 )
-from ..lsm.manifest import read_shard_manifest
 from ..lsm.memtable import MemtableMirror
-from ..lsm.snapshots import retired_shards
-from .accumulator import Accumulator, BatchAck, Entry, Item, Kind
-from .policy import CommitPolicy, WriterConfig, engine_options
-from .sharding import Sharding, sharding_of
+from ..lsm.wal import follow_tail
+from ..lsm.walfiles import CHECKPOINT_ENTRIES
+from .abandoned import (
+    may_still_land,
+    probe_timeout,
+)
+from .accumulator import BatchAck, Entry, Item, Kind
+from .engine import claimed_epoch
 
-__all__ = [
-    "DEFAULT_MAX_MEMTABLE_ROWS",
-    "LATENCY_SAMPLES",
-    "Committer",
-    "OpenedEngine",
-    "open_engine",
-    "settle_replayed",
-    "start_engine",
-]
+__all__ = ["LATENCY_SAMPLES", "Committer", "Runs"]
 
 log = logging.getLogger("lance_async.memwal")
 
+FENCE_CHECK_INTERVAL = 0.25
+"""Seconds between two reads of the shard's epoch while :meth:`Committer.wait_flushed` waits."""
 LATENCY_SAMPLES = 20_000
 """Ack latencies kept for the percentiles of :class:`~lance_async.WriterStats`."""
-DEFAULT_MAX_MEMTABLE_ROWS = 100_000
-"""pylance 14's default ``max_memtable_rows``."""
-PROBE_TIMEOUT = 5.0
-"""Seconds the probe of the store after a timed-out call may take at most."""
 ENGINE_STATS_INTERVAL = 1.0
 """Seconds between two reads of the engine's ``stats()`` after puts at least
 (:attr:`WriterStats.engine <lance_async.WriterStats>`): each read is a call
@@ -85,145 +82,38 @@ into the engine on the put's thread, and a routing writer makes several puts
 per routed run."""
 
 
-def settle_replayed(engine: Any, reopen: Callable[[], Any]) -> Any:
-    """Flush rows an engine writer replayed from the WAL, then reopen it (blocking).
+class Runs(Protocol):
+    """Where a committer takes its runs from and gives their room back: an
+    :class:`~lance_async.memwal.accumulator.Accumulator` (a writer's queue)
+    or a :class:`~lance_async.memwal.handoff.Handoff` (a routed shard's)."""
 
-    A writer that opens a shard gets the previous writer's unflushed rows
-    replayed from the WAL into its memtable, which this writer's mirror never
-    saw. Closing flushes them to a generation; the writer is opened again,
-    empty. Returns the engine writer to use: ``engine`` itself when its
-    memtable is empty, else the new one from ``reopen()``.
-    """
-    stats = engine.memtable_stats()
-    if not stats.get("row_count") and not stats.get("frozen_count"):
-        return engine
-    engine.close()
-    return reopen()
+    queue_rows: int
+    queue_bytes: int
+    last_put_seconds: float
 
+    async def next_run(self) -> list[Entry] | None:
+        """The next run for one engine call; None once closed and drained."""
+        ...
 
-class OpenedEngine(NamedTuple):
-    """What :func:`open_engine` opened."""
+    def release(self, rows: int, nbytes: int) -> None:
+        """Give back the room of rows written or failed."""
+        ...
 
-    engine: Any
-    """The engine's ``ShardWriter``, its memtable empty."""
-    memtable_rows: int
-    """The memtable's row limit (the writer's option, the MemWAL's default, or the engine's)."""
-    sharding: Sharding
-    """The table's sharding."""
-    options: dict[str, Any]
-    """The keywords the engine writer was opened with."""
-    reopen: Callable[[], Any]
-    """Opens the engine writer again with the same keywords (blocking)."""
-    epoch: int
-    """The writer epoch it claimed (0 if the manifest could not say)."""
+    def put_took(self, seconds: float) -> None:
+        """An engine put took ``seconds``."""
+        ...
 
+    def wake_senders(self) -> None:
+        """Let senders waiting for room look again."""
+        ...
 
-def claimed_epoch(uri: str, shard_id: str, storage_options: Mapping[str, str] | None) -> int:
-    """The writer epoch recorded in the shard's manifest now (blocking; 0 if none)."""
-    manifest = read_shard_manifest(uri, shard_id, storage_options)
-    return manifest.writer_epoch if manifest is not None else 0
+    def close(self) -> None:
+        """No more rows: drain, then end."""
+        ...
 
-
-def open_engine(
-    ds: Any,
-    shard_id: str,
-    options: Mapping[str, Any],
-    policy: CommitPolicy,
-    storage_options: Mapping[str, str] | None = None,
-) -> OpenedEngine:
-    """Open the engine's ``ShardWriter`` for ``shard_id`` (blocking).
-
-    Opening claims the shard: a writer still open on it elsewhere is fenced.
-    Rows the previous writer left in the WAL are replayed by the engine and
-    flushed at once (:func:`settle_replayed`), so the memtable starts empty.
-    The engine writer is opened with ``options`` plus what ``policy`` adds
-    (see :func:`~lance_async.memwal.policy.engine_options`).
-
-    Raises
-    ------
-    InvalidInputError
-        No MemWAL; the shard was retired by a later ``initialize_mem_wal``
-        (see ``retired.py``); or the table is bucket- or unsharded-sharded
-        and ``shard_id`` is none of its shards (checked before the claim).
-    OSError, ValueError, RuntimeError
-        The engine's errors, unchanged (the caller maps them).
-    """
-    latest = ds.checkout_version(ds.latest_version)
-    track_queue(shard_id, ds.uri)
-    if shard_id in retired_shards(latest):
-        raise InvalidInputError(
-            f"shard {shard_id} belongs to a MemWAL that this table replaced "
-            "(an overwrite, then initialize_mem_wal); opening it would replay the old "
-            "table's rows. Use another shard id"
-        )
-    details = latest.mem_wal_index_details()
-    sharding = sharding_of(details, latest)
-    if sharding.kind in ("bucket", "unsharded") and sharding.value_of(shard_id) is None:
-        raise InvalidInputError(
-            f"shard {shard_id} is not a shard of this table: its MemWAL is {sharding.kind}-"
-            f"sharded{f' on {sharding.column!r}' if sharding.column else ''}, and every key "
-            "has one shard. Write through dataset.mem_wal_writer() (no shard id), which "
-            "routes each row to its shard, or name one of (await dataset.sharding()).shard_ids()"
-        )
-    defaults = (details or {}).get("writer_config_defaults") or {}
-    opened = engine_options(policy, options, defaults)
-
-    def reopen() -> Any:
-        return ds.mem_wal_writer(shard_id, **opened)
-
-    engine = settle_replayed(reopen(), reopen)
-    epoch = claimed_epoch(str(ds.uri), shard_id, storage_options)
-    limit = opened.get("max_memtable_rows")
-    if limit is None:
-        limit = defaults.get("max_memtable_rows")
-    return OpenedEngine(
-        engine, int(limit or DEFAULT_MAX_MEMTABLE_ROWS), sharding, opened, reopen, epoch
-    )
-
-
-async def start_engine(
-    ds: Any,
-    shard_id: str,
-    config: WriterConfig,
-    timeout: float,
-    describe: str,
-    storage_options: Mapping[str, str] | None = None,
-) -> OpenedEngine:
-    """:func:`open_engine` on a worker thread, within ``timeout`` seconds.
-
-    An open still running at the deadline is abandoned
-    (:class:`~lance_async.StorageTimeoutError`); should it return later, the
-    engine writer it opened is closed on its thread, so nobody holds it
-    (its claim of the shard stays: a writer opened since is fenced).
-
-    Raises
-    ------
-    LanceAsyncError
-        The engine's errors, mapped (:func:`~lance_async.errors.map_engine_error`);
-        :class:`InvalidInputError` as :func:`open_engine`.
-    OSError, ValueError, RuntimeError
-        An engine error with no lance_async meaning, unchanged.
-    """
-    try:
-        return await run_sync(
-            partial(open_engine, ds, shard_id, config.engine, config.policy, storage_options),
-            timeout=timeout,
-            what=f"opening {describe}",
-            on_late_result=_close_late,
-        )
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise_mapped(exc)
-        raise
-
-
-def _close_late(opened: OpenedEngine | None, error: BaseException | None) -> None:
-    """An open abandoned at its deadline returned after all: close its engine
-    writer (on its worker thread)."""
-    if opened is not None:
-        try:
-            opened.engine.close()
-        except Exception as exc:  # the store is still failing; nobody uses this writer
-            log.debug("lance_async: closing a writer opened too late: %s", exc)
+    def end(self) -> list[Entry]:
+        """The task ended; what is left to fail."""
+        ...
 
 
 class Committer:
@@ -233,7 +123,7 @@ class Committer:
     ----------
     engine : lance.mem_wal.ShardWriter
         The engine writer (open).
-    accumulator : Accumulator
+    runs : Runs
         Where the runs come from and where room is given back.
     shard_id : str
         For the ack's put ids (unique across writers).
@@ -265,7 +155,7 @@ class Committer:
     def __init__(
         self,
         engine: Any,
-        accumulator: Accumulator,
+        runs: Runs,
         *,
         shard_id: str,
         fit: TableFit,
@@ -292,8 +182,8 @@ class Committer:
         """Memtables flushed because they grew old."""
         self.age_scope = anyio.CancelScope()
         self.gate = anyio.Lock()
-        self._acc = accumulator
-        track_queue(shard_id, ds_uri=None, accumulator=accumulator)
+        self._runs = runs
+        track_queue(shard_id, ds_uri=None, accumulator=runs)
         self._shard_id = shard_id
         self._fit = fit
         self._key_fit = key_fit
@@ -321,12 +211,12 @@ class Committer:
 
     # -- the task -------------------------------------------------------------
     async def run(self) -> None:
-        """The writer task: runs until the accumulator is closed and drained
+        """The writer task: runs until its runs are closed and drained
         (or :attr:`scope` is cancelled); then fails whatever is left."""
         try:
             with self.scope:
                 while True:
-                    run = await self._acc.next_run()
+                    run = await self._runs.next_run()
                     if run is None:
                         return
                     await self._execute(run)
@@ -334,7 +224,7 @@ class Committer:
             error = self.failure or ClosedError(
                 f"{self._describe()} closed before these rows were written"
             )
-            for entry in self._acc.end():
+            for entry in self._runs.end():
                 self.fail_item(entry, error)
             self.done.set()
 
@@ -366,7 +256,7 @@ class Committer:
                 raise
 
         with anyio.CancelScope(shield=True):
-            self._acc.close()  # the task drains the queue, then ends
+            self._runs.close()  # the task drains the queue, then ends
             with anyio.move_on_after(timeout):
                 await self.done.wait()
             if not self.done.is_set():
@@ -414,7 +304,7 @@ class Committer:
         try:
             await run_sync(
                 self._probe,
-                timeout=min(PROBE_TIMEOUT, self.storage_timeout),
+                timeout=probe_timeout(self.storage_timeout),
                 what=f"a probe of the store of {self._describe()}",
             )
         except (OSError, ValueError, RuntimeError) as exc:
@@ -432,9 +322,9 @@ class Committer:
     def fail_item(self, item: Entry, error: BaseException) -> None:
         """Free an entry's room and fail its ack part."""
         if item.kind is not Kind.FLUSH:
-            self._acc.release(item.rows, item.nbytes)
+            self._runs.release(item.rows, item.nbytes)
         item.batch = None
-        item.ack._part_failed(error)
+        item.ack.part_failed(error)
 
     def _settle(self, run: list[Entry], put_id: int) -> None:
         """The run's rows are written: free their room once, resolve their acks."""
@@ -452,7 +342,7 @@ class Committer:
                 continue
             assert isinstance(item, Item)
             if item.kind is Kind.FLUSH:
-                item.ack._part_done()
+                item.ack.part_done()
                 continue
             rows += item.rows
             nbytes += item.nbytes
@@ -461,11 +351,11 @@ class Committer:
             item.batch = None
             if item.kind is Kind.PUT:
                 n = len(batch) if isinstance(batch, list) else 1
-                item.ack._part_done(rows=item.rows, batches=n, put_id=put)
+                item.ack.part_done(rows=item.rows, batches=n, put_id=put)
             else:
-                item.ack._part_done(deletes=item.rows, put_id=put)
+                item.ack.part_done(deletes=item.rows, put_id=put)
         if rows or nbytes:
-            self._acc.release(rows, nbytes)
+            self._runs.release(rows, nbytes)
         record_settled(self._shard_id, run, now)
 
     def fail_writer(self, exc: BaseException) -> LanceAsyncError:
@@ -499,8 +389,56 @@ class Committer:
             failure.__cause__ = exc if mapped is not exc else exc.__cause__
             self.failure = failure
             self._on_failure()
-            self._acc.wake_senders()
+            self._runs.wake_senders()
         return self.failure
+
+    async def check_fenced(self) -> None:
+        """Fail the writer with :class:`FencedError` if the shard manifest records
+        a newer writer epoch than this writer's (one manifest read; a fenced
+        writer the engine has not told yet, because nothing was put since)."""
+        if self.mirror is None or not self.mirror.epoch or self._uri is None:
+            return
+        epoch = await run_sync(
+            partial(claimed_epoch, self._uri, self._shard_id, self._storage_options),
+            timeout=self.storage_timeout,
+            what=f"reading the epoch of {self._describe()}",
+        )
+        if epoch > self.mirror.epoch:
+            raise self.fail_writer(FencedError(f"epoch {self.mirror.epoch} < stored epoch {epoch}"))
+
+    async def wait_flushed(self, timeout: float) -> None:
+        """Wait until no sealed memtable waits to be written (polling the
+        engine's ``memtable_stats()``; see ``AsyncShardWriter.wait_flushed``).
+
+        Raises
+        ------
+        LanceAsyncError
+            Still sealed after ``timeout`` seconds.
+        FencedError, WriterFailedError
+            The writer was fenced or failed: at once.
+        """
+        checked: float | None = None
+        with anyio.move_on_after(timeout):
+            while True:  # the engine offers no event: poll its stats
+                if self.failure is not None:
+                    raise self.failure  # failed or fenced: it will never flush
+                try:
+                    async with self.gate:
+                        stats = await run_sync(self.engine.memtable_stats)
+                except (OSError, ValueError, RuntimeError) as exc:
+                    raise self.fail_writer(exc) from exc
+                if not stats.get("frozen_count"):
+                    return
+                now = anyio.current_time()
+                if checked is None or now - checked >= FENCE_CHECK_INTERVAL:
+                    # a fenced writer's sealed memtable never flushes, and the
+                    # engine says so only at the next put: ask the manifest
+                    checked = now
+                    await self.check_fenced()
+                await anyio.sleep(0.005)
+        raise LanceAsyncError(
+            f"{self._describe()}: a sealed memtable was not flushed in {timeout} s"
+        )
 
     # -- engine calls ---------------------------------------------------------------
     async def _engine_call(self, kind: Kind, batches: list[pa.RecordBatch]) -> None:
@@ -648,7 +586,7 @@ class Committer:
             # deadline); its outcome is unknown to us. Treat the rows as not written.
             stuck, self._abandoned = self._abandoned, None
             error = (
-                self.fail_writer(stuck)
+                may_still_land(self.fail_writer(stuck))
                 if stuck is not None
                 else ClosedError("the writer task was cancelled")
             )
@@ -656,6 +594,7 @@ class Committer:
                 self.fail_item(item, error)
             raise
         except BaseException as exc:
+            abandoned = isinstance(exc, StorageTimeoutError)  # run_sync's: left running
             if isinstance(exc, StorageTimeoutError):
                 self._noted(None, exc)
                 exc = await self._diagnose(exc)
@@ -665,12 +604,17 @@ class Committer:
                 mapped.__cause__ = exc
                 return mapped
             failure = self.fail_writer(exc)
+            if abandoned:  # this run's rows, not those queued behind it
+                failure = may_still_land(failure)
             for item in run:
                 self.fail_item(item, failure)
             return None
         self._put_seq += 1
+        memory_freed()  # the put's batches and the engine's working memory went (rate-limited)
+        if self._uri and self._put_seq % CHECKPOINT_ENTRIES == 0:  # readers' first reads
+            follow_tail(self._uri, self._shard_id, self._fit.schema, self._storage_options)
         if kind is Kind.PUT:
-            self._acc.put_took(time.monotonic() - started)
+            self._runs.put_took(time.monotonic() - started)
             self.engine_puts += 1
             self.rows += sum(item.rows for item in run)
         else:

@@ -206,7 +206,7 @@ async def optimize_after(dataset: Table) -> bool:
         d.optimize.optimize_indices()
         return True
 
-    done: bool = await dataset.mutate(optimize)
+    done: bool = await dataset._mutate(optimize)
     return done
 
 

@@ -30,24 +30,30 @@ import posixpath
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from datetime import timedelta
 
 import anyio
 import pyarrow.fs as pafs
 from anyio.abc import TaskGroup
 
+from .._args import check_timedelta
 from .._loop import unwrap_groups
+from .._memory import memory_freed
+from .._retry import Backoff
 from .._storage import filesystem
 from .._table import Table
 from .._threads import call_timeouts, run_sync
 from ..errors import ClosedError, ConflictError, LanceAsyncError
 from ..lsm.snapshots import ShardSnapshot, shard_snapshots
+from .cleanup import DEFAULT_RETENTION, CleanupStats, cleanup_table
 from .compaction import CompactionResult, compact_shard, optimize_after, table_lock
 from .stats import WriterState
 
 __all__ = ["CompactionPolicy", "Compactor", "CompactorStats"]
 
 log = logging.getLogger("lance_async.memwal")
-_sizes: dict[str, int] = {}  # generation folder -> bytes (folders never change)
+_sizes: dict[str, int] = {}  # generation folder -> bytes (folders never change); bounded
+_SIZES = 4096
 
 
 @dataclass(frozen=True)
@@ -72,11 +78,21 @@ class CompactionPolicy:
         True; one more commit).
     chunk_rows : int
         Rows per batch read from an SSTable (default 65,536).
+    retention : timedelta or None
+        Clean up what no reader inside this window needs (default one
+        hour: :func:`~lance_async.memwal.cleanup.cleanup_table` -- superseded
+        base versions, compacted generation folders, flushed WAL entries, old
+        shard manifests). None: never clean up (the table grows).
+    cleanup_interval : float
+        Seconds between two clean-ups (default 60; the first one this long
+        after the start).
 
     Raises
     ------
     ValueError
         A negative count, a non-positive interval.
+    TypeError
+        A retention that is not a timedelta.
     """
 
     max_generations: int = 8
@@ -85,6 +101,8 @@ class CompactionPolicy:
     max_backoff: float = 30.0
     optimize_indices: bool = True
     chunk_rows: int = 65_536
+    retention: timedelta | None = DEFAULT_RETENTION
+    cleanup_interval: float = 60.0
 
     def __post_init__(self) -> None:
         if self.max_generations < 0:
@@ -97,6 +115,10 @@ class CompactionPolicy:
             raise ValueError("max_backoff must be >= interval")
         if self.chunk_rows < 1:
             raise ValueError("chunk_rows must be >= 1")
+        if self.retention is not None:
+            check_timedelta("retention", self.retention)
+        if not (self.cleanup_interval > 0 and math.isfinite(self.cleanup_interval)):
+            raise ValueError("cleanup_interval must be a positive number of seconds")
 
 
 @dataclass(frozen=True)
@@ -126,6 +148,12 @@ class CompactorStats:
         Time spent compacting.
     last_version : int
         The dataset version of the last compaction (0 before any).
+    cleanups : int
+        Clean-ups run (``policy.retention``).
+    versions_removed, generations_removed, wal_entries_removed, manifests_removed : int
+        What they removed, in total.
+    cleanup_failures : int
+        Clean-ups that failed (logged; tried again at the next interval).
     """
 
     state: WriterState
@@ -141,6 +169,12 @@ class CompactorStats:
     last_error: BaseException | None = None
     busy_seconds: float = 0.0
     last_version: int = 0
+    cleanups: int = 0
+    versions_removed: int = 0
+    generations_removed: int = 0
+    wal_entries_removed: int = 0
+    manifests_removed: int = 0
+    cleanup_failures: int = 0
 
 
 def _folder_bytes(
@@ -151,6 +185,8 @@ def _folder_bytes(
     folder = posixpath.join(root, "_mem_wal", shard_id, path)
     if folder not in _sizes:
         infos = fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+        if len(_sizes) >= _SIZES:  # a clean-up removes folders: forget the oldest
+            _sizes.pop(next(iter(_sizes)))
         _sizes[folder] = sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
     return _sizes[folder]
 
@@ -265,19 +301,65 @@ class Compactor:
         try:
             with self._scope:
                 wait = self.policy.interval
+                backoff = Backoff(2 * self.policy.interval, self.policy.max_backoff)
+                cleanup_at = anyio.current_time() + self.policy.cleanup_interval
                 while True:
                     try:
                         await self.run_once()
+                        backoff.reset()
                         wait = self.policy.interval
                     except (LanceAsyncError, OSError) as exc:
-                        wait = min(wait * 2, self.policy.max_backoff)
+                        wait = backoff.failed()
                         log.warning("lance_async: %r: compaction failed (%s); retrying", self, exc)
+                    if self.policy.retention is not None and anyio.current_time() >= cleanup_at:
+                        await self._cleanup_logged()
+                        cleanup_at = anyio.current_time() + self.policy.cleanup_interval
                     with anyio.move_on_after(wait):
                         assert self._wake is not None
                         await self._wake.wait()
                     self._wake = anyio.Event()
         finally:
             self._done.set()
+
+    async def _cleanup_logged(self) -> None:
+        try:
+            await self.cleanup_once()
+        except (LanceAsyncError, OSError) as exc:
+            log.warning("lance_async: %r: clean-up failed (%s); trying again later", self, exc)
+
+    async def cleanup_once(self) -> CleanupStats:
+        """Clean up once now with ``policy.retention`` (default one hour when None).
+
+        Returns
+        -------
+        CleanupStats
+            What was removed (counted in :meth:`stats` too).
+
+        Raises
+        ------
+        LanceAsyncError, OSError
+            The clean-up failed (counted); what it removed before stays removed.
+        """
+        retention = self.policy.retention
+        wanted = self._shard_ids() if callable(self._shard_ids) else self._shard_ids
+        try:
+            with call_timeouts(self._dataset.storage_timeout):
+                done = await cleanup_table(
+                    self._dataset,
+                    DEFAULT_RETENTION if retention is None else retention,
+                    shard_ids=None if wanted is None else list(wanted),
+                )
+        except (LanceAsyncError, OSError) as exc:
+            self._count(cleanup_failures=1, last_error=exc)
+            raise
+        self._count(
+            cleanups=1,
+            versions_removed=done.old_versions,
+            generations_removed=done.generations_removed,
+            wal_entries_removed=done.wal_entries_removed,
+            manifests_removed=done.manifests_removed,
+        )
+        return done
 
     async def _due(self, snap: ShardSnapshot) -> bool:
         policy = self.policy
@@ -365,6 +447,8 @@ class Compactor:
                     commits=cm,
                     last_version=ds.version,
                 )
+        if done:
+            memory_freed()  # the merges' working memory, the generations read
         return CompactionResult(done, upserted, deleted, commits, attempts, ds.version, stale)
 
     def _count(self, **changes: object) -> None:

@@ -59,6 +59,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from typing_extensions import TypedDict
+
 from .._args import check_seconds
 
 __all__ = [
@@ -72,6 +74,7 @@ __all__ = [
     "CommitPolicy",
     "LoopLoad",
     "WriterConfig",
+    "WriterOptions",
     "commit_policy",
     "engine_options",
 ]
@@ -430,6 +433,47 @@ WRITER_OPTIONS = (
     "storage_timeout",
 )
 """lance_async's own writer options (the rest go to the engine's writer)."""
+
+
+class WriterOptions(TypedDict, total=False):
+    """The keywords of a MemWAL writer (``ds.mem_wal_writer(...)``), each named.
+
+    lance_async's own (checked by :meth:`WriterConfig.from_options`):
+    ``commit`` (``"adaptive"``, ``"latency"``, ``"throughput"``),
+    ``min_put_interval`` (seconds), ``max_queue_rows``, ``max_queue_bytes``,
+    ``max_put_rows``, ``max_put_bytes`` (limits of the queue and of one engine
+    put), ``linger`` (seconds to wait for a whole put), ``close_timeout``,
+    ``max_memtable_age``, ``storage_timeout`` (seconds; ``None``: never /
+    the dataset's). The engine writer's (``LanceDataset.mem_wal_writer``,
+    passed as given): ``durable_write``, ``max_wal_buffer_size``,
+    ``max_wal_flush_interval_ms``, ``max_memtable_size``, ``max_memtable_rows``,
+    ``max_memtable_batches``, ``max_unflushed_memtable_bytes``,
+    ``manifest_scan_batch_size``, ``backpressure_log_interval_ms``,
+    ``stats_log_interval_ms``, ``hnsw_params``. A name that is neither is a
+    TypeError naming the closest one (and, to a type checker, an error).
+    """
+
+    commit: str
+    min_put_interval: float | None
+    max_queue_rows: int | None
+    max_queue_bytes: int
+    max_put_rows: int | None
+    max_put_bytes: int
+    linger: float
+    close_timeout: float
+    max_memtable_age: float | None
+    storage_timeout: float | None
+    durable_write: bool
+    max_wal_buffer_size: int
+    max_wal_flush_interval_ms: int
+    max_memtable_size: int
+    max_memtable_rows: int
+    max_memtable_batches: int
+    max_unflushed_memtable_bytes: int
+    manifest_scan_batch_size: int
+    backpressure_log_interval_ms: int
+    stats_log_interval_ms: int
+    hnsw_params: dict[str, dict[str, int]]
 
 
 @functools.lru_cache(maxsize=1)

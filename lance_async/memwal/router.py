@@ -6,42 +6,59 @@ the primary key is lance_async's default), the router computes each row's
 shard with the engine (``evaluate_sharding_spec``, see ``sharding.py``) and
 hands each part to the :class:`~lance_async.AsyncShardWriter` of its shard,
 opened lazily the first time the shard receives rows (the shards new to a
-run open side by side). All writers run in the
-router's task group. So in one process, writes with overlapping keys -- two
-ingests, a feed and an HTTP upload -- always meet in the same shard, and the
-newest value wins in every read and in compaction.
+run open side by side). All writers run in the router's task group. So in
+one process, writes with overlapping keys -- two ingests, a feed and an HTTP
+upload -- always meet in the same shard, and the newest value wins in every
+read and in compaction.
+
+One queue: a send waits for room in the router's queue only, and keeps its
+room there until every shard put holding its rows returned; the shard
+writers have no queue of their own (their committers take the parts the
+routing task hands them: ``handoff.py``). The path, top to bottom:
+:meth:`ShardRouter.send` -> ``Accumulator.submit_batch`` (``accumulator.py``)
+-> the routing task (``_route``: ``cut_run`` in ``routing.py``, then
+``AsyncShardWriter.hand``) -> ``Committer.run`` (``committer.py``), whose
+settled puts give the room back.
 
 In several processes, each shard must still have one writer: either one
 process owns the whole table, or the shards are divided among workers (see
 ``docs/sharding.md``); a second router opening a shard fences the first
 (:class:`~lance_async.errors.FencedError`).
+
+Writers that heal
+-----------------
+A shard writer failed by its store stays failed; the router opens the
+shard again on the next run with rows for it (after a probe of the store,
+never beside an earlier open still running, with a back-off), so the first
+send after the store is back is acknowledged: ``healing.py``. A fenced
+shard is not reopened.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterable, Iterable
-from functools import partial
+from collections.abc import Iterable
 from typing import Any
 
 import anyio
 import pyarrow as pa
 from anyio.abc import TaskGroup
+from typing_extensions import Unpack
 
 from .._args import check_batches
 from .._loop import LoopHandle, unwrap_groups
 from .._schema import TableFit, primary_key
 from .._table import Table
-from .._threads import run_sync
 from ..errors import ClosedError, InvalidInputError
 from ..lsm.memtable import MemtableMirror
-from ..lsm.reader import LsmMethods, LsmReader
+from ..lsm.reader import LsmReader
 from .accumulator import Accumulator, Entry, Kind
 from .acks import Ack, PutSummary
-from .committer import DEFAULT_MAX_MEMTABLE_ROWS
 from .compactor import CompactionPolicy, Compactor
-from .policy import LoopLoad, WriterConfig
-from .routing import FanOut, RoutedPart, ShardCut, cut_part, split_run
+from .engine import DEFAULT_MAX_MEMTABLE_ROWS
+from .healing import ShardWriters
+from .policy import LoopLoad, WriterConfig, WriterOptions
+from .routing import FanOut, RoutedPart, ShardCut, cut_part, cut_run
 from .sharding import Sharding, default_shard_id, read_sharding
 from .stats import RouterStats, WriterState, percentiles
 from .writer import AsyncShardWriter, room_deadline
@@ -75,12 +92,11 @@ and 0.90x, medians of three). Cutting 40,000 rows of
 batches about 2 ms."""
 
 
-class ShardRouter(LsmMethods):
+class ShardRouter:
     """Write a MemWAL table without naming shards: each row goes to its own shard.
 
-    Obtain it with ``dataset.mem_wal_writer()`` (no shard id) or
-    :meth:`AsyncDataset.shard_router`, and use it as ``async with``. It has
-    the writer's API (``send`` / ``put`` / ``put_stream`` / ``delete`` /
+    Obtain it with ``dataset.mem_wal_writer()`` (no shard id), and use it
+    as ``async with``. It has the writer's API (``send`` / ``put`` / ``delete`` /
     ``flush`` / ``stats`` / the LSM reads); writers open lazily, the first
     time their shard receives rows.
 
@@ -94,8 +110,13 @@ class ShardRouter(LsmMethods):
         :attr:`compactor`).
     **writer_options
         Passed to every :class:`AsyncShardWriter`: the commit policy
-        (``commit=``, ``min_put_interval=``), queue limits, ``linger``,
-        ``durable_write``, ...
+        (``commit=``, ``min_put_interval=``), put limits, ``linger``,
+        ``durable_write``, ... The queue limits (``max_queue_rows=``,
+        ``max_queue_bytes=``) bound the router's one queue, every row sent
+        and not yet written; by default it holds two runs of one put per
+        shard (one being written, the next filling; bytes:
+        ``max_queue_bytes`` per shard and one more). Up to
+        :data:`MAX_RUN_SHARDS` shards count.
 
     Raises
     ------
@@ -112,7 +133,7 @@ class ShardRouter(LsmMethods):
         dataset: Table,
         *,
         compaction: CompactionPolicy | None = None,
-        **writer_options: Any,
+        **writer_options: Unpack[WriterOptions],
     ) -> None:
         # the writers open lazily: check their options now, as a writer does
         # at construction (ValueError / TypeError at the call)
@@ -125,11 +146,18 @@ class ShardRouter(LsmMethods):
         self._options = writer_options
         self.durable_write = bool(writer_options.get("durable_write", True))
         """Whether the writers wait for the WAL flush before acking (the default)."""
-        self._writers: dict[str, AsyncShardWriter] = {}
+        self._shards = ShardWriters(
+            dataset,
+            writer_options,
+            float(self.config.storage_timeout or dataset.storage_timeout),
+            describe=self.__repr__,
+            keeps_late_opens=lambda: self._state is WriterState.OPEN,
+            prepare=self._prepare,
+        )
+        self._writers = self._shards.writers  # the same dict: open writers by shard id
         self._sharding: Sharding | None = None
         self._tg: TaskGroup | None = None
         self._state = WriterState.NEW
-        self._open_locks: dict[str, anyio.Lock] = {}  # one per shard being opened
         self._loop: LoopHandle | None = None
         self._load: LoopLoad | None = None  # the loop's busy share, for the pacing
         self._acc: Accumulator | None = None
@@ -194,8 +222,13 @@ class ShardRouter(LsmMethods):
         return self
 
     def _route_queue(self, sharding: Sharding) -> Accumulator:
-        """The router's own queue: room for what waits to be routed, and runs
-        of up to one put per shard (:data:`MAX_RUN_SHARDS` at most)."""
+        """The write path's one queue: room for every row sent and not yet
+        written (the shard writers have no queue of their own: ``handoff.py``),
+        and runs of up to one put per shard (:data:`MAX_RUN_SHARDS` at most).
+        By default it holds two runs' rows (one being written, the next
+        filling: a put in flight per shard and the next) and the bytes of a
+        run and each shard writer's queue; ``max_queue_rows=`` /
+        ``max_queue_bytes=`` bound the whole."""
         config = self.config
         put_rows, queue_rows = config.limits(
             int(config.engine.get("max_memtable_rows") or DEFAULT_MAX_MEMTABLE_ROWS)
@@ -210,14 +243,17 @@ class ShardRouter(LsmMethods):
         self._key_fit = TableFit(
             pa.schema([self._dataset.schema.field(c) for c in routed]), self._keys
         )
-        if config.max_queue_rows is None:  # room for a whole run, by default
-            queue_rows = max(queue_rows, run_rows)
+        queue_bytes = config.max_queue_bytes
+        if config.max_queue_rows is None:  # a run being written, the next one filling
+            queue_rows = max(2 * run_rows, queue_rows * shards)
+        if "max_queue_bytes" not in self._options:
+            queue_bytes *= 1 + shards
         return Accumulator(
             fit=self._fit,
             key_fit=self._key_fit,
             keys=routed,
             max_queue_rows=queue_rows,
-            max_queue_bytes=config.max_queue_bytes,
+            max_queue_bytes=queue_bytes,
             max_put_rows=min(run_rows, queue_rows),
             max_put_bytes=config.max_put_bytes * shards,
             linger=0.0,
@@ -246,11 +282,17 @@ class ShardRouter(LsmMethods):
                 async with anyio.create_task_group() as closing:
                     for writer in self._writers.values():
                         closing.start_soon(writer.aclose)
+                await self._shards.drop_kept()
         finally:
             self._state = WriterState.CLOSED
             self._acc.wake_senders()
             with unwrap_groups():
                 await self._tg.__aexit__(None, None, None)
+
+    def _prepare(self, writer: AsyncShardWriter) -> None:
+        """A shard writer about to open: fed by this router (no queue of its own)."""
+        assert self._acc is not None
+        writer.routed(self._acc)
 
     def _check_open(self) -> None:
         if self._loop is not None and not self._loop.is_current():
@@ -264,9 +306,10 @@ class ShardRouter(LsmMethods):
     async def writer(self, shard_id: str) -> AsyncShardWriter:
         """The writer of ``shard_id``, opened now if it is not open yet.
 
-        Opening claims the shard (a writer of it elsewhere is fenced). Rows
-        sent to the router reach it through the router's queue; writing to
-        it directly bypasses that queue's order.
+        Opening claims the shard (a writer of it elsewhere is fenced). It has
+        no queue of its own: rows sent to the router reach it through the
+        router's queue, and so do rows sent to it (checked for its shard,
+        in order with the router's sends).
 
         Raises
         ------
@@ -279,48 +322,14 @@ class ShardRouter(LsmMethods):
         return await self._writer(shard_id)
 
     async def _writer(self, shard_id: str) -> AsyncShardWriter:
-        writer = self._writers.get(shard_id)
-        if writer is not None:
-            return writer
         assert self._tg is not None
-        lock = self._open_locks.get(shard_id)
-        if lock is None:  # shards open side by side; each one once
-            lock = self._open_locks[shard_id] = anyio.Lock()
-        async with lock:
-            writer = self._writers.get(shard_id)
-            if writer is None:
-                writer = AsyncShardWriter(self._dataset, shard_id, **self._options)
-                await writer.open(self._tg)
-                writer.unpaced()  # the router paces its runs instead
-                self._writers[shard_id] = writer
-        return writer
+        return await self._shards.open(shard_id, self._tg)
 
     async def _open_writers(self, shard_ids: Iterable[str]) -> dict[str, Exception]:
-        """Open the writers of these shards that are not open yet, side by side.
-
-        Opening claims a shard and replays its WAL tail: storage round
-        trips, so one after another a fresh router's first run (or
-        :meth:`recover`) waited for their sum. Four shards behind 20 ms of
-        latency per request (moto behind ``tests/s3faults.py``'s slow proxy):
-        a fresh router's first 100-row put took 1.71-1.75 s with the shards
-        opened one after another, 0.58-0.63 s side by side. Returns the
-        error of each shard that could not be opened (``Exception``s only;
-        cancellation propagates). Blocks only the calling task.
-        """
-        missing = sorted({s for s in shard_ids if s not in self._writers})
-        failed: dict[str, Exception] = {}
-
-        async def open_one(shard_id: str) -> None:
-            try:
-                await self._writer(shard_id)
-            except Exception as exc:  # the shard's rows fail with it, the others go on
-                failed[shard_id] = exc
-
-        if missing:
-            async with anyio.create_task_group() as tg:
-                for shard_id in missing:
-                    tg.start_soon(open_one, shard_id)
-        return failed
+        """Open the writers of these shards not open (or failed), side by
+        side (:meth:`ShardWriters.open_many`)."""
+        assert self._tg is not None
+        return await self._shards.open_many(shard_ids, self._tg)
 
     async def recover(self) -> list[str]:
         """Replay and flush every shard of the table whose WAL tail holds rows.
@@ -379,57 +388,60 @@ class ShardRouter(LsmMethods):
             for entry in [*run, *acc.end()]:
                 if entry.batch is not None or entry.kind is Kind.FLUSH:
                     entry.batch = None
-                    entry.ack._part_failed(error)
+                    entry.ack.part_failed(error)
             self._routed.set()
 
     async def _route(self, run: list[Entry]) -> None:
         """Route one run: cut it per shard (one evaluation; a large run on a worker
-        thread, see :data:`ROUTE_INLINE_ROWS`),
-        queue one part per shard, then release the run's room."""
+        thread, see :data:`ROUTE_INLINE_ROWS`) and hand each shard writer its
+        part. The run's room stays taken until the parts' puts settle; what
+        was not handed over (rows refused, shards that could not take them)
+        is given back here."""
         assert self._acc is not None
         kind = run[0].kind
-        if kind is Kind.FLUSH:  # everything before it is in the writers' queues
+        if kind is Kind.FLUSH:  # everything before it was handed to the writers
             for entry in run:
-                entry.ack._part_done()
+                entry.ack.part_done()
             return
         fit = self._fit if kind is Kind.PUT else self._key_fit
-        rows = sum(e.rows for e in run)
-        nbytes = sum(e.nbytes for e in run)
+        room = (sum(e.rows for e in run), sum(e.nbytes for e in run))
+        handed = [0, 0]  # rows and bytes handed over (given back as their puts settle)
         try:
-            if rows <= ROUTE_INLINE_ROWS:  # cheaper than the thread hop it would take
-                groups = [(run, split_run(self.sharding, fit, run))]
-            else:
-                groups = [(run, await run_sync(partial(split_run, self.sharding, fit, run)))]
-        except Exception:  # route entry by entry: only the entry at fault fails
-            groups = []
-            for entry in run:
-                try:
-                    one = await run_sync(partial(split_run, self.sharding, fit, [entry]))
-                except Exception as exc:
-                    self._refuse(entry, exc)
-                else:
-                    groups.append(([entry], one))
-        for entries, cut in groups:
-            for entry, shards in zip(entries, cut.touched, strict=True):
-                # the entry's own part (held while it was routed) becomes one per shard
-                entry.batch = None
-                entry.ack._parts += shards - 1
-                if not shards:
-                    entry.ack._maybe_resolve()
-        parts = [(entries, shard_cut) for entries, cut in groups for shard_cut in cut.cuts]
-        try:  # the shards not open yet open side by side, not one per hand-over
-            failed = await self._open_writers(cut.shard_id for _, cut in parts)
-        except BaseException:  # cancelled: nothing was handed over
-            self._fail_parts(kind, parts)
-            raise
-        for done, (entries, shard_cut) in enumerate(parts):
-            try:
-                await self._hand_over(kind, entries, shard_cut, failed.get(shard_cut.shard_id))
-            except BaseException:  # cancelled: the parts not handed over fail
-                self._fail_parts(kind, parts[done + 1 :])
-                raise
-        self._acc.release(rows, nbytes)
+            parts = await cut_run(self.sharding, fit, run, ROUTE_INLINE_ROWS)
+            # the parts of open shards go first: a shard still to open (or to
+            # reopen: a probe, an open) does not hold back the others' puts; a
+            # shard's own parts keep their order
+            usable = self._shards.usable
+            ready = [p for p in parts if usable(p[1].shard_id)]
+            waiting = [p for p in parts if not usable(p[1].shard_id)]
+            left = [*ready, *waiting]  # not handed over yet
+            self._hand_over_all(kind, ready, left, {}, room, handed)
+            if waiting:
+                try:  # the shards not open yet open side by side, not one per hand-over
+                    failed = await self._open_writers(cut.shard_id for _, cut in waiting)
+                except BaseException:  # cancelled: these were not handed over
+                    self._fail_parts(kind, left)
+                    raise
+                self._hand_over_all(kind, waiting, left, failed, room, handed)
+        finally:
+            self._acc.release(room[0] - handed[0], room[1] - handed[1])
         self._pace({cut.shard_id for _, cut in parts})
+
+    def _hand_over_all(
+        self,
+        kind: Kind,
+        parts: list[tuple[list[Entry], ShardCut]],
+        left: list[tuple[list[Entry], ShardCut]],
+        failed: dict[str, Exception],
+        room: tuple[int, int],
+        handed: list[int],
+    ) -> None:
+        """Hand ``parts`` over in order, each removed from ``left`` first
+        (``room``, ``handed``: as :meth:`_hand_over`)."""
+        for part in parts:
+            del left[next(i for i, p in enumerate(left) if p is part)]  # by identity
+            entries, shard_cut = part
+            self._hand_over(kind, entries, shard_cut, failed.get(shard_cut.shard_id), room, handed)
 
     def _pace(self, shards: set[str]) -> None:
         """Set the wait before the next run from the last puts of the shards
@@ -444,46 +456,31 @@ class ShardRouter(LsmMethods):
         interval = self.config.policy.pace_run(took, self._load.sample(), acc.put_interval)
         acc.put_interval = max(ROUTE_MIN_INTERVAL, interval)
 
-    @staticmethod
-    def _refuse(entry: Entry, exc: Exception) -> None:
-        """Fail an entry whose rows the sharding spec could not be evaluated on."""
-        error = (
-            exc
-            if isinstance(exc, InvalidInputError)
-            else InvalidInputError(f"the sharding spec could not be evaluated on these rows: {exc}")
-        )
-        if error is not exc:
-            error.__cause__ = exc
-        entry.batch = None
-        entry.ack._part_failed(error)
-
     def _fail_parts(self, kind: Kind, parts: list[tuple[list[Entry], ShardCut]]) -> None:
         """Fail the members of parts that were never handed over (cancelled)."""
         error = ClosedError(f"{self!r} was cancelled before these rows were routed")
         for rest, left in parts:
             acks = [rest[i].ack for i in left.entries]
-            FanOut(kind, acks, left.rows, left.batches, left.starts)._part_failed(error)
+            FanOut(kind, acks, left.rows, left.batches, left.starts).part_failed(error)
 
-    async def _hand_over(
-        self, kind: Kind, run: list[Entry], cut: ShardCut, unopened: Exception | None = None
+    def _hand_over(
+        self,
+        kind: Kind,
+        run: list[Entry],
+        cut: ShardCut,
+        unopened: Exception | None,
+        room: tuple[int, int],
+        handed: list[int],
     ) -> None:
-        """Queue one shard's part of a run with its writer (opened if need be;
-        ``unopened``: the error its opening already failed with), cut to the
-        writer's ``max_put_rows``."""
+        """Hand one shard's part of a run to its writer, cut to the writer's
+        ``max_put_rows`` (``unopened``: the error its opening failed with).
+        Each piece holds the run's ``room`` (rows, bytes) in proportion to
+        its rows; what is handed is added to ``handed``. Does not block."""
         acks = [run[i].ack for i in cut.entries]
-        try:
-            if unopened is not None:
-                raise unopened
-            writer = await self._writer(cut.shard_id)
-        except BaseException as exc:  # the shard cannot take rows: its members fail
-            error = (
-                exc
-                if isinstance(exc, Exception)
-                else ClosedError(f"{self!r} was cancelled before these rows were queued")
-            )
-            FanOut(kind, acks, cut.rows, cut.batches, cut.starts)._part_failed(error)
-            if error is not exc:
-                raise
+        writer = self._writers.get(cut.shard_id)
+        if unopened is not None or writer is None:  # the shard cannot take rows
+            error = unopened or ClosedError(f"{self!r}: shard {cut.shard_id} is not open")
+            FanOut(kind, acks, cut.rows, cut.batches, cut.starts).part_failed(error)
             return
         queued_at = run[cut.entries[0]].queued_at
         limit = writer.max_put_rows or cut.batch.num_rows
@@ -491,22 +488,20 @@ class ShardRouter(LsmMethods):
         rows = cut.batch
         if kind is Kind.DELETE and rows.num_columns > len(self._keys):
             rows = rows.select(self._keys)  # the sharded column routed it; the engine takes keys
-        total = cut.batch.num_rows
+        run_rows, run_bytes = room
         for i, fan in enumerate(fans):
             batch = rows.slice(i * limit, limit)
             n = batch.num_rows
-            nbytes = cut.nbytes if n == total else cut.nbytes * n // total
+            nbytes = run_bytes * n // max(1, run_rows)
             part = RoutedPart(kind, batch, fan, n, nbytes, queued_at)
             try:
-                await writer._submit_part(part)
+                writer.hand(part)
             except Exception as exc:  # the writer failed or closed: its members fail
                 part.batch = None
-                fan._part_failed(exc)
-            except BaseException:  # cancelled: this piece and the rest fail
-                error = ClosedError(f"{self!r} was cancelled before these rows were queued")
-                for rest in fans[i:]:
-                    rest._part_failed(error)
-                raise
+                fan.part_failed(exc)
+            else:
+                handed[0] += n
+                handed[1] += nbytes
 
     # -- sending -------------------------------------------------------------------
     async def _send(self, kind: Kind, data: Any, timeout: float | None, schema: Any) -> Ack:
@@ -515,11 +510,11 @@ class ShardRouter(LsmMethods):
         deadline = room_deadline(timeout)
         await anyio.lowlevel.checkpoint()  # every send is a checkpoint (trio's rule)
         if kind is Kind.PUT and schema is None and data.__class__ is pa.RecordBatch:
-            fast = await self._acc.submit_batch(data, self._loop, deadline, routed=True)
+            fast = await self._acc.submit_batch(data, self._loop, deadline)
             if fast is not None:
                 return fast
         ack = Ack(self._loop)
-        await self._acc.submit(kind, data, ack, deadline, schema, routed=True)
+        await self._acc.submit(kind, data, ack, deadline, schema)
         return ack
 
     async def send(
@@ -528,8 +523,9 @@ class ShardRouter(LsmMethods):
         """Queue rows for routing to their shards' writers; wait only for queue room.
 
         The router queues each send whole; its task routes what queued in
-        bulk (one evaluation of the sharding spec per run, on a worker
-        thread) and hands each shard one part. In-memory rows are checked
+        bulk (one evaluation of the sharding spec per run) and hands each
+        shard writer one part; the send's room stays taken until its rows
+        are written. In-memory rows are checked
         against the table whole before anything is queued, so a bad row
         anywhere queues nothing. A stream is checked and queued batch by
         batch (batches before a bad one stay queued, as with
@@ -550,8 +546,8 @@ class ShardRouter(LsmMethods):
         SchemaMismatchError
             Rows do not fit the table (nothing of an in-memory send is queued).
         BackpressureTimeoutError
-            The router's queue stayed full past ``timeout`` (nothing of that
-            batch is queued).
+            The router's queue (every row sent and not yet written) stayed
+            full past ``timeout`` (nothing of that batch is queued).
         ClosedError
             The router is closed.
         """
@@ -599,12 +595,6 @@ class ShardRouter(LsmMethods):
         """Route rows and wait until every shard has written them."""
         ack = await self.send(data, timeout=timeout, schema=schema)
         return await ack
-
-    async def put_stream(
-        self, stream: AsyncIterable[Any] | Iterable[Any], *, timeout: float | None = None
-    ) -> PutSummary:
-        """Drain a feed of batches through the router's queue and wait for all of it."""
-        return await self.put(stream, timeout=timeout)
 
     async def delete(self, keys: Any, *, timeout: float | None = None) -> PutSummary:
         """Delete rows by primary key, each key in its own shard (in order with
@@ -654,15 +644,16 @@ class ShardRouter(LsmMethods):
             with unwrap_groups():
                 async with anyio.create_task_group() as tg:
                     for writer in list(self._writers.values()):
-                        tg.start_soon(writer.flush)
+                        tg.start_soon(writer.drain)
         except Exception as exc:
             if self._state is not WriterState.OPEN:
                 raise ClosedError(f"{self!r} was closed while the flush waited") from exc
             raise
 
     def stats(self) -> RouterStats:
-        """Every open writer's statistics and their totals, the router's queue
-        included in the queue figures (does not block)."""
+        """Every open writer's statistics and their totals; the queue figures
+        are the router's queue's, which holds every row until it is written
+        (does not block)."""
         writers = {sid: w.stats() for sid, w in self._writers.items()}
         samples = [lat for w in self._writers.values() for lat in w.ack_latencies()]
         p50, p99 = percentiles(samples, 0.50, 0.99)
@@ -671,15 +662,15 @@ class ShardRouter(LsmMethods):
             writers=writers,
             engine_puts=sum(s.engine_puts for s in writers.values()),
             rows=sum(s.rows for s in writers.values()),
-            queue_rows=sum(s.queue_rows for s in writers.values()) + (acc.queue_rows if acc else 0),
-            queue_bytes=sum(s.queue_bytes for s in writers.values())
-            + (acc.queue_bytes if acc else 0),
+            queue_rows=acc.queue_rows if acc else 0,
+            queue_bytes=acc.queue_bytes if acc else 0,
             ack_latency_p50=p50,
             ack_latency_p99=p99,
+            reopens=self._shards.reopens,
         )
 
     # -- reads ----------------------------------------------------------------------
     def _memtables(self) -> list[MemtableMirror]:
         """The memtables of every writer this router has open (for ``lsm``)."""
         self._check_open()
-        return [m for w in self._writers.values() for m in w._memtables()]
+        return [m for w in self._writers.values() for m in w.memtables()]

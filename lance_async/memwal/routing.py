@@ -2,14 +2,16 @@
 
 The :class:`~lance_async.ShardRouter` queues every send whole, in an
 :class:`~lance_async.memwal.accumulator.Accumulator` of its own (the same
-room, backpressure and coalescing as a shard writer's queue). Its routing
-task takes what queued while it routed the previous run (paced as the commit
-policy paces puts) and assigns every row of the run to its shard in *one*
-evaluation of the sharding spec (:func:`split_run`; a large run on a worker
-thread, see ``router.ROUTE_INLINE_ROWS``), then hands each shard one
-:class:`RoutedPart`: one queue entry, one engine put. Per message the event
-loop does what a shard writer's send does (a schema check and a queue entry);
-the spec, the sort and the cuts are paid once per run.
+room, backpressure and coalescing as a shard writer's queue, and the only
+queue of the path: a send keeps its room there until it is written). Its
+routing task takes what queued while it routed the previous run (paced as
+the commit policy paces puts) and assigns every row of the run to its shard
+in *one* evaluation of the sharding spec (:func:`cut_run`, :func:`split_run`;
+a large run on a worker thread, see ``router.ROUTE_INLINE_ROWS``), then
+hands each shard one :class:`RoutedPart` straight to its committer
+(``handoff.py``): one engine put. Per message the event loop does what a
+shard writer's send does (a schema check and a queue entry); the spec, the
+sort and the cuts are paid once per run.
 
 A part carries the rows of many sends. Its ack (:class:`FanOut`) settles
 every send with its own rows once the put holding them is durable, so a
@@ -25,7 +27,9 @@ out per broker) and Fluss's client-side bucketing.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,18 +37,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._schema import TableFit
+from .._threads import run_sync
+from ..errors import InvalidInputError
 from .accumulator import Entry, Item, Kind
 from .acks import Ack
 from .sharding import Sharding
 
-__all__ = ["FanOut", "RoutedPart", "RunCuts", "ShardCut", "cut_part", "split_run"]
+__all__ = ["FanOut", "RoutedPart", "RunCuts", "ShardCut", "cut_part", "cut_run", "split_run"]
 
 
 class FanOut(Ack):
     """The ack of a :class:`RoutedPart`: settles each member send with its own rows.
 
-    The committer settles a part like any entry (``_part_done`` /
-    ``_part_failed``); this passes the outcome on to the ack of every send
+    The committer settles a part like any entry (``part_done`` /
+    ``part_failed``); this passes the outcome on to the ack of every send
     with rows in the part (one of each such ack's parts). Nobody awaits a
     ``FanOut`` itself.
 
@@ -76,7 +82,7 @@ class FanOut(Ack):
         self.batch_counts = batches
         self.starts = starts
 
-    def _part_done(
+    def part_done(
         self,
         *,
         rows: int = 0,
@@ -89,20 +95,12 @@ class FanOut(Ack):
         # each part is one put of its own shard, so it is counted, not named
         deleting = self.kind is Kind.DELETE
         for ack, n, b in zip(self.acks, self.row_counts, self.batch_counts, strict=True):
-            ack._parts -= 1
-            ack._put_count += 1
-            if deleting:
-                ack._deletes += n
-            else:
-                ack._rows += n
-                ack._batches += b
-            if ack._parts <= 0:
-                ack._maybe_resolve()
+            ack.counted_part_done(n, b, deleting)
         self.acks = []
 
-    def _part_failed(self, error: BaseException) -> None:
+    def part_failed(self, error: BaseException) -> None:
         for ack in self.acks:
-            ack._part_failed(error)
+            ack.part_failed(error)
         self.acks = []
 
 
@@ -160,7 +158,7 @@ def cut_part(kind: Kind, cut: ShardCut, acks: list[Ack], limit: int) -> list[Fan
             if a >= z:
                 continue
             if a > start:  # a later piece of this send: one more part of its ack
-                ack._add_part()
+                ack.add_part()
             fan_acks.append(ack)
             rows.append(z - a)
             batches.append(b if a == start else 0)
@@ -262,6 +260,47 @@ def _narrow(codes: np.ndarray) -> np.ndarray:
     return codes
 
 
+PIECEWISE_BYTES = 8 << 20
+"""A run of at least this many bytes, in batches of :data:`PIECEWISE_BATCH_BYTES`
+or more on average, is cut without concatenating it: each shard's rows are
+taken batch by batch and joined once, so a large send costs one copy of its
+rows here, not two (the concatenated run and the sorted take of it)."""
+
+PIECEWISE_BATCH_BYTES = 256 << 10
+
+
+def _piecewise(sharding: Sharding, batches: Sequence[pa.RecordBatch]) -> bool:
+    """Whether to cut this run shard by shard, batch by batch (large batches)."""
+    column = sharding.column
+    if len(batches) < 2 or column is None or sharding.kind == "unsharded":
+        return False
+    if not all(column in b.schema.names for b in batches):
+        return False  # the whole run's check names the missing column
+    total = sum(int(b.nbytes) for b in batches)
+    return total >= PIECEWISE_BYTES and total >= PIECEWISE_BATCH_BYTES * len(batches)
+
+
+def _take_pieces(
+    fit: TableFit,
+    batches: Sequence[pa.RecordBatch],
+    lengths: Sequence[int],
+    rows: np.ndarray,
+    row_batch: np.ndarray,
+) -> pa.RecordBatch:
+    """One shard's rows of a run, in run order, as one batch under the table
+    schema: ``rows`` (run positions, ascending) taken from the batch each
+    lies in (``row_batch``), the pieces joined once."""
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    cuts = [0, *(np.flatnonzero(row_batch[1:] != row_batch[:-1]) + 1).tolist(), len(rows)]
+    pieces = []
+    for a, z in itertools.pairwise(cuts):
+        i = int(row_batch[a])
+        local = rows[a:z] - starts[i]
+        whole = z - a == lengths[i]  # every row of the batch: no take
+        pieces.append(batches[i] if whole else batches[i].take(pa.array(local)))
+    return _concat_run(fit, pieces)
+
+
 def split_run(sharding: Sharding, fit: TableFit, entries: Sequence[Entry]) -> RunCuts:
     """Cut a run of queued entries (one kind) into one part per shard (blocking).
 
@@ -283,23 +322,36 @@ def split_run(sharding: Sharding, fit: TableFit, entries: Sequence[Entry]) -> Ru
     batches, owner, lengths = _run_batches(entries)
     if not batches:
         return RunCuts([], [0] * len(entries))
-    table = _concat_run(fit, batches)
-    n = table.num_rows
-    total_bytes = table.get_total_buffer_size()
-    codes, values = _codes(sharding.values(table))
+    piecewise = _piecewise(sharding, batches)
+    table: pa.RecordBatch | None = None
+    if piecewise:  # large batches: only the sharded column is concatenated
+        column = sharding.column
+        assert column is not None
+        keyed = pa.RecordBatch.from_arrays(
+            [pa.concat_arrays([b.column(column) for b in batches])], names=[column]
+        )
+        n = keyed.num_rows
+        total_bytes = sum(b.nbytes for b in batches)
+        codes, values = _codes(sharding.values(keyed))
+    else:
+        table = _concat_run(fit, batches)
+        n = table.num_rows
+        total_bytes = table.get_total_buffer_size()
+        codes, values = _codes(sharding.values(table))
 
     def value(code: Any) -> Any:
         return int(code) if values is None else values[int(code)]
 
     row_batch = np.repeat(np.arange(len(batches), dtype=np.int64), lengths)
     row_entry = np.asarray(owner, dtype=np.int64)[row_batch]
+    order: np.ndarray | None = None
     if (codes == codes[0]).all():  # one shard: no sort, no take
         ranked = codes
-        taken = table
+        taken = table if table is not None else _concat_run(fit, batches)
     else:  # one stable sort: each shard's rows a slice, in run order within it
         order = np.argsort(_narrow(codes), kind="stable")
         ranked = codes[order]
-        taken = table.take(pa.array(order))
+        taken = table.take(pa.array(order)) if table is not None else None
         row_batch = row_batch[order]
         row_entry = row_entry[order]
     # segments: the rows of one entry in one shard (contiguous, in run order)
@@ -332,10 +384,15 @@ def split_run(sharding: Sharding, fit: TableFit, entries: Sequence[Entry]) -> Ru
     for k in range(len(bounds) - 1):
         a, b = bounds[k], bounds[k + 1]
         lo, hi = firsts[k], firsts[k + 1]
+        if taken is not None:
+            rows = taken.slice(a, b - a)
+        else:  # this shard's rows taken batch by batch, then joined once
+            assert order is not None
+            rows = _take_pieces(fit, batches, lengths, order[a:b], row_batch[a:b])
         out.append(
             ShardCut(
                 sharding.shard_id(value(ranked[a])),
-                taken.slice(a, b - a),
+                rows,
                 seg_entry_l[lo:hi],
                 seg_rows_l[lo:hi],
                 seg_batches_l[lo:hi],
@@ -344,3 +401,51 @@ def split_run(sharding: Sharding, fit: TableFit, entries: Sequence[Entry]) -> Ru
             )
         )
     return RunCuts(out, touched.tolist())
+
+
+async def cut_run(
+    sharding: Sharding, fit: TableFit, run: list[Entry], inline_rows: int
+) -> list[tuple[list[Entry], ShardCut]]:
+    """A run of queued entries (one kind) cut per shard: each cut with the
+    entries it indexes. One :func:`split_run` of the whole run, on the event
+    loop up to ``inline_rows`` rows, else on a worker thread; when the spec
+    cannot be evaluated on it, entry by entry, so only the entry at fault
+    fails (an :class:`InvalidInputError`). Each entry's own part of its ack
+    becomes one per shard its rows went to (an entry with no rows resolves).
+    """
+    rows = sum(e.rows for e in run)
+    try:
+        if rows <= inline_rows:  # cheaper than the thread hop it would take
+            groups = [(run, split_run(sharding, fit, run))]
+        else:
+            groups = [(run, await run_sync(partial(split_run, sharding, fit, run)))]
+    except Exception:  # route entry by entry: only the entry at fault fails
+        groups = []
+        for entry in run:
+            try:
+                one = await run_sync(partial(split_run, sharding, fit, [entry]))
+            except Exception as exc:
+                _refuse(entry, exc)
+            else:
+                groups.append(([entry], one))
+    for entries, cut in groups:
+        for entry, shards in zip(entries, cut.touched, strict=True):
+            # the entry's own part (held while it was routed) becomes one per shard
+            entry.batch = None
+            entry.ack.add_parts(shards - 1)
+            if not shards:
+                entry.ack.maybe_resolve()
+    return [(entries, shard_cut) for entries, cut in groups for shard_cut in cut.cuts]
+
+
+def _refuse(entry: Entry, exc: Exception) -> None:
+    """Fail an entry whose rows the sharding spec could not be evaluated on."""
+    error = (
+        exc
+        if isinstance(exc, InvalidInputError)
+        else InvalidInputError(f"the sharding spec could not be evaluated on these rows: {exc}")
+    )
+    if error is not exc:
+        error.__cause__ = exc
+    entry.batch = None
+    entry.ack.part_failed(error)

@@ -407,5 +407,5 @@ async def read_sharding(dataset: Table) -> Sharding:
         return latest, sharding_of(latest.mem_wal_index_details(), latest)
 
     latest, sharding = await run_sync(read)
-    dataset.advance(latest)
+    dataset._advance(latest)
     return sharding

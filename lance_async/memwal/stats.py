@@ -88,6 +88,8 @@ class RouterStats:
         Rows / bytes accepted and not yet acknowledged, over all writers.
     ack_latency_p50, ack_latency_p99 : float
         Seconds from queueing to ack, over the recent samples of every writer.
+    reopens : int
+        Shard writers opened again after theirs failed (a store that came back).
     """
 
     writers: dict[str, WriterStats]
@@ -97,6 +99,7 @@ class RouterStats:
     queue_bytes: int
     ack_latency_p50: float
     ack_latency_p99: float
+    reopens: int = 0
 
 
 def percentiles(values: Sequence[float], *qs: float) -> list[float]:

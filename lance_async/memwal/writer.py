@@ -12,7 +12,10 @@ The writer is three objects, as aiokafka's producer is: this module's
 :class:`AsyncShardWriter` (the API and the life cycle), the
 :class:`~lance_async.memwal.accumulator.Accumulator` (room, validation,
 coalescing, linger) and the :class:`~lance_async.memwal.committer.Committer`
-(the writer task: engine calls, acks, failures). Its LSM reads are an
+(the writer task: engine calls, acks, failures). A writer a
+:class:`~lance_async.ShardRouter` opens has no accumulator: its committer
+takes the parts its router hands it (``handoff.py``), and their room is the
+router's queue's, so every send waits in one queue. Its LSM reads are an
 :class:`~lance_async.lsm.LsmReader` (``writer.lsm``) that includes its
 memtable.
 
@@ -32,7 +35,25 @@ Guarantees
   usable.
 * Fatal errors: an engine error that is not about the input (an I/O error, a
   failed WAL flush) fails every pending and later ack, promptly, with one
-  :class:`~lance_async.WriterFailedError`.
+  :class:`~lance_async.WriterFailedError` (a
+  :class:`~lance_async.errors.StorageError` when the store failed it; see
+  :attr:`AsyncShardWriter.failure`). A shard writer does not heal: once the
+  store is back, close it and open a new writer on the same shard, which
+  claims the next writer epoch (fencing whatever call of the old one is
+  still running) and replays every acknowledged row from the WAL::
+
+      try:
+          await writer.put(rows)
+      except lance_async.StorageError as exc:
+          await writer.aclose()
+          writer = await ds.mem_wal_writer(shard_id).open(task_group)
+          if exc.may_have_landed:  # its put may still have been written
+              ...                  # an upsert sent again is safe (keyed)
+
+  Wait for the store first (a probe, a back-off): an open the store leaves
+  hanging is abandoned at ``storage_timeout`` and may still claim the shard
+  later, fencing the writer opened after it. The routing writer
+  (:class:`~lance_async.ShardRouter`) does all of this itself.
 * Order: puts and deletes on one writer reach the engine in the order they
   were queued.
 * Read-your-writes: the writer's LSM reads (``writer.lsm``) read its
@@ -57,16 +78,10 @@ callers) still resolves. Closing the writer flushes everything queued
 
 Commit policies
 ---------------
-pylance flushes a durable put's WAL when the buffered WAL bytes reach
-``max_wal_buffer_size`` (default 10 MiB), otherwise at the next
-``max_wal_flush_interval_ms`` tick (default 100 ms). ``commit=`` chooses how
-the writer works with that (``policy.py``): ``"adaptive"`` (the default)
-opens the engine writer so that every put flushes at once and paces puts
-(one every 5 to 20 ms at most, four times the last put's duration, up to
-``max_put_rows`` each), so an idle writer acks a message after one WAL
-write and a busy one coalesces thousands of rows per put; ``"latency"``
-makes small puts back to back; ``"throughput"`` keeps the engine's tick
-and the largest puts. Figures per policy: ``python -m bench`` (bench/results/REPORT.md).
+``commit=`` chooses how queued rows become engine puts (``policy.py``):
+``"adaptive"`` (the default: every put flushes its WAL at once, puts paced
+by the last one's duration), ``"latency"``, ``"throughput"``. Figures per
+policy: ``python -m bench`` (bench/results/REPORT.md).
 
 The cheap path: a send of one record batch is one queue entry whose
 :class:`~lance_async.Ack` is the entry itself; :meth:`AsyncShardWriter.send_many`
@@ -79,13 +94,14 @@ from __future__ import annotations
 import math
 import uuid
 import warnings
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
 import anyio
 import pyarrow as pa
 from anyio.abc import TaskGroup
+from typing_extensions import Unpack
 
 from .._args import check_batches, check_seconds
 from .._loop import LoopHandle, unwrap_groups
@@ -94,11 +110,13 @@ from .._table import Table
 from .._threads import run_sync
 from ..errors import ClosedError, InvalidInputError, LanceAsyncError
 from ..lsm.memtable import MemtableMirror
-from ..lsm.reader import LsmMethods, LsmReader
-from .accumulator import Accumulator, Item, Kind
+from ..lsm.reader import LsmReader
+from .accumulator import Accumulator, Item, Kind, ShardCheck
 from .acks import Ack, PutSummary
-from .committer import Committer, start_engine
-from .policy import WriterConfig
+from .committer import Committer, Runs
+from .engine import OpenedEngine, start_engine
+from .handoff import Handoff
+from .policy import WriterConfig, WriterOptions
 from .sharding import Sharding
 from .stats import WriterState, WriterStats, collect_stats
 
@@ -121,7 +139,7 @@ def room_deadline(timeout: float | None) -> float | None:
     return anyio.current_time() + timeout
 
 
-class AsyncShardWriter(LsmMethods):
+class AsyncShardWriter:
     """Write one MemWAL shard from async code, with group commit.
 
     Obtain it from :meth:`AsyncDataset.mem_wal_writer` and use it as
@@ -137,6 +155,15 @@ class AsyncShardWriter(LsmMethods):
         The shard's UUID, in any spelling ``uuid.UUID`` takes; kept (and
         shown as :attr:`shard_id`) in its canonical lower-case form.
         Reopening the same shard replays its WAL.
+    **options : WriterOptions
+        The writer's options, each a named keyword
+        (:class:`~lance_async.WriterOptions`): lance_async's (below,
+        under Other Parameters) and the engine writer's, passed to
+        ``LanceDataset.mem_wal_writer`` (``durable_write``,
+        ``max_memtable_rows``, ``max_wal_flush_interval_ms``, ...).
+
+    Other Parameters
+    ----------------
     commit : {"adaptive", "latency", "throughput"}
         The commit policy (default ``"adaptive"``; see ``policy.py``).
     min_put_interval : float, optional
@@ -160,9 +187,6 @@ class AsyncShardWriter(LsmMethods):
     close_timeout, storage_timeout : float
         Seconds that closing may spend flushing (default 60); that an engine
         call may wait on the store (default: the dataset's ``storage_timeout``).
-    **lance_writer_kwargs
-        Passed to ``LanceDataset.mem_wal_writer`` (``durable_write``,
-        ``max_memtable_rows``, ``max_wal_flush_interval_ms``, ...).
 
     Raises
     ------
@@ -171,7 +195,7 @@ class AsyncShardWriter(LsmMethods):
         limit below 1, a negative wait).
     """
 
-    def __init__(self, dataset: Table, shard_id: str, **options: Any) -> None:
+    def __init__(self, dataset: Table, shard_id: str, **options: Unpack[WriterOptions]) -> None:
         try:
             canonical = str(uuid.UUID(str(shard_id)))  # the engine's folder name
         except ValueError:
@@ -197,11 +221,16 @@ class AsyncShardWriter(LsmMethods):
         self._state = WriterState.NEW
         self._loop: LoopHandle | None = None
         self._tg: TaskGroup | None = None
-        self._acc: Accumulator | None = None
+        self._acc: Accumulator | None = None  # its own queue (none when routed)
+        self._runs: Runs | None = None  # where its committer takes runs: _acc, or a Handoff
+        self._room: Accumulator | None = None  # a router's queue (see routed)
+        self._shard_check: ShardCheck | None = None  # rows of other shards refused at the send
         self._committer: Committer | None = None
+        self._opened: OpenedEngine | None = None  # see adopt
+        self._keep_late: Callable[[], bool] | None = None
         self.sharding: Sharding | None = None
         """The table's sharding, read when the writer opens."""
-        self.lsm = LsmReader(dataset, self._memtables, path="writer")
+        self.lsm = LsmReader(dataset, self.memtables, path="writer")
         """The LSM reads of the table with this writer's memtable included (open writers)."""
 
     def __repr__(self) -> str:
@@ -225,6 +254,14 @@ class AsyncShardWriter(LsmMethods):
     def schema(self) -> pa.Schema:
         """The table schema that every batch must match."""
         return self._table_schema
+
+    @property
+    def failure(self) -> LanceAsyncError | None:
+        """The error every ack fails with once the writer has failed (None
+        while it has not): a :class:`~lance_async.errors.FencedError`, the
+        :class:`~lance_async.errors.StorageError` of its store, or a
+        :class:`~lance_async.errors.WriterFailedError`."""
+        return self._committer.failure if self._committer is not None else None
 
     async def __aenter__(self) -> AsyncShardWriter:
         await self._open(None)
@@ -255,6 +292,25 @@ class AsyncShardWriter(LsmMethods):
         """
         return await self._open(task_group)
 
+    def adopt(
+        self, opened: OpenedEngine | None, keep_late: Callable[[], bool] | None
+    ) -> AsyncShardWriter:
+        """Before :meth:`open`, for a routing writer: ``opened``, an engine
+        writer opened already (a late open, ``take_late_open``), is used
+        instead of opening one; ``keep_late`` is ``start_engine``'s."""
+        self._opened, self._keep_late = opened, keep_late
+        return self
+
+    def routed(self, room: Accumulator) -> AsyncShardWriter:
+        """Before :meth:`open`, for a routing writer: this writer has no queue
+        of its own. ``room`` is the router's queue: the router hands this
+        writer its parts (:meth:`hand`), whose room stays taken there until
+        they are written, and what is sent to this writer itself (checked
+        for its shard) queues there too, in order with the router's sends.
+        See ``handoff.py``."""
+        self._room = room
+        return self
+
     async def _open(self, task_group: TaskGroup | None) -> AsyncShardWriter:
         if self._state is not WriterState.NEW:
             raise ClosedError(f"{self!r} was already opened; open a new writer")
@@ -264,28 +320,45 @@ class AsyncShardWriter(LsmMethods):
             raise InvalidInputError(f"{self!r}: {NO_KEY}")
         ds = self._dataset.lance
         options = self._dataset.storage_options
-        opened = await start_engine(
-            ds, self.shard_id, config, self.storage_timeout, repr(self), options
-        )
+        opened, self._opened = self._opened, None
+        if opened is None:
+            opened = await start_engine(
+                ds,
+                self.shard_id,
+                config,
+                self.storage_timeout,
+                repr(self),
+                options,
+                self._keep_late,
+            )
         self.sharding, self.engine_options = opened.sharding, opened.options
         sharding = opened.sharding
+        if sharding.sharded:
+            self._shard_check = partial(sharding.check, shard_id=self.shard_id)
         self.max_put_rows, self.max_queue_rows = config.limits(opened.memtable_rows)
-        self._acc = Accumulator.for_writer(
-            config,
-            (self.max_put_rows, self.max_queue_rows),
-            self._fit,
-            self._key_fit,
-            check=self._check_state,
-            describe=self.__repr__,
-            shard_check=partial(sharding.check, shard_id=self.shard_id)
-            if sharding.sharded
-            else None,
-        )
+        if self._room is not None:  # routed: parts handed straight to the committer
+            runs: Runs = Handoff(
+                self._room,
+                max_put_rows=self.max_put_rows,
+                max_put_bytes=config.max_put_bytes,
+                check=self._check_state,
+                describe=self.__repr__,
+            )
+        else:
+            runs = self._acc = Accumulator.for_writer(
+                config,
+                (self.max_put_rows, self.max_queue_rows),
+                self._fit,
+                self._key_fit,
+                check=self._check_state,
+                describe=self.__repr__,
+            )
+        self._runs = runs
         mirror = MemtableMirror(ds.uri, self.shard_id, self._table_schema, self._keys, options)
         mirror.epoch = opened.epoch
         self._committer = Committer(
             opened.engine,
-            self._acc,
+            runs,
             shard_id=self.shard_id,
             fit=self._fit,
             key_fit=self._key_fit,
@@ -326,15 +399,23 @@ class AsyncShardWriter(LsmMethods):
         if self._state is not WriterState.OPEN:
             raise ClosedError(f"{self!r} is not open; use `async with dataset.mem_wal_writer(...)`")
 
-    def _parts(self) -> tuple[Accumulator, Committer]:
-        assert self._acc is not None and self._committer is not None
-        return self._acc, self._committer
+    def _queue(self) -> Accumulator:
+        """Where this writer's sends queue: its own accumulator, or its router's."""
+        queue = self._acc if self._acc is not None else self._room
+        assert queue is not None
+        return queue
+
+    def _parts(self) -> tuple[Runs, Committer]:
+        assert self._runs is not None and self._committer is not None
+        return self._runs, self._committer
 
     async def flush(self) -> PutSummary:
         """Wait until everything queued before this call is written.
 
         With ``durable_write`` on (the default) written means durable in the
-        WAL; with it off, accepted by the engine (durable after close).
+        WAL; with it off, accepted by the engine (durable after close). A
+        writer opened by a router waits for what its router's queue holds
+        for this shard.
 
         Raises
         ------
@@ -342,8 +423,27 @@ class AsyncShardWriter(LsmMethods):
             The writer broke before the queue drained.
         """
         self._check_usable()
+        if self._room is not None:  # first what the router's queue holds, then the hand-off
+            marker = Ack(self._loop)
+            self._room.submit_flush(marker)
+            await marker
+        return await self.drain()
+
+    async def drain(self) -> PutSummary:
+        """Wait until every row this writer's task was given before this call
+        is written: its queue's (:meth:`flush`), or the parts its router
+        handed it (what a router's flush waits for, shard by shard).
+
+        Raises
+        ------
+        WriterFailedError, FencedError, ClosedError
+            The writer broke or closed before they were written.
+        """
+        self._check_usable()
         ack = Ack(self._loop)
-        self._parts()[0].submit_flush(ack)
+        runs = self._parts()[0]
+        assert isinstance(runs, (Accumulator, Handoff))
+        runs.submit_flush(ack)
         return await ack
 
     async def aclose(self) -> None:
@@ -361,12 +461,12 @@ class AsyncShardWriter(LsmMethods):
             self._loop.check(repr(self))  # close it from the loop that opened it
         failed = self._state is WriterState.FAILED
         self._state = WriterState.CLOSING
-        acc, committer = self._parts()
+        runs, committer = self._parts()
         try:
             await committer.shutdown(self.close_timeout, failed)
         finally:
             self._state = WriterState.CLOSED
-            acc.wake_senders()
+            runs.wake_senders()
             if self._tg is not None:
                 tg, self._tg = self._tg, None
                 with unwrap_groups():
@@ -379,46 +479,43 @@ class AsyncShardWriter(LsmMethods):
         data: Any,
         timeout: float | None,
         schema: pa.Schema | None,
-        routed: bool = False,
     ) -> Ack:
         self._check_usable()
         deadline = room_deadline(timeout)
         await anyio.lowlevel.checkpoint()  # every send is a checkpoint (trio's rule)
-        acc = self._parts()[0]
+        acc, check = self._queue(), self._shard_check
         if kind is Kind.PUT and schema is None and data.__class__ is pa.RecordBatch:
             # the cheap path: one batch, one queue entry, its ack
-            fast = await acc.submit_batch(data, self._loop, deadline, routed=routed)
+            fast = await acc.submit_batch(data, self._loop, deadline, check)
             if fast is not None:
                 return fast
         ack = Ack(self._loop)
-        await acc.submit(kind, data, ack, deadline, schema, routed=routed)
+        await acc.submit(kind, data, ack, deadline, schema, check)
         return ack
 
     @property
     def last_put_seconds(self) -> float:
         """How long this writer's last engine put took (seconds; 0 before
         any put). A :class:`~lance_async.ShardRouter` paces its runs by it."""
-        return self._acc.last_put_seconds if self._acc is not None else 0.0
+        return self._runs.last_put_seconds if self._runs is not None else 0.0
 
-    def unpaced(self) -> None:
-        """Put whatever is queued at once, without waiting out the commit
-        policy's interval (which is still computed). A
-        :class:`~lance_async.ShardRouter` does this to its shard writers: it
-        paces its own runs, each of which hands every shard one part."""
-        self._parts()[0].paced = False
-
-    async def _submit_part(self, part: Item) -> None:
-        """Queue a routing writer's part for this shard (see ``routing.py``):
-        rows already checked, relabelled and of this shard. Waits for room
-        without a deadline; the part's ack settles the sends it carries.
+    def hand(self, part: Item) -> None:
+        """Take a routing writer's part for this shard (see ``handoff.py``):
+        rows already checked, relabelled and of this shard, their room held
+        in the router's queue. Does not block; the part's ack settles the
+        sends it carries.
 
         Raises
         ------
         ClosedError, WriterFailedError, FencedError, StorageError
-            The writer can take no more rows (nothing was queued).
+            The writer can take no more rows, or was not opened by a router
+            (nothing was handed).
         """
         self._check_usable()
-        await self._parts()[0].submit_part(part)
+        runs = self._parts()[0]
+        if not isinstance(runs, Handoff):
+            raise ClosedError(f"{self!r} was not opened by a router: send rows to it instead")
+        runs.hand(part)
 
     async def send(
         self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
@@ -499,7 +596,7 @@ class AsyncShardWriter(LsmMethods):
             As :meth:`send`.
         """
         self._check_usable()
-        return self._parts()[0].submit_nowait(data, self._loop)
+        return self._queue().submit_nowait(data, self._loop, self._shard_check)
 
     async def put(
         self, data: Any, *, timeout: float | None = None, schema: pa.Schema | None = None
@@ -515,13 +612,6 @@ class AsyncShardWriter(LsmMethods):
         """
         ack = await self.send(data, timeout=timeout, schema=schema)
         return await ack
-
-    async def put_stream(
-        self, stream: AsyncIterable[Any] | Iterable[Any], *, timeout: float | None = None
-    ) -> PutSummary:
-        """Drain a feed of batches through the queue and wait for all of it
-        (each batch waits for room: memory stays within the queue limits)."""
-        return await self.put(stream, timeout=timeout)
 
     async def delete(self, keys: Any, *, timeout: float | None = None) -> PutSummary:
         """Delete rows by primary key, in order with the puts queued before it.
@@ -541,7 +631,7 @@ class AsyncShardWriter(LsmMethods):
         put, its ``stats()`` one read after a put at most a second ago;
         :meth:`engine_stats` reads both fresh.
         """
-        return collect_stats(self._state, self._acc, self._committer)
+        return collect_stats(self._state, self._runs, self._committer)
 
     def ack_latencies(self) -> list[float]:
         """The most recent acks' latencies, in seconds from queueing to written
@@ -558,7 +648,7 @@ class AsyncShardWriter(LsmMethods):
             return await run_sync(lambda: (engine.stats(), engine.memtable_stats()))
 
     # -- reads -------------------------------------------------------------
-    def _memtables(self) -> list[MemtableMirror]:
+    def memtables(self) -> list[MemtableMirror]:
         """This writer's memtable, for its LSM reads (open or failed writers only)."""
         if self._state not in (WriterState.OPEN, WriterState.FAILED):
             raise ClosedError(f"{self!r} is not open")
@@ -582,17 +672,14 @@ class AsyncShardWriter(LsmMethods):
             ``timeout`` is not a number of seconds >= 0.
         LanceAsyncError
             Still sealed after ``timeout`` seconds.
+        FencedError
+            A newer writer claimed the shard (its sealed memtable can never
+            flush): at once, not after ``timeout``.
+        WriterFailedError
+            The writer failed (at once).
         ClosedError
             The writer is not open.
         """
         timeout = check_seconds("timeout", timeout)
-        self._memtables()
-        committer = self._parts()[1]
-        with anyio.move_on_after(timeout):
-            while True:  # the engine offers no event: poll its stats
-                async with committer.gate:
-                    stats = await run_sync(committer.engine.memtable_stats)
-                if not stats.get("frozen_count"):
-                    return
-                await anyio.sleep(0.005)
-        raise LanceAsyncError(f"{self!r}: a sealed memtable was not flushed in {timeout} s")
+        self.memtables()
+        await self._parts()[1].wait_flushed(timeout)

@@ -12,12 +12,18 @@ follow it; ``{"ready": ...}`` once set up.
 ``compactor URI STOP_FILE``
     Compacts the MemWAL again and again until ``STOP_FILE`` exists; prints
     each pass's outcome (generations merged, shards it lost the race for).
+``read URI SNAPSHOT_FILE``
+    Reads the table through the pickled :class:`~lance_async.lsm.LsmSnapshot`
+    in ``SNAPSHOT_FILE`` (taken by another process): prints ``{"scan": {id:
+    value}, "lookups": {id: value}}``, or ``{"error": name}`` when the read
+    raised a lance_async error.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import sys
 from typing import Any
@@ -78,6 +84,21 @@ async def compactor(uri: str, stop_file: str) -> None:
     say(passes=passes)
 
 
+async def read(uri: str, snapshot_file: str) -> None:
+    snapshot = pickle.loads(await anyio.Path(snapshot_file).read_bytes())
+    ds = await la.open_dataset(uri)
+    try:
+        scan = await ds.lsm.scan(columns=["id", "value"], snapshot=snapshot).to_table()
+        found = await ds.lsm.point_lookups(list(range(300)), ["id", "value"], snapshot=snapshot)
+    except la.LanceAsyncError as exc:
+        say(error=type(exc).__name__)
+        return
+    say(
+        scan=dict(zip(scan["id"].to_pylist(), scan["value"].to_pylist(), strict=True)),
+        lookups=dict(zip(found["id"].to_pylist(), found["value"].to_pylist(), strict=True)),
+    )
+
+
 def main(argv: list[str]) -> None:
     mode, uri = argv[0], argv[1]
     if mode == "writer":
@@ -96,6 +117,8 @@ def main(argv: list[str]) -> None:
         )
     elif mode == "compactor":
         anyio.run(compactor, uri, argv[2])
+    elif mode == "read":
+        anyio.run(read, uri, argv[2])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -64,7 +64,7 @@ async def test_regression_dataset_and_writer_lookups_share_one_key_rule(table_ur
     # writer's; 2**70 was an error on one and an empty result on the other.
     ds = await mem_wal_table(table_uri, rows=5)
     async with ds.mem_wal_writer(sid()) as writer:
-        for lookup in (ds.lsm_point_lookup, writer.lsm_point_lookup):
+        for lookup in (ds.lsm.point_lookup, writer.lsm.point_lookup):
             assert (await lookup(2.0)).column("id").to_pylist() == [2]
             for bad, why in ((1.5, "not an integer"), (2**70, "out of range"), (True, "boolean")):
                 with pytest.raises(la.InvalidInputError, match=why):

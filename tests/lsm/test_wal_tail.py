@@ -25,7 +25,7 @@ import pytest
 from lance.mem_wal import LsmScanner
 
 import lance_async as la
-from lance_async.lsm import ShardSnapshot, wal
+from lance_async.lsm import ShardSnapshot, wal, walfiles
 
 from ..helpers import KV_SCHEMA, eventually, kv_table
 from .procs import ops
@@ -130,16 +130,16 @@ async def test_rows_acked_by_a_killed_writer_are_visible_at_once_elsewhere(
     ds = await la.open_dataset(uri)
     tails = await ds.lsm.unflushed_rows()
     assert sum(tails.values()) > 0, "the test must leave rows in a WAL tail"
-    seen = by_id(await ds.lsm_scan(columns=["id", "value"]).to_table())
+    seen = by_id(await ds.lsm.scan(columns=["id", "value"]).to_table())
     assert seen == model
     keys = list(range(300))
-    looked = by_id(await ds.lsm_point_lookups(keys, columns=["id", "value"]))
+    looked = by_id(await ds.lsm.point_lookups(keys, columns=["id", "value"]))
     assert looked == model
     # the engine, replaying every shard as a new writer does, agrees
     assert await anyio.to_thread.run_sync(engine_replays, uri) == model
     ds = await la.open_dataset(uri)
     assert sum((await ds.lsm.unflushed_rows()).values()) == 0
-    assert by_id(await ds.lsm_scan(columns=["id", "value"]).to_table()) == model
+    assert by_id(await ds.lsm.scan(columns=["id", "value"]).to_table()) == model
 
 
 @pytest.mark.asyncio
@@ -161,9 +161,11 @@ async def test_a_live_writer_in_another_process_is_seen_while_it_writes(tmp_path
             key, value = line["ids"][0], line["value"]
 
             async def visible(key: int = key, value: int = value) -> bool:
-                row = await ds.lsm_point_lookup(key, columns=["value"])
-                # a later op of the writer may have moved it on already
-                return row.num_rows == 1 and row.column("value")[0].as_py() >= value
+                row = await ds.lsm.point_lookup(key, columns=["value"])
+                if row.num_rows != 1:
+                    return False
+                seen: int = row.column("value")[0].as_py()
+                return seen >= value  # a later op of the writer may have moved it on already
 
             await eventually(visible, 60, f"key {key} at value {value}")
             checked += 1
@@ -177,7 +179,7 @@ async def test_the_tail_is_read_incrementally(tmp_path: Path, monkeypatch: Any) 
     uri = str(tmp_path / "t.lance")
     ds = await new_table(uri)
     reads: list[int] = []
-    real = wal._read_entry
+    real = walfiles.read_entry  # what wal imports as _read_entry, the seam patched below
 
     def counting(fs: Any, folder: str, position: int, schema: pa.Schema) -> Any:
         reads.append(position)
@@ -190,7 +192,7 @@ async def test_the_tail_is_read_incrementally(tmp_path: Path, monkeypatch: Any) 
         assert by_id(await reader.lsm.point_lookups([1, 2, 3])) == {1: 10, 2: 10, 3: 10}
         first = len(reads)
         assert by_id(await reader.lsm.point_lookups([1, 2, 3])) == {1: 10, 2: 10, 3: 10}
-        shards = len(await reader.shard_snapshots())
+        shards = len(await reader.lsm.snapshots())
         assert len(reads) - first == shards  # one probe per shard, nothing re-read
         await w.put(kv_table([2], value=20))
         before = len(reads)
@@ -216,13 +218,13 @@ async def test_a_table_made_again_at_the_same_uri_shows_its_own_wal_only(tmp_pat
         return writer
 
     old = await made([1, 2, 3])
-    seen = by_id(await (await la.open_dataset(uri)).lsm_scan(columns=["id", "value"]).to_table())
+    seen = by_id(await (await la.open_dataset(uri)).lsm.scan(columns=["id", "value"]).to_table())
     assert seen == {0: 0, 1: 0, 2: 0, 11: 1, 12: 2, 13: 3}
     old.close()
     shutil.rmtree(uri)
     new = await made([7, 8, 9])  # as many entries: the same positions, other files
     reader = await la.open_dataset(uri)
-    seen = by_id(await reader.lsm_scan(columns=["id", "value"]).to_table())
+    seen = by_id(await reader.lsm.scan(columns=["id", "value"]).to_table())
     assert seen == {0: 0, 1: 0, 2: 0, 17: 7, 18: 8, 19: 9}
     assert by_id(await reader.lsm.point_lookups([11, 17])) == {17: 7}
     new.close()
@@ -241,7 +243,7 @@ async def test_a_fenced_writers_late_puts_are_never_visible(tmp_path: Path) -> N
         first.put(kv_table([11], value=1))
     second.put(kv_table([12], value=2))
     reader = await la.open_dataset(uri)
-    seen = by_id(await reader.lsm_scan(columns=["id", "value"]).to_table())
+    seen = by_id(await reader.lsm.scan(columns=["id", "value"]).to_table())
     assert seen == {0: 0, 1: 0, 2: 0, 10: 1, 12: 2}
     second.close()
     assert await anyio.to_thread.run_sync(engine_replays, uri) == seen
@@ -260,9 +262,9 @@ async def test_a_generation_without_a_tombstone_column_is_read(tmp_path: Path) -
     folder = "0badc0de_gen_1"
     lance.write_dataset(kv_table([3, 4, 5], value=9), f"{uri}/_mem_wal/{shard}/{folder}")
     snap = ShardSnapshot(shard, 0, 2, ((1, folder),))
-    ours = by_id(await ds.lsm_scan(columns=["id", "value"], snapshots=[snap]).to_table())
+    ours = by_id(await ds.lsm.scan(columns=["id", "value"], snapshots=[snap]).to_table())
     assert ours == {0: 0, 1: 0, 2: 0, 3: 9, 4: 9, 5: 9}
-    row = await ds.lsm_point_lookup(4, columns=["value"], snapshots=[snap])
+    row = await ds.lsm.point_lookup(4, columns=["value"], snapshots=[snap])
     assert row.column("value").to_pylist() == [9]
 
 
@@ -272,7 +274,7 @@ async def test_scan_offset_and_row_ids(tmp_path: Path) -> None:
     ds = await new_table(uri)
     async with ds.mem_wal_writer() as w:
         await w.put(kv_table([1000, 1001], value=5))
-    full = await ds.lsm_scan(columns=["id"], with_row_id=True).to_table()
+    full = await ds.lsm.scan(columns=["id"], with_row_id=True).to_table()
     assert full.schema.field("_rowid").type == pa.uint64()
     ids = full.column("id").to_pylist()
     rowids = dict(zip(ids, full.column("_rowid").to_pylist(), strict=True))
@@ -281,18 +283,18 @@ async def test_scan_offset_and_row_ids(tmp_path: Path) -> None:
         zip(base.column("id").to_pylist(), base.column("_rowid").to_pylist(), strict=True)
     )
     assert rowids[1000] is None and rowids[1001] is None  # not compacted: no row id yet
-    part = await ds.lsm_scan(columns=["id"], offset=3, limit=4, batch_size=2).to_table()
+    part = await ds.lsm.scan(columns=["id"], offset=3, limit=4, batch_size=2).to_table()
     assert part.column("id").to_pylist() == ids[3:7]
-    assert (await ds.lsm_scan(offset=len(ids)).to_table()).num_rows == 0
+    assert (await ds.lsm.scan(offset=len(ids)).to_table()).num_rows == 0
 
 
 def test_wal_rows_conform_to_the_table_schema() -> None:
     """An entry written before a column was added reads with nulls for it."""
     schema = KV_SCHEMA.append(pa.field("extra", pa.float64()))
     old = pa.table({"id": [1], "value": [2], "name": ["a"], "_tombstone": [False]})
-    rows = wal._conform(old, wal.level_schema(schema), "entry")
+    rows = walfiles.conform(old, walfiles.level_schema(schema), "entry")
     assert rows.column("extra").to_pylist() == [None]
-    assert rows.schema == wal.level_schema(schema)
+    assert rows.schema == walfiles.level_schema(schema)
 
 
 @pytest.mark.asyncio
@@ -314,7 +316,7 @@ async def test_ingest_recovers_every_shard_a_dead_writer_left(tmp_path: Path) ->
         recovered = await w.recover()
         assert set(recovered) == left
         assert sum((await ds.lsm.unflushed_rows()).values()) == 0
-        assert by_id(await w.lsm_scan(columns=["id", "value"]).to_table()) == model
+        assert by_id(await w.lsm.scan(columns=["id", "value"]).to_table()) == model
     done = await ds.compact_mem_wal()
     assert set(done.generations) >= left
     assert by_id(await ds.to_table(columns=["id", "value"])) == model
@@ -332,18 +334,18 @@ async def test_a_quiet_writer_flushes_an_old_memtable(tmp_path: Path) -> None:
         await w.put(kv_table([10, 11], value=1))
 
         async def flushed() -> bool:
-            return any(s.sstables for s in await ds.shard_snapshots())
+            return any(s.sstables for s in await ds.lsm.snapshots())
 
         await eventually(flushed, 60, "the old memtable flushed")
         assert w.stats().state is la.WriterState.OPEN
         await w.put(kv_table([11, 12], value=2))  # the reopened engine writer takes rows
-        seen = by_id(await w.lsm_scan(columns=["id", "value"]).to_table())
+        seen = by_id(await w.lsm.scan(columns=["id", "value"]).to_table())
         assert seen == {0: 0, 1: 0, 2: 0, 10: 1, 11: 2, 12: 2}
         elsewhere = await la.open_dataset(uri)
-        assert by_id(await elsewhere.lsm_scan(columns=["id", "value"]).to_table()) == seen
+        assert by_id(await elsewhere.lsm.scan(columns=["id", "value"]).to_table()) == seen
         done = await elsewhere.compact_mem_wal()
         assert done.generations[shard] == [1]
-    assert by_id(await ds.lsm_scan(columns=["id", "value"]).to_table()) == seen
+    assert by_id(await ds.lsm.scan(columns=["id", "value"]).to_table()) == seen
 
 
 @pytest.mark.asyncio

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 import lance_async as la
+from lance_async.memwal.committer import Committer
 
 from ..helpers import PK, kv_table, rows_by_key
 
@@ -27,6 +28,14 @@ async def mem_wal_table(uri: str, rows: int = 1, **init: Any) -> la.AsyncDataset
 
 def sid() -> str:
     return str(uuid.uuid4())
+
+
+def committer_of(writer: la.AsyncShardWriter) -> Committer:
+    """The committer of an open writer: its engine writer and the gate held
+    around each engine call (a test holds the gate to keep puts from draining)."""
+    committer = writer._committer
+    assert committer is not None, f"{writer!r} is not open"
+    return committer
 
 
 DIM = 8
@@ -113,10 +122,10 @@ async def setup(uri: str) -> tuple[la.AsyncDataset, Model]:
 
 async def check_dataset_reads(ds: la.AsyncDataset, expected: dict[int, dict[str, Any]]) -> None:
     """Base + flushed SSTables through the dataset-level reads."""
-    scanned = plain(await ds.lsm_scan().to_table())
+    scanned = plain(await ds.lsm.scan().to_table())
     assert scanned == model_plain(expected)
     for key in (0, 1, 2, 51, 150, 201, 203, 999):
-        got = await ds.lsm_point_lookup(key)
+        got = await ds.lsm.point_lookup(key)
         if key in expected:
             assert plain(got) == model_plain({key: expected[key]}), key
         else:

@@ -26,7 +26,7 @@ def cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[BaseKeyCache]:
 
 
 async def values(ds: la.AsyncDataset, keys: list[int]) -> dict[int, int]:
-    rows = await ds.lsm_point_lookups(keys)
+    rows = await ds.lsm.point_lookups(keys)
     return dict(zip(rows.column("id").to_pylist(), rows.column("value").to_pylist(), strict=True))
 
 
@@ -45,15 +45,15 @@ async def test_indexed_lookups_answer_what_the_engine_does(
     for i in range(1, 400, 11):
         expected.pop(i, None)
     keys = [*range(-3, 410), 3, 3]
-    await ds.lsm_point_lookup(2)  # the first lookup of this version starts its build
+    await ds.lsm.point_lookup(2)  # the first lookup of this version starts its build
     cache.wait_built()
     assert cache.builds == 1
     got = await values(ds, keys)
     assert got == {k: v for k, v in expected.items() if k in keys}
-    repeated = await ds.lsm_point_lookups([3, 3, 14, 5])
+    repeated = await ds.lsm.point_lookups([3, 3, 14, 5])
     assert repeated.column("id").to_pylist() == [3, 3, 5]  # 14 deleted in the base
     for key in (1, 2, 5, 7, 12, 399, 400):  # single lookups take the same path
-        rows = (await ds.lsm_point_lookup(key)).column("value").to_pylist()
+        rows = (await ds.lsm.point_lookup(key)).column("value").to_pylist()
         assert rows == ([expected[key]] if key in expected else []), key
     assert cache.builds == 1  # one version, one build
 
@@ -64,7 +64,7 @@ async def test_a_new_base_version_is_not_answered_from_an_old_index(
 ) -> None:
     ds = await la.write_dataset(kv_table(range(100)), table_uri)
     await ds.initialize_mem_wal(manual_shards=True)
-    await ds.lsm_point_lookup(1)
+    await ds.lsm.point_lookup(1)
     cache.wait_built()
     assert cache.builds == 1
     async with ds.mem_wal_writer(sid(), max_memtable_rows=10) as w:
@@ -109,10 +109,10 @@ async def test_composite_string_keys_through_the_index(table_uri: str, cache: Ba
     )
     ds = await la.write_dataset(rows, table_uri)
     await ds.initialize_mem_wal(manual_shards=True)
-    await ds.lsm_point_lookup(("u000", 1))
+    await ds.lsm.point_lookup(("u000", 1))
     cache.wait_built()
     assert cache.builds == 1
-    got = await ds.lsm_point_lookups([("é", 2), ("u059", 1), ("nobody", 1), ("", 1), ("u001", 3)])
+    got = await ds.lsm.point_lookups([("é", 2), ("u059", 1), ("nobody", 1), ("", 1), ("u001", 3)])
     pairs = zip(got.column("user").to_pylist(), got.column("day").to_pylist(), strict=True)
     assert list(pairs) == [
         ("é", 2),

@@ -27,7 +27,7 @@ async def test_compaction_of_chosen_shards_leaves_the_others(table_uri: str) -> 
             model.put(upd_b)
     result = await ds.compact_mem_wal([shard_a])
     assert set(result.generations) == {shard_a}
-    snaps = {s.shard_id: s for s in await ds.shard_snapshots()}
+    snaps = {s.shard_id: s for s in await ds.lsm.snapshots()}
     assert snaps[shard_a].sstables == () and snaps[shard_b].sstables
     await check_dataset_reads(ds, model.rows)  # base + shard b's generations
     rest = await ds.compact_mem_wal()
@@ -53,4 +53,4 @@ async def test_compaction_that_loses_a_commit_race_replays_the_sstable(table_uri
     assert result.num_attempts > result.commits  # the lost commit was retried by replay
     # the generations are newer than the base: their rows win over the competitor's
     assert plain(await contended.to_table()) == model_plain(model.rows)
-    assert all(s.sstables == () for s in await contended.shard_snapshots())
+    assert all(s.sstables == () for s in await contended.lsm.snapshots())

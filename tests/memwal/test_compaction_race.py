@@ -51,7 +51,7 @@ async def test_a_stale_compaction_commits_nothing(tmp_path: Path) -> None:
     shard = sid()
     await generation(ds, shard, put=kv_table(range(50), value=1))
     await generation(ds, shard, delete=list(range(10)))
-    (stale,) = await ds.shard_snapshots()  # compactor X reads generations 1 and 2
+    (stale,) = await ds.lsm.snapshots()  # compactor X reads generations 1 and 2
     assert [g for g, _ in stale.sstables] == [1, 2]
     await generation(ds, shard, put=kv_table(range(50), value=3))
     other = await la.open_dataset(uri)
@@ -65,7 +65,7 @@ async def test_a_stale_compaction_commits_nothing(tmp_path: Path) -> None:
     assert after.version == version  # nothing committed: no delete, no upsert
     expected = {i: 3 for i in range(50)} | {1000: 0}
     assert ids_values(await after.to_table(columns=["id", "value"])) == expected
-    assert ids_values(await after.lsm_scan(columns=["id", "value"]).to_table()) == expected
+    assert ids_values(await after.lsm.scan(columns=["id", "value"]).to_table()) == expected
     again = await ds.compact_mem_wal()  # and the public call counts the lost race as done
     assert again.commits == 0
 
@@ -101,7 +101,7 @@ async def test_two_compactor_processes_race_deletes_and_reinserts(tmp_path: Path
             await generation(ds, shard, delete=list(range(r % 40, r % 40 + 10)))
             await generation(ds, shard, put=kv_table(range(r % 40, r % 40 + 10), value=3 * r + 2))
             # every key is back at the newest value after each round, in every read
-            seen = ids_values(await ds.lsm_scan(columns=["id", "value"]).to_table())
+            seen = ids_values(await ds.lsm.scan(columns=["id", "value"]).to_table())
             want = {i: 3 * r for i in range(50)} | {1000: 0}
             want.update({i: 3 * r + 2 for i in range(r % 40, r % 40 + 10)})
             assert seen == want, f"round {r}"
@@ -119,4 +119,4 @@ async def test_two_compactor_processes_race_deletes_and_reinserts(tmp_path: Path
     final = await la.open_dataset(uri)
     await final.compact_mem_wal()
     assert ids_values(await final.to_table(columns=["id", "value"])) == want
-    assert ids_values(await final.lsm_scan(columns=["id", "value"]).to_table()) == want
+    assert ids_values(await final.lsm.scan(columns=["id", "value"]).to_table()) == want

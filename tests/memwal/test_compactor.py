@@ -46,12 +46,12 @@ async def test_compaction_under_concurrent_ingest_and_lookups(table_uri: str) ->
                 for key in probe:
 
                     async def one(k: int = key, at: int = step) -> None:
-                        got = _rows(await router.lsm_point_lookup(k))
+                        got = _rows(await router.lsm.point_lookup(k))
                         assert got == ({k: model[k]} if k in model else {}), (at, k)
 
                     tg.start_soon(one)
             if step % 20 == 0:
-                scanned = _rows(await router.lsm_scan().to_table())
+                scanned = _rows(await router.lsm.scan().to_table())
                 assert scanned == model, step
         compactor = router.compactor
     stats = compactor.stats()
@@ -61,11 +61,11 @@ async def test_compaction_under_concurrent_ingest_and_lookups(table_uri: str) ->
     assert stats.failures == 0, stats.last_error
     assert stats.state is la.WriterState.CLOSED
     # after the writers flushed on close: the dataset's own LSM view, then compact the rest
-    assert _rows(await ds.lsm_scan().to_table()) == model
+    assert _rows(await ds.lsm.scan().to_table()) == model
     await ds.compact_mem_wal()
-    assert all(not s.sstables for s in await ds.shard_snapshots())
+    assert all(not s.sstables for s in await ds.lsm.snapshots())
     assert _rows(await ds.to_table()) == model
-    assert _rows(await ds.lsm_point_lookups(sorted(model)[:50])) == {
+    assert _rows(await ds.lsm.point_lookups(sorted(model)[:50])) == {
         k: model[k] for k in sorted(model)[:50]
     }
 
@@ -79,7 +79,7 @@ async def test_compactor_standalone_follows_its_policy(table_uri: str) -> None:
         for i in range(4):
             await w.put(kv_table(range(i * 5, i * 5 + 5), 1))
         await w.wait_flushed()
-    snaps = await ds.shard_snapshots()
+    snaps = await ds.lsm.snapshots()
     assert len(snaps[0].sstables) >= 4
     quiet = Compactor(ds, CompactionPolicy(max_generations=10))
     result = await quiet.run_once()
@@ -89,7 +89,7 @@ async def test_compactor_standalone_follows_its_policy(table_uri: str) -> None:
             while busy.stats().compactions == 0:  # noqa: ASYNC110 - polling a counter
                 await anyio.sleep(0.01)
     assert busy.stats().state is la.WriterState.CLOSED
-    assert (await ds.shard_snapshots())[0].sstables == ()
+    assert (await ds.lsm.snapshots())[0].sstables == ()
     assert _rows(await ds.to_table()) == {i: (1, f"n{i}") for i in range(20)}
     with pytest.raises(la.ClosedError):
         await busy.start(None)  # type: ignore[arg-type]
@@ -113,7 +113,7 @@ async def test_a_callable_shard_set_is_asked_at_every_pass(table_uri: str) -> No
     owned.append(first)
     result = await compactor.run_once()
     assert set(result.generations) == {first}
-    snaps = {s.shard_id: s for s in await ds.shard_snapshots()}
+    snaps = {s.shard_id: s for s in await ds.lsm.snapshots()}
     assert snaps[first].sstables == () and snaps[second].sstables != ()
     owned[:] = [second]
     assert set((await compactor.run_once()).generations) == {second}
@@ -140,5 +140,5 @@ async def test_generations_holding_only_deletes_are_marked_compacted(table_uri: 
         await w.delete({"id": [1, 2, 3]})
     result = await ds.compact_mem_wal()
     assert result.rows_deleted == 3 and result.rows_upserted == 0
-    assert (await ds.shard_snapshots())[0].sstables == ()
+    assert (await ds.lsm.snapshots())[0].sstables == ()
     assert sorted(_rows(await ds.to_table())) == [0, 4, 5, 6, 7, 8, 9]

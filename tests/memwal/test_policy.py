@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -165,7 +166,7 @@ async def test_each_policy_writes_every_row(table_uri: str) -> None:
             acks = [await router.send(ten_rows(n * 100 + i)) for i in range(100)]
             assert (await la.Ack.combine(acks)).rows == 1_000
             assert {w.commit for w in router.writers.values()} == {commit}
-    table = await ds.lsm_scan(columns=["id"], filter="id >= 1000").to_table()
+    table = await ds.lsm.scan(columns=["id"], filter="id >= 1000").to_table()
     assert sorted(table.column("id").to_pylist()) == list(range(1_000, 4_000))
 
 
@@ -206,8 +207,8 @@ def test_loop_load_is_the_smoothed_share_of_wall_time_on_the_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = {"cpu": 10.0, "wall": 100.0}
-    monkeypatch.setattr(policy_module.time, "thread_time", lambda: clock["cpu"])
-    monkeypatch.setattr(policy_module.time, "monotonic", lambda: clock["wall"])
+    fake_time = SimpleNamespace(thread_time=lambda: clock["cpu"], monotonic=lambda: clock["wall"])
+    monkeypatch.setattr(policy_module, "time", fake_time)  # the clocks LoopLoad reads
     load = LoopLoad()
     assert load.busy == 0.0
 
@@ -232,7 +233,8 @@ def test_loop_load_is_the_smoothed_share_of_wall_time_on_the_cpu(
 async def test_a_writer_paces_its_puts_by_the_last_put(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid()) as w:
-        acc = w._acc  # type: ignore[attr-defined]
+        acc = w._acc
+        assert acc is not None
         assert acc.put_interval == 0.005
         await w.put(pa.Table.from_batches([ten_rows(i) for i in range(500)]))
         stats = w.stats()
@@ -244,7 +246,7 @@ async def test_a_writer_paces_its_puts_by_the_last_put(table_uri: str) -> None:
         acc.put_took(0.0001)
         assert acc.put_interval == 0.005
         await w.put(ten_rows(900))  # the writer keeps writing under the new pacing
-        assert (await w.lsm_point_lookup(10_000)).num_rows == 1
+        assert (await w.lsm.point_lookup(10_000)).num_rows == 1
 
 
 def test_a_saturated_run_interval_ramps_up_from_the_last_one() -> None:

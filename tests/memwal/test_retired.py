@@ -28,14 +28,14 @@ async def test_an_overwrite_then_initialize_retires_the_old_shards(table_uri: st
     await ds.initialize_mem_wal(manual_shards=True)
     async with ds.mem_wal_writer(sid()) as writer:
         await writer.put(kv_table(range(200, 205), value=2))
-        seen = await writer.lsm_scan(columns=["id"]).to_table()
+        seen = await writer.lsm.scan(columns=["id"]).to_table()
         assert sorted(seen.column("id").to_pylist()) == [0, *range(200, 205)]
 
     ds = await la.open_dataset(table_uri)
-    assert old_shard not in {s.shard_id for s in await ds.shard_snapshots()}
-    table = await ds.lsm_scan(columns=["id"]).to_table()
+    assert old_shard not in {s.shard_id for s in await ds.lsm.snapshots()}
+    table = await ds.lsm.scan(columns=["id"]).to_table()
     assert sorted(table.column("id").to_pylist()) == [0, *range(200, 205)]
-    assert (await ds.lsm_point_lookup(100)).num_rows == 0
+    assert (await ds.lsm.point_lookup(100)).num_rows == 0
     with pytest.raises(la.InvalidInputError, match="replaced"):
         async with ds.mem_wal_writer(old_shard):
             pass
@@ -72,9 +72,9 @@ async def test_old_shards_stay_hidden_at_every_step_of_an_overwrite(table_uri: s
 
     ds = await la.write_dataset(kv_table(range(1)), table_uri, mode="overwrite")
     # no MemWAL at this version: the old shard folders are not shards of it
-    assert await ds.shard_snapshots() == []
-    assert (await ds.lsm_scan(columns=["id"]).to_table()).column("id").to_pylist() == [0]
-    assert (await ds.lsm_point_lookup(100)).num_rows == 0
+    assert await ds.lsm.snapshots() == []
+    assert (await ds.lsm.scan(columns=["id"]).to_table()).column("id").to_pylist() == [0]
+    assert (await ds.lsm.point_lookup(100)).num_rows == 0
 
     await ds.initialize_mem_wal(manual_shards=True)
     # the record of retired shards was committed first, then the MemWAL
@@ -88,7 +88,7 @@ async def test_old_shards_stay_hidden_at_every_step_of_an_overwrite(table_uri: s
         with pytest.raises(la.InvalidInputError, match="replaced"):
             async with handle.mem_wal_writer(spelling):
                 pass
-    table = await ds.lsm_scan(columns=["id"]).to_table()
+    table = await ds.lsm.scan(columns=["id"]).to_table()
     assert table.column("id").to_pylist() == [0]
 
 
@@ -139,23 +139,23 @@ async def test_the_example_server_derives_a_fresh_shard_after_an_overwrite(
     assert second is not None and second != first
     async with ds.mem_wal_writer(second) as writer:  # opens: not a retired shard
         await writer.put(kv_table(range(200, 202)))
-    table = await ds.lsm_scan(columns=["id"]).to_table()
+    table = await ds.lsm.scan(columns=["id"]).to_table()
     assert sorted(table.column("id").to_pylist()) == [0, 200, 201]
 
 
 @pytest.mark.asyncio
-async def test_shard_router_gets_fresh_shards_after_an_overwrite(table_uri: str) -> None:
+async def test_the_routing_writer_gets_fresh_shards_after_an_overwrite(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=2)
-    async with ds.shard_router() as router:
+    async with ds.mem_wal_writer() as router:
         await router.put(kv_table(range(100, 140), value=1))
         first = set(router.writers)
     ds = await la.write_dataset(kv_table(range(1)), table_uri, mode="overwrite")
     await ds.initialize_mem_wal(bucket_column="id", num_buckets=2)
-    async with ds.shard_router() as router:
+    async with ds.mem_wal_writer() as router:
         await router.put(kv_table(range(500, 540), value=2))
         second = set(router.writers)
     assert len(first) == len(second) == 2 and not first & second
-    table = await ds.lsm_scan(columns=["id"]).to_table()
+    table = await ds.lsm.scan(columns=["id"]).to_table()
     assert sorted(table.column("id").to_pylist()) == [0, *range(500, 540)]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -19,9 +20,9 @@ from .support import mem_wal_table
 pytestmark = pytest.mark.anyio
 
 
-async def test_shard_router_splits_rows_by_bucket(table_uri: str) -> None:
+async def test_the_routing_writer_splits_rows_by_bucket(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
-    async with ds.shard_router() as router:
+    async with ds.mem_wal_writer() as router:
         summary = await router.put(kv_table(range(100, 1_100), value=3))
         assert summary.rows == 1_000
         writers = router.writers
@@ -29,15 +30,15 @@ async def test_shard_router_splits_rows_by_bucket(table_uri: str) -> None:
         assert summary.engine_puts == sum(w.stats().engine_puts for w in writers.values())
         per_shard = {s: w.stats().rows for s, w in writers.items()}
         assert sum(per_shard.values()) == 1_000 and min(per_shard.values()) > 100
-    snaps = await ds.shard_snapshots()
+    snaps = await ds.lsm.snapshots()
     assert {s.shard_id for s in snaps} == set(writers)
-    table = await ds.lsm_scan(filter="id >= 100").to_table()
+    table = await ds.lsm.scan(filter="id >= 100").to_table()
     assert sorted(table.column("id").to_pylist()) == list(range(100, 1_100))
     # the same value always routes to the same shard id
     assert la.memwal.router.default_shard_id(1, 3) == la.memwal.router.default_shard_id(1, 3)
 
 
-async def test_shard_router_queues_nothing_of_an_in_memory_send_with_a_bad_row(
+async def test_the_routing_writer_queues_nothing_of_an_in_memory_send_with_a_bad_row(
     table_uri: str,
 ) -> None:
     ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
@@ -48,24 +49,24 @@ async def test_shard_router_queues_nothing_of_an_in_memory_send_with_a_bad_row(
     bad = pa.record_batch(
         [pa.array(ids, pa.int64()), bad.column(1), bad.column(2)], schema=KV_SCHEMA
     )
-    async with ds.shard_router() as router:
+    async with ds.mem_wal_writer() as router:
         with pytest.raises(la.SchemaMismatchError, match="batch 1"):
             await router.send([good, bad])
         assert all(w.stats().rows == 0 for w in router.writers.values())
         summary = await router.put(good)  # the router stays usable
         assert summary.rows == 10_000
-    table = await ds.lsm_scan(columns=["id"], filter="id >= 100").to_table()
+    table = await ds.lsm.scan(columns=["id"], filter="id >= 100").to_table()
     assert sorted(table.column("id").to_pylist()) == list(range(100, 10_100))
 
 
-async def test_shard_router_needs_a_sharded_table(table_uri: str) -> None:
+async def test_the_routing_writer_needs_a_sharded_table(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     with pytest.raises(la.InvalidInputError, match="sharding"):
-        async with ds.shard_router():
+        async with ds.mem_wal_writer():
             pass
 
 
-async def test_shard_router_send_many_gives_one_ack_and_one_entry_per_shard(
+async def test_the_routing_writer_send_many_gives_one_ack_and_one_entry_per_shard(
     table_uri: str,
 ) -> None:
     ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
@@ -74,7 +75,7 @@ async def test_shard_router_send_many_gives_one_ack_and_one_entry_per_shard(
         for start in range(100, 1_100, 100)
         for b in kv_table(range(start, start + 100), value=5).to_batches()
     ]
-    async with ds.shard_router(commit="throughput") as router:
+    async with ds.mem_wal_writer(commit="throughput") as router:
         ack = await router.send_many(batches)
         summary = await ack
         assert summary.rows == 1_000
@@ -84,7 +85,7 @@ async def test_shard_router_send_many_gives_one_ack_and_one_entry_per_shard(
         assert {w.stats().entries for w in writers.values()} == {1}
         assert summary.engine_puts == 4
         assert (await (await router.send_many([]))).rows == 0
-    table = await ds.lsm_scan(filter="id >= 100").to_table()
+    table = await ds.lsm.scan(filter="id >= 100").to_table()
     assert sorted(table.column("id").to_pylist()) == list(range(100, 1_100))
     assert set(table.column("value").to_pylist()) == {5}
 
@@ -94,26 +95,26 @@ async def test_a_closed_or_unopened_router_refuses_every_call_with_closed_error(
     table_uri: str, used: bool
 ) -> None:
     ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
-    router = ds.shard_router()
+    router = ds.mem_wal_writer()
     with pytest.raises(la.ClosedError, match="not open"):
         await router.flush()
     async with router:
         if used:
             await router.put(kv_table(range(100, 200)))
     shard = (await ds.sharding()).shard_id(0)
-    calls = {
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
         "flush": lambda: router.flush(),
         "put": lambda: router.put(kv_table([1])),
         "send": lambda: router.send(kv_table([1])),
         "delete": lambda: router.delete(kv_table([1])),
         "writer": lambda: router.writer(shard),
-        "lsm_point_lookup": lambda: router.lsm_point_lookup(1),
+        "lsm.point_lookup": lambda: router.lsm.point_lookup(1),
     }
     for call in calls.values():
         with anyio.fail_after(10), pytest.raises(la.ClosedError, match="not open"):
             await call()
     with pytest.raises(la.ClosedError):
-        router.lsm_scan()
+        router.lsm.scan()
     await router.aclose()  # still safe to call twice
 
 
@@ -131,12 +132,14 @@ async def test_a_router_paces_its_runs_for_throughput_only_once_its_loop_is_satu
     table_uri: str,
 ) -> None:
     ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
-    async with ds.shard_router() as router:
+    async with ds.mem_wal_writer() as router:
         await router.put(kv_table(range(0, 400)))
         writers = router.writers
         assert len(writers) == 4 and all(w.last_put_seconds > 0 for w in writers.values())
         for w in writers.values():
-            w._acc.put_took(0.004)  # type: ignore[union-attr]  # each shard's put took 4 ms
+            runs = w._runs
+            assert runs is not None
+            runs.put_took(0.004)  # each shard's put took 4 ms
         acc = router._acc
         assert acc is not None
         router._load = _Load(0.2)  # type: ignore[assignment]
@@ -152,7 +155,7 @@ async def test_a_router_paces_its_runs_for_throughput_only_once_its_loop_is_satu
         assert acc.put_interval == pytest.approx(0.016)  # a run that wrote one shard
         # the router keeps routing under the stretched pacing
         assert (await router.put(kv_table(range(400, 800)))).rows == 400
-    table = await ds.lsm_scan(columns=["id"]).to_table()
+    table = await ds.lsm.scan(columns=["id"]).to_table()
     assert sorted(table.column("id").to_pylist()) == list(range(800))
 
 
@@ -180,11 +183,11 @@ async def test_a_run_opens_the_writers_of_its_shards_side_by_side(
             opened += 1
 
     monkeypatch.setattr(AsyncShardWriter, "open", counted_open)
-    async with ds.shard_router() as router:
+    async with ds.mem_wal_writer() as router:
         assert (await router.put(kv_table(range(400)))).rows == 400
         assert opened == 4 and len(router.writers) == 4
         assert most >= 2  # one after another, never more than one at a time
-    table = await ds.lsm_scan(columns=["id"]).to_table()
+    table = await ds.lsm.scan(columns=["id"]).to_table()
     assert sorted(table.column("id").to_pylist()) == list(range(400))
 
 
@@ -193,7 +196,7 @@ async def test_a_shard_that_cannot_open_fails_only_the_sends_with_rows_in_it(
 ) -> None:
     ds = await mem_wal_table(table_uri, bucket_column="id", num_buckets=4)
     real_open = AsyncShardWriter.open
-    async with ds.shard_router() as router:
+    async with ds.mem_wal_writer() as router:
         rows = kv_table(range(40)).to_batches()[0]
         bad_shard, bad_rows = router.sharding.split(rows)[0]
         bad_keys = set(bad_rows.column("id").to_pylist())
@@ -213,6 +216,6 @@ async def test_a_shard_that_cannot_open_fails_only_the_sends_with_rows_in_it(
             else:
                 assert (await ack).rows == 1
         assert bad_shard not in router.writers and len(router.writers) == 3
-    table = await ds.lsm_scan(columns=["id"]).to_table()
+    table = await ds.lsm.scan(columns=["id"]).to_table()
     # the rows of the other shards, and the table's own first row (id 0)
     assert sorted(table.column("id").to_pylist()) == sorted((set(range(40)) - bad_keys) | {0})

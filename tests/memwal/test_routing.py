@@ -12,6 +12,7 @@ import pytest
 import lance_async as la
 from lance_async._schema import TableFit
 from lance_async.memwal import router as router_module
+from lance_async.memwal import routing as routing_module
 from lance_async.memwal.accumulator import BatchAck, Item, Kind
 from lance_async.memwal.acks import Ack
 from lance_async.memwal.routing import RoutedPart, ShardCut, _concat_run, cut_part, split_run
@@ -47,7 +48,7 @@ async def test_sends_queued_together_are_routed_in_one_evaluation_and_one_put_pe
         runs.append(len(entries))
         return split_run(sharding, fit, entries)
 
-    monkeypatch.setattr(router_module, "split_run", counted)
+    monkeypatch.setattr(routing_module, "split_run", counted)  # cut_run calls it
     async with ds.mem_wal_writer(commit="throughput") as router:
         # send_nowait queues without a checkpoint: all 100 wait for one run
         acks = [
@@ -65,7 +66,7 @@ async def test_sends_queued_together_are_routed_in_one_evaluation_and_one_put_pe
         # each message's ack counts the shard puts that carried its rows
         spread = await ids_by_shard(ds, range(0, 10))
         assert summaries[0].engine_puts == len(spread)
-    table = await ds.lsm_scan(columns=["id", "value"]).to_table()
+    table = await ds.lsm.scan(columns=["id", "value"]).to_table()
     assert sorted(table.column("id").to_pylist()) == list(range(1_000))
     assert {r["id"]: r["value"] for r in table.to_pylist()} == {k: k // 10 for k in range(1_000)}
 
@@ -85,7 +86,7 @@ async def test_puts_and_deletes_through_the_router_keep_their_order_per_key(
         again = router.send_nowait(kv_table(range(0, 10), value=3))
         for ack in [*acks, again]:
             await ack
-    table = await ds.lsm_scan(columns=["id", "value"]).to_table()
+    table = await ds.lsm.scan(columns=["id", "value"]).to_table()
     expected = {k: 3 if k < 10 else 2 for k in range(50) if k < 10 or k % 2}
     assert {r["id"]: r["value"] for r in table.to_pylist()} == expected
 
@@ -101,7 +102,7 @@ async def test_a_shard_put_limit_cuts_parts_and_every_ack_still_counts_its_rows(
         summaries = [await a for a in acks]
         assert [s.rows for s in summaries] == [6] * 20 + [40]
         assert all(w.max_put_rows <= 7 for w in router.writers.values())
-    table = await ds.lsm_scan(columns=["id"]).to_table()
+    table = await ds.lsm.scan(columns=["id"]).to_table()
     assert sorted(table.column("id").to_pylist()) == [*range(120), *range(500, 540)]
 
 
@@ -124,7 +125,7 @@ async def test_a_fenced_shard_fails_only_the_sends_with_rows_in_it(table_uri: st
                     await ack
             # the router goes on routing to its healthy shards
             assert (await router.put(kv_table(spread[healthy][3:5], value=9))).rows == 2
-    table = await ds.lsm_scan(columns=["id", "value"]).to_table()
+    table = await ds.lsm.scan(columns=["id", "value"]).to_table()
     values = {r["id"]: r["value"] for r in table.to_pylist()}
     assert values[spread[healthy][0]] == 8 and values[spread[healthy][3]] == 9
     assert values[spread[fenced][0]] == 7 and values[spread[fenced][1]] == 0
@@ -157,8 +158,15 @@ async def test_num_buckets_alone_buckets_on_the_primary_key(table_uri: str) -> N
 
 def _ack() -> Ack:
     ack = Ack()
-    ack._add_part()  # the part a routed run holds until it is cut
+    ack.add_part()  # the part a routed run holds until it is cut
     return ack
+
+
+def _ids(item: Item) -> list[int]:
+    """The keys of an entry that holds one record batch (a piece of a split)."""
+    assert isinstance(item.batch, pa.RecordBatch)
+    ids: list[int] = item.batch.column(0).to_pylist()
+    return ids
 
 
 def test_a_rejected_part_splits_into_one_entry_per_send_each_settling_its_own_ack() -> None:
@@ -167,14 +175,14 @@ def test_a_rejected_part_splits_into_one_entry_per_send_each_settling_its_own_ac
     cut = ShardCut("s", batch, [0, 1, 2], [2, 3, 4], [1, 1, 1], [0, 2, 5], batch.nbytes)
     (fan,) = cut_part(Kind.PUT, cut, acks, limit=100)
     for ack in acks:
-        ack._seal()
+        ack.seal()
     part = RoutedPart(Kind.PUT, batch, fan, 9, 900, 0.0)
     pieces = part.split()
-    assert [p.batch.column(0).to_pylist() for p in pieces] == [[0, 1], [2, 3, 4], [5, 6, 7, 8]]
+    assert [_ids(p) for p in pieces] == [[0, 1], [2, 3, 4], [5, 6, 7, 8]]
     assert sum(p.nbytes for p in pieces) == 900
-    pieces[0].ack._part_done(rows=2, put_id=("s", 1))
-    pieces[1].ack._part_failed(la.InvalidInputError("rejected"))
-    pieces[2].ack._part_done(rows=4, put_id=("s", 2))
+    pieces[0].ack.part_done(rows=2, put_id=("s", 1))
+    pieces[1].ack.part_failed(la.InvalidInputError("rejected"))
+    pieces[2].ack.part_done(rows=4, put_id=("s", 2))
     assert acks[0].result().rows == 2
     with pytest.raises(la.InvalidInputError):
         acks[1].result()
@@ -189,9 +197,9 @@ def test_cutting_a_part_at_the_put_limit_gives_a_send_across_two_pieces_two_part
     assert [f.row_counts for f in fans] == [[4], [2, 2], [2]]
     assert [f.starts for f in fans] == [[0], [0, 2], [0]]
     for ack in acks:
-        ack._seal()
+        ack.seal()
     for i, fan in enumerate(fans):
-        fan._part_done(put_id=("s", i))
+        fan.part_done(put_id=("s", i))
     assert acks[0].result().rows == 6 and acks[0].result().engine_puts == 2
     assert acks[1].result().rows == 4 and acks[1].result().engine_puts == 2
 
@@ -235,7 +243,7 @@ async def test_deletes_route_by_a_non_key_identity_column(tmp_path: Any) -> None
         with pytest.raises(la.SchemaMismatchError, match="region"):
             await router.delete({"id": [1]})  # which shard? the region says
         assert (await router.delete({"id": [1], "region": ["eu"]})).deletes == 1
-    table = await ds.lsm_scan(columns=["id"]).to_table()
+    table = await ds.lsm.scan(columns=["id"]).to_table()
     assert table.column("id").to_pylist() == [2]
 
 
@@ -278,7 +286,7 @@ async def test_a_writer_in_another_process_fences_only_its_shard_of_the_router(
         assert (await router.put(kv_table(spread[healthy][3:5], value=9))).rows == 2
     values = {
         r["id"]: r["value"]
-        for r in (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+        for r in (await ds.lsm.scan(columns=["id", "value"]).to_table()).to_pylist()
     }
     assert values[spread[fenced][0]] == 7  # the other process's row
     assert values[spread[fenced][1]] == 0  # nothing of the fenced send
@@ -286,11 +294,19 @@ async def test_a_writer_in_another_process_fences_only_its_shard_of_the_router(
 
 
 @pytest.mark.asyncio
-async def test_split_run_cuts_match_each_entrys_rows_shard_by_shard(table_uri: str) -> None:
+@pytest.mark.parametrize("piecewise", [False, True], ids=["concatenated", "piecewise"])
+async def test_split_run_cuts_match_each_entrys_rows_shard_by_shard(
+    table_uri: str, piecewise: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """split_run against a row-by-row reference: entries of one batch, of a
     group of batches (one of them empty), of one row, and one holding no
     rows; each shard's cut lists its entries in run order with their rows,
-    batches and starts, and each entry counts the shards it touched."""
+    batches and starts, and each entry counts the shards it touched. The
+    same whether the run is concatenated or (large batches) cut batch by
+    batch."""
+    if piecewise:
+        monkeypatch.setattr(routing_module, "PIECEWISE_BYTES", 0)
+        monkeypatch.setattr(routing_module, "PIECEWISE_BATCH_BYTES", 0)
     ds = await keyed(table_uri)
     sharding = await ds.sharding()
     fit = TableFit(KV_SCHEMA, ["id"])
@@ -345,7 +361,12 @@ async def test_split_run_cuts_match_each_entrys_rows_shard_by_shard(table_uri: s
         sum(1 for members in expected.values() if any(m[0] == i for m in members))
         for i in range(len(groups))
     ]
-    whole = pa.concat_batches([b for g in groups for b in g]).get_total_buffer_size()
+    run = [b for g in groups for b in g]
+    # the room the cuts hold: the run's bytes (measured on its concatenation,
+    # or batch by batch when it was never concatenated), shared by rows
+    whole = (
+        sum(b.nbytes for b in run) if piecewise else pa.concat_batches(run).get_total_buffer_size()
+    )
     assert whole - len(cuts.cuts) <= sum(c.nbytes for c in cuts.cuts) <= whole
 
 

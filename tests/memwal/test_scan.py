@@ -32,7 +32,7 @@ async def test_an_lsm_scan_streams_in_bounded_memory(
         for start in range(0, 6000, 1000):  # six generations shadowing base rows
             await w.put(kv_table(range(start, start + 1000), 1))
         await w.put(kv_table(range(30_000, 30_500), 2))  # memtable only
-        stream = w.lsm_scan(columns=["id", "value"], batch_size=512)
+        stream = w.lsm.scan(columns=["id", "value"], batch_size=512)
         seen = 0
         values: dict[int, int] = {}
         async with stream:
@@ -62,7 +62,7 @@ async def test_cancelling_an_lsm_scan_frees_its_thread(
             await w.put(kv_table(range(start, start + 2000), 1))
     got_one = anyio.Event()
     with anyio.CancelScope() as scope:
-        stream = ds.lsm_scan(batch_size=256)
+        stream = ds.lsm.scan(batch_size=256)
         async with stream:
             async for _batch in stream:
                 got_one.set()
@@ -87,8 +87,8 @@ async def test_rows_of_a_memtable_sealed_by_the_last_put_are_visible(table_uri: 
             ids = range(100 + step * 100, 200 + step * 100)  # exactly fills: seals
             await w.put(kv_table(ids, step))
             expected |= set(ids)
-            assert _ids(await w.lsm_scan(columns=["id"]).to_table()) == sorted(expected), step
-            last = await w.lsm_point_lookup(199 + step * 100)
+            assert _ids(await w.lsm.scan(columns=["id"]).to_table()) == sorted(expected), step
+            last = await w.lsm.point_lookup(199 + step * 100)
             assert last.column("value").to_pylist() == [step]
 
 
@@ -112,17 +112,17 @@ async def test_filters_limits_and_deletes_on_string_keys(table_uri: str) -> None
             await w.delete({"k": dead})
             for k in dead:
                 model.pop(k, None)
-        got = await w.lsm_scan(filter="n < 0").to_table()
+        got = await w.lsm.scan(filter="n < 0").to_table()
         assert dict(zip(got["k"].to_pylist(), got["n"].to_pylist(), strict=True)) == {
             k: v for k, v in model.items() if v < 0
         }
-        limited = await w.lsm_scan(filter="n >= 0", limit=7).to_table()
+        limited = await w.lsm.scan(filter="n >= 0", limit=7).to_table()
         assert limited.num_rows == 7 and all(model[k] >= 0 for k in limited["k"].to_pylist())
         with pytest.raises(la.InvalidInputError):
-            await w.lsm_scan(filter="n >>> 1").to_table()
+            await w.lsm.scan(filter="n >>> 1").to_table()
         with pytest.raises(la.SchemaMismatchError):
-            w.lsm_scan(columns=["nope"])
-    scanned = await ds.lsm_scan().to_table()
+            w.lsm.scan(columns=["nope"])
+    scanned = await ds.lsm.scan().to_table()
     assert dict(zip(scanned["k"].to_pylist(), scanned["n"].to_pylist(), strict=True)) == model
 
 
@@ -149,7 +149,7 @@ async def test_a_reopened_shard_shows_the_rows_replayed_from_its_wal(table_uri: 
         lambda: subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     )
     async with ds.mem_wal_writer(shard) as w:
-        got = await w.lsm_scan(columns=["id", "value"]).to_table()
+        got = await w.lsm.scan(columns=["id", "value"]).to_table()
         assert _ids(got) == sorted({*range(10), *range(100, 150)} - {1, 2})
-        assert (await w.lsm_point_lookup(120)).column("value").to_pylist() == [5]
-        assert (await w.lsm_point_lookup(1)).num_rows == 0
+        assert (await w.lsm.point_lookup(120)).column("value").to_pylist() == [5]
+        assert (await w.lsm.point_lookup(1)).num_rows == 0

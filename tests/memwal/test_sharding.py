@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 import lance_async as la
 from lance_async.cli import app
 from lance_async.feeds import IterableFeed, RedisStreamFeed, ingest
+from lance_async.feeds.kafkaclient import setting_name
 
 from ..conftest import broker_or_skip
 from ..feeds.support import CrashBeforeAck, row_json
@@ -39,12 +40,12 @@ async def keyed_table(uri: str, rows: int = 0, **init: Any) -> la.AsyncDataset:
 async def assert_newest_once(uri: str, expected: dict[int, int]) -> None:
     """``expected`` is id -> value: the LSM scan, lookups, and compaction agree."""
     ds = await la.open_dataset(uri)
-    scanned = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+    scanned = (await ds.lsm.scan(columns=["id", "value"]).to_table()).to_pylist()
     ids = [r["id"] for r in scanned]
     assert len(ids) == len(set(ids)), "a key appears twice in the LSM view"
     assert {r["id"]: r["value"] for r in scanned} == expected
     for key in list(expected)[:: max(1, len(expected) // 10)]:
-        got = await ds.lsm_point_lookup(key, columns=["value"])
+        got = await ds.lsm.point_lookup(key, columns=["value"])
         assert got.column("value").to_pylist() == [expected[key]]
     assert (await ds.check_shards()).ok
     await ds.compact_mem_wal()
@@ -116,7 +117,7 @@ async def test_a_row_for_a_foreign_shard_is_refused_with_nothing_queued(table_ur
         async with ds.mem_wal_writer(str(uuid.uuid4())):
             pass
     # nothing was claimed for the refused id
-    assert len(await (await la.open_dataset(table_uri)).shard_snapshots()) == 1
+    assert len(await (await la.open_dataset(table_uri)).lsm.snapshots()) == 1
 
 
 @pytest.mark.asyncio
@@ -125,10 +126,10 @@ async def test_the_routing_writer_puts_every_row_in_its_shard(table_uri: str) ->
     async with ds.mem_wal_writer() as router:
         assert (await router.put(kv_table(range(10, 60), value=2))).rows == 50
         await router.delete({"id": [11, 12]})
-        assert (await router.lsm_point_lookup(11)).num_rows == 0
-        assert (await router.lsm_point_lookup(13)).column("value").to_pylist() == [2]
-        assert (await router.lsm_point_lookup(5)).column("value").to_pylist() == [0]
-        seen = (await router.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+        assert (await router.lsm.point_lookup(11)).num_rows == 0
+        assert (await router.lsm.point_lookup(13)).column("value").to_pylist() == [2]
+        assert (await router.lsm.point_lookup(5)).column("value").to_pylist() == [0]
+        seen = (await router.lsm.scan(columns=["id", "value"]).to_table()).to_pylist()
         assert sorted(r["id"] for r in seen) == [i for i in range(60) if i not in (11, 12)]
         stats = router.stats()
         assert stats.rows == 50 and set(stats.writers) <= set((await ds.sharding()).shard_ids())
@@ -212,37 +213,20 @@ async def test_a_redis_consumer_dies_before_its_acks_and_another_claims_them(
 async def test_a_kafka_partition_moves_and_its_records_land_in_the_same_shards(
     table_uri: str, kafka_bootstrap: str
 ) -> None:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
-    from lance_async.feeds import KafkaFeed
+    from lance_async.feeds import KafkaFeed, KafkaProducer
 
     ds = await keyed_table(table_uri)
     topic, group = unique_name("moves"), unique_name("g")
     await create_topic(kafka_bootstrap, topic, partitions=2)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
-    try:
+    async with KafkaProducer({"bootstrap.servers": kafka_bootstrap}) as producer:
         for i in range(40):
             await producer.send_and_wait(topic, row_json(i, 1), partition=i % 2)
         for i in range(0, 40, 4):
             await producer.send_and_wait(topic, row_json(i, 2), partition=i % 2)
-    finally:
-        await producer.stop()
-
-    def consumer() -> Any:
-        return AIOKafkaConsumer(
-            bootstrap_servers=kafka_bootstrap,
-            group_id=group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            **FAST_GROUP,
-        )
+    fast = {setting_name(k): v for k, v in FAST_GROUP.items()}
 
     # the first member writes every record durably and commits nothing: it dies
-    first = consumer()
-    feed = KafkaFeed(first)
-    first.subscribe([topic], listener=feed.rebalance_listener)
-    await first.start()
+    feed = await KafkaFeed.connect(kafka_bootstrap, [topic], group, options=fast)
     try:
         async with ds.mem_wal_writer() as router:
             got = 0
@@ -252,19 +236,21 @@ async def test_a_kafka_partition_moves_and_its_records_land_in_the_same_shards(
                         await router.put([json.loads(message.payload)], schema=KV_SCHEMA)
                         got += 1
     finally:
-        await first.stop()  # no commit: its partitions are redelivered
+        await feed.aclose()  # nothing acked, no commit: its partitions are redelivered
     # the partitions move to a second member, in another writer session
-    second = consumer()
-    feed2 = KafkaFeed(second)
-    second.subscribe([topic], listener=feed2.rebalance_listener)
-    await second.start()
-    try:
+    feed2 = await KafkaFeed.connect(kafka_bootstrap, [topic], group, options=fast)
+    async with feed2:
         ds2 = await la.open_dataset(table_uri)
         async with ds2.mem_wal_writer() as router2:
-            stats = await ingest(feed2, router2, idle_timeout=3.0, max_batch=100)
+            stop = anyio.Event()
+            stats = await ingest(
+                feed2,
+                router2,
+                max_batch=100,
+                stop=stop,
+                on_progress=lambda s: stop.set() if s.messages >= 50 else None,
+            )
         assert stats.messages == 50
-    finally:
-        await second.stop()
     await assert_newest_once(table_uri, {i: 2 if i % 4 == 0 else 1 for i in range(40)})
 
 
@@ -297,7 +283,7 @@ async def test_a_newer_writer_fences_the_older_one(table_uri: str) -> None:
                 await ingest(feed, old, max_batch=5)
             assert committed == []
             # the new owner has every row acked before the fence, nothing after it
-            seen = await new.lsm_scan(columns=["id"]).to_table()
+            seen = await new.lsm.scan(columns=["id"]).to_table()
             assert sorted(seen.column("id").to_pylist()) == rows.column("id").to_pylist()[:5]
         assert issubclass(la.errors.FencedError, la.WriterFailedError)
 

@@ -15,7 +15,7 @@ import pytest
 import lance_async as la
 
 from ..helpers import KV_SCHEMA, kv_table, rows_by_key
-from .support import mem_wal_table, sid
+from .support import committer_of, mem_wal_table, sid
 
 pytestmark = pytest.mark.anyio
 
@@ -75,7 +75,7 @@ async def test_10000_sends_of_10_rows_coalesce(table_uri: str) -> None:
         summaries = [await ack for ack in acks]
         took = anyio.current_time() - started
         stats = writer.stats()
-        table = await writer.lsm_scan(columns=["id"]).to_table()
+        table = await writer.lsm.scan(columns=["id"]).to_table()
     assert all(s.rows == 10 for s in summaries)
     assert all(a.done() and a.exception() is None for a in acks)
     ids = table.column("id").to_pylist()
@@ -106,7 +106,7 @@ async def test_fast_producer_is_held_within_the_queue_limits(table_uri: str) -> 
 async def test_backpressure_timeout_is_typed_and_queues_nothing(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid(), max_queue_rows=10, max_put_rows=10) as writer:
-        gate = writer._committer.gate
+        gate = committer_of(writer).gate
         assert gate is not None
         async with gate:  # hold the engine: nothing drains
             first = await writer.send(ten_rows(0))
@@ -114,7 +114,7 @@ async def test_backpressure_timeout_is_typed_and_queues_nothing(table_uri: str) 
                 await writer.send(ten_rows(1), timeout=0.05)
             assert writer.stats().queue_rows == 10
         await first
-    assert (await ds.lsm_scan(filter="id >= 1000").to_table()).num_rows == 10
+    assert (await ds.lsm.scan(filter="id >= 1000").to_table()).num_rows == 10
 
 
 async def test_bad_batch_fails_its_own_sender_only(table_uri: str) -> None:
@@ -135,7 +135,7 @@ async def test_bad_batch_fails_its_own_sender_only(table_uri: str) -> None:
         await good
         assert after.rows == 10
         assert writer.stats().queue_rows == 0
-        assert (await writer.lsm_scan(filter="id >= 1000").to_table()).num_rows == 20
+        assert (await writer.lsm.scan(filter="id >= 1000").to_table()).num_rows == 20
 
 
 async def test_a_table_with_one_bad_batch_queues_none_of_its_rows(table_uri: str) -> None:
@@ -148,7 +148,7 @@ async def test_a_table_with_one_bad_batch_queues_none_of_its_rows(table_uri: str
             await writer.send(pa.Table.from_batches([good, bad]))
         assert writer.stats().queue_rows == 0
         await writer.put(ten_rows(0))
-        ids = (await writer.lsm_scan(columns=["id"], filter="id >= 1000").to_table())["id"]
+        ids = (await writer.lsm.scan(columns=["id"], filter="id >= 1000").to_table())["id"]
         assert sorted(ids.to_pylist()) == list(range(1000, 1010))
 
 
@@ -166,25 +166,26 @@ async def test_bad_delete_keys_are_refused_and_the_writer_stays_usable(table_uri
                 await writer.delete(bad)
         with pytest.raises(la.UnsupportedSourceError):
             await writer.delete(object())
-        assert (await writer.lsm_scan(filter="id >= 1000").to_table()).num_rows == 10
+        assert (await writer.lsm.scan(filter="id >= 1000").to_table()).num_rows == 10
         summary = await writer.delete({"id": [1000, 1001]})
         assert summary.deletes == 2
-        assert (await writer.lsm_scan(filter="id >= 1000").to_table()).num_rows == 8
+        assert (await writer.lsm.scan(filter="id >= 1000").to_table()).num_rows == 8
 
 
 async def test_columns_in_another_order_are_accepted(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid()) as writer:
         await writer.put({"name": ["z"], "id": [77], "value": [7]})
-        row = await writer.lsm_point_lookup(77)
+        row = await writer.lsm.point_lookup(77)
     assert row.to_pylist() == [{"id": 77, "value": 7, "name": "z"}]
 
 
 async def test_engine_rejection_fails_exactly_the_acks_of_bad_data(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid(), linger=0.05) as writer:
-        fake = RejectingEngineForFaultInjection(writer._committer.engine)
-        writer._committer.engine = fake
+        committer = committer_of(writer)
+        fake = RejectingEngineForFaultInjection(committer.engine)
+        committer.engine = fake
         acks = [await writer.send(ten_rows(i)) for i in range(5)]
         bad = await writer.send(kv_table([-1]))
         acks += [await writer.send(ten_rows(i)) for i in range(5, 10)]
@@ -195,14 +196,15 @@ async def test_engine_rejection_fails_exactly_the_acks_of_bad_data(table_uri: st
         assert fake.rejected >= 2  # the coalesced put, then the bad item alone
         assert writer.state is la.WriterState.OPEN
         assert (await writer.put(ten_rows(20))).rows == 10
-        assert (await writer.lsm_scan(filter="id >= 1000").to_table()).num_rows == 110
+        assert (await writer.lsm.scan(filter="id >= 1000").to_table()).num_rows == 110
 
 
 async def test_fatal_engine_error_fails_everything_promptly(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     writer = ds.mem_wal_writer(sid())
     async with writer:
-        writer._committer.engine = BrokenEngineForFaultInjection(writer._committer.engine)
+        committer = committer_of(writer)
+        committer.engine = BrokenEngineForFaultInjection(committer.engine)
         acks = [await writer.send(ten_rows(0))]
         with pytest.raises(la.WriterFailedError):  # later sends see the failure at once
             for i in range(1, 1_000):
@@ -213,7 +215,8 @@ async def test_fatal_engine_error_fails_everything_promptly(table_uri: str) -> N
                 with pytest.raises(la.WriterFailedError) as info:
                     await ack
         assert "injected disk failure" in str(info.value.__cause__)
-        assert writer.state is la.WriterState.FAILED
+        state = writer.state  # a local: mypy would keep writer.state narrowed past aclose
+        assert state is la.WriterState.FAILED
         with pytest.raises(la.WriterFailedError):
             await writer.send(ten_rows(99))
         with pytest.raises(la.WriterFailedError):
@@ -233,10 +236,10 @@ async def test_delete_after_put_hides_the_row_with_coalescing(table_uri: str) ->
         reput = await writer.send(kv_table([6], value=2))
         for ack in (put, delete, reput):
             await ack
-        rows = rows_by_key(await writer.lsm_scan().to_table())
+        rows = rows_by_key(await writer.lsm.scan().to_table())
         assert 2 not in rows and 5 in rows and rows[6]["value"] == 2
-        assert (await writer.lsm_point_lookup(2)).num_rows == 0
-    rows = rows_by_key(await ds.lsm_scan().to_table())
+        assert (await writer.lsm.point_lookup(2)).num_rows == 0
+    rows = rows_by_key(await ds.lsm.scan().to_table())
     assert 2 not in rows and rows[6]["value"] == 2 and rows[7]["value"] == 1
 
 
@@ -252,7 +255,7 @@ async def test_cancelling_a_put_never_drops_or_duplicates_queued_rows(table_uri:
                 await writer.put(batches)  # cancelled somewhere in the middle
         await writer.flush()
         assert (await ack).rows == 500
-        table = await writer.lsm_scan(filter="id >= 100").to_table()
+        table = await writer.lsm.scan(filter="id >= 100").to_table()
     ids = table.column("id").to_pylist()
     assert len(ids) == len(set(ids)), "no row twice"
     assert set(range(100, 600)) <= set(ids)
@@ -267,9 +270,9 @@ async def test_read_your_writes_across_a_memtable_seal(table_uri: str) -> None:
         for start in range(0, 5_000, 1_000):
             await writer.put(kv_table(range(10_000 + start, 11_000 + start)))
             # the put may have sealed a memtable whose SSTable is not written yet
-            count = (await writer.lsm_scan(columns=["id"]).to_table()).num_rows
+            count = (await writer.lsm.scan(columns=["id"]).to_table()).num_rows
             assert count == 1 + start + 1_000
-            assert (await writer.lsm_point_lookup(10_000 + start)).num_rows == 1
+            assert (await writer.lsm.point_lookup(10_000 + start)).num_rows == 1
 
 
 async def test_flush_and_close_are_idempotent_and_typed(table_uri: str) -> None:
@@ -286,7 +289,7 @@ async def test_flush_and_close_are_idempotent_and_typed(table_uri: str) -> None:
         await writer.put(ten_rows(1))
     with pytest.raises(la.ClosedError):
         await writer.open(None)  # type: ignore[arg-type]  # refused before the group is used
-    assert (await ds.lsm_scan(filter="id >= 1000").to_table()).num_rows == 10
+    assert (await ds.lsm.scan(filter="id >= 1000").to_table()).num_rows == 10
 
 
 async def test_bad_options_are_refused(table_uri: str) -> None:
@@ -368,7 +371,7 @@ async def test_acked_rows_survive_a_hard_kill(table_uri: str, tmp_path: Path) ->
         out = await anyio.run_process([sys.executable, str(script)], check=False)
     assert "ACKED 5000" in out.stdout.decode(), out.stderr.decode()[-2000:]
     async with ds.mem_wal_writer(shard) as reopened:  # replays the WAL
-        table = await reopened.lsm_scan(filter="id >= 100").to_table()
+        table = await reopened.lsm.scan(filter="id >= 100").to_table()
     ids = table.column("id").to_pylist()
     assert sorted(ids) == list(range(100, 5_100))
 
@@ -376,7 +379,7 @@ async def test_acked_rows_survive_a_hard_kill(table_uri: str, tmp_path: Path) ->
 async def test_regression_aclose_and_acks_from_another_loop_are_refused(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid()) as writer:
-        gate = writer._committer.gate
+        gate = committer_of(writer).gate
         assert gate is not None
         async with gate:  # keep the ack pending
             ack = await writer.send(ten_rows(1))
@@ -386,7 +389,8 @@ async def test_regression_aclose_and_acks_from_another_loop_are_refused(table_ur
                 err = await anyio.to_thread.run_sync(_on_another_loop, ack.wait)
                 assert isinstance(err, la.WrongEventLoopError)
         assert (await ack).rows == 10
-        assert writer.state is la.WriterState.OPEN
+        state = writer.state  # a local: mypy would keep writer.state narrowed past the close
+        assert state is la.WriterState.OPEN
     assert writer.state is la.WriterState.CLOSED
 
 
@@ -395,7 +399,7 @@ async def test_regression_a_cancelled_send_of_a_big_batch_queues_all_or_nothing(
 ) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid(), max_put_rows=10, max_queue_rows=20) as writer:
-        gate = writer._committer.gate
+        gate = committer_of(writer).gate
         assert gate is not None
         async with gate:
             first = await writer.send(kv_table(range(1000, 1015)))  # the queue is now busy
@@ -406,7 +410,7 @@ async def test_regression_a_cancelled_send_of_a_big_batch_queues_all_or_nothing(
                 await writer.send(kv_table(range(3000, 3100)), timeout=0.05)
         await first
         await writer.flush()
-        ids = (await writer.lsm_scan(columns=["id"], filter="id >= 1000").to_table())["id"]
+        ids = (await writer.lsm.scan(columns=["id"], filter="id >= 1000").to_table())["id"]
     assert sorted(ids.to_pylist()) == list(range(1000, 1015))
     with pytest.raises(ValueError):
         async with ds.mem_wal_writer(sid()) as w2:
@@ -416,7 +420,7 @@ async def test_regression_a_cancelled_send_of_a_big_batch_queues_all_or_nothing(
 async def test_send_nowait_queues_or_refuses_at_once(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid(), max_queue_rows=20, max_put_rows=10) as writer:
-        gate = writer._committer.gate
+        gate = committer_of(writer).gate
         assert gate is not None
         async with gate:  # nothing drains meanwhile
             first = writer.send_nowait(ten_rows(0))
@@ -428,17 +432,17 @@ async def test_send_nowait_queues_or_refuses_at_once(table_uri: str) -> None:
             with pytest.raises(la.SchemaMismatchError):
                 writer.send_nowait(pa.record_batch({"id": [1]}))
             with pytest.raises(TypeError):
-                writer.send_nowait({"id": [1]})  # type: ignore[arg-type]
+                writer.send_nowait({"id": [1]})
             assert writer.stats().queue_rows == 20
         assert (await first).rows == 10 and (await second).rows == 10
-        ids = (await writer.lsm_scan(columns=["id"], filter="id >= 1000").to_table())["id"]
+        ids = (await writer.lsm.scan(columns=["id"], filter="id >= 1000").to_table())["id"]
     assert sorted(ids.to_pylist()) == list(range(1000, 1020))
 
 
 async def test_combined_acks_count_a_shared_put_once(table_uri: str) -> None:
     ds = await mem_wal_table(table_uri)
     async with ds.mem_wal_writer(sid()) as writer:
-        gate = writer._committer.gate
+        gate = committer_of(writer).gate
         assert gate is not None
         async with gate:  # everything below coalesces into one put
             acks = [await writer.send(ten_rows(i)) for i in range(50)]
@@ -463,7 +467,7 @@ async def test_send_many_gives_one_ack_and_one_entry_per_group(table_uri: str) -
         big = await writer.send_many([ten_rows(100 + i) for i in range(150)])
         assert (await big).rows == 1_500 and (await big).engine_puts >= 2
         assert (await (await writer.send_many([]))).rows == 0
-        ids = (await writer.lsm_scan(columns=["id"], filter="id >= 1000").to_table())["id"]
+        ids = (await writer.lsm.scan(columns=["id"], filter="id >= 1000").to_table())["id"]
     assert sorted(ids.to_pylist()) == list(range(1_000, 1_500)) + list(range(2_000, 3_500))
 
 
@@ -491,3 +495,54 @@ async def test_one_batch_sends_are_one_entry_each_and_settle_like_any_ack(table_
         assert all(a.resolved_at is not None and a.resolved_at >= a.created for a in acks)
         stats = writer.stats()
         assert stats.rows == 210 and stats.queue_rows == 0 and stats.engine_puts <= 3
+
+
+class _SealedForever:
+    """Fault injection: the engine writer, but its sealed memtable never flushes
+    (what a writer fenced by a newer one shows: its flush is refused)."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.polls = 0
+
+    def memtable_stats(self) -> dict[str, Any]:
+        self.polls += 1
+        return {**self._engine.memtable_stats(), "frozen_count": 1}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+@pytest.mark.anyio
+async def test_wait_flushed_on_a_fenced_writer_raises_fenced_at_once(tmp_path: Path) -> None:
+    ds = await mem_wal_table(str(tmp_path / "t.lance"))
+    shard = sid()
+    async with ds.mem_wal_writer(shard) as old:  # a failed writer closes quietly
+        await old.put(kv_table(range(5)))
+        committer = old._committer  # fault injection: a seal that never flushes
+        assert committer is not None
+        sealed = committer.engine = _SealedForever(committer.engine)
+        other = await la.open_dataset(ds.uri)
+        async with other.mem_wal_writer(shard):  # a newer writer claims the shard
+            pass
+        with pytest.raises(la.FencedError):
+            await old.wait_flushed(timeout=30)
+        assert sealed.polls == 1  # it looked once, then read the shard's epoch
+        with pytest.raises(la.FencedError):  # and again, at once, without polling
+            await old.wait_flushed(timeout=30)
+        assert sealed.polls == 1
+
+
+@pytest.mark.anyio
+async def test_wait_flushed_on_a_failed_writer_raises_its_failure_at_once(tmp_path: Path) -> None:
+    ds = await mem_wal_table(str(tmp_path / "t.lance"))
+    shard = sid()
+    async with ds.mem_wal_writer(shard) as old:  # a failed writer closes quietly
+        other = await la.open_dataset(ds.uri)
+        async with other.mem_wal_writer(shard):
+            pass
+        with pytest.raises(la.FencedError):
+            await old.put(kv_table(range(5)))  # the engine says so: the writer fails
+        assert old.state is la.WriterState.FAILED
+        with pytest.raises(la.FencedError):
+            await old.wait_flushed(timeout=30)
