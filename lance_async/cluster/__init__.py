@@ -35,7 +35,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .balancer import Coordinator, LeaseBalancer, LeaseCoordinator
-from .claim import TableClaim, TableClaimedError
+from .claim import BrokerUnavailableError, TableClaim, TableClaimedError
 from .feeds import (
     KafkaPublisher,
     NatsPartitions,
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DELETE",
+    "BrokerUnavailableError",
     "Coordinator",
     "KafkaCoordinator",
     "KafkaPublisher",
@@ -77,14 +78,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Import :class:`KafkaCoordinator` (and aiokafka) on first access (PEP 562)."""
+    """Import :class:`KafkaCoordinator` (and confluent-kafka) on first access (PEP 562)."""
     if name != "KafkaCoordinator":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
         module = importlib.import_module(".kafka", __name__)
     except ImportError as exc:
         raise ImportError(
-            f"lance_async.cluster.KafkaCoordinator needs aiokafka: "
+            f"lance_async.cluster.KafkaCoordinator needs confluent-kafka: "
             f"pip install 'lance-async[feeds]' ({exc})"
         ) from exc
     value = module.KafkaCoordinator

@@ -55,6 +55,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from .._loop import unwrap_groups
+from .._retry import exponential
 from ..feeds.base import Feed
 from ..feeds.broker import broker_errors
 from .feeds import PartitionedFeed
@@ -175,7 +176,7 @@ class LeaseBalancer:
                         # a broker restarting: the next round comes as soon as it answers,
                         # so the leases held are renewed before they run out (a whole
                         # interval later, a restart lost every one of them)
-                        pause = min(pause, RETRY * 2 ** min(failed - 1, 8))
+                        pause = min(pause, exponential(failed, RETRY, RETRY * 2**8))
                     await self._pause(pause)
                 tg.cancel_scope.cancel()
         finally:

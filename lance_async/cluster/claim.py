@@ -40,9 +40,16 @@ from urllib.parse import urlparse
 
 import anyio
 
+from .._retry import Backoff
 from ..errors import LanceAsyncError
 
-__all__ = ["TableClaim", "TableClaimedError", "broker_down", "table_identity"]
+__all__ = [
+    "BrokerUnavailableError",
+    "TableClaim",
+    "TableClaimedError",
+    "broker_down",
+    "table_identity",
+]
 
 log = logging.getLogger("lance_async.cluster")
 
@@ -54,9 +61,17 @@ WAIT_BACKOFF = 0.2
 MAX_WAIT_BACKOFF = 5.0
 
 
+class BrokerUnavailableError(LanceAsyncError):
+    """No broker answers at the feed's address (refused, unreachable); retryable."""
+
+    retryable = True
+
+
 def broker_down(exc: BaseException) -> bool:
     """Whether ``exc`` says the broker did not answer (refused, reset, timed
     out), as opposed to an answer (pure; does not block)."""
+    if isinstance(exc, BrokerUnavailableError):
+        return True
     return isinstance(exc, (OSError, TimeoutError)) or type(exc).__name__ in (
         "ConnectionError",
         "TimeoutError",
@@ -172,21 +187,26 @@ class TableClaim:
             if parsed.scheme == "nats":
                 import nats
 
-                options: dict[str, Any] = {}
-                if wait:
-                    # nats-py's first connect either fails after all its reconnect
-                    # attempts or, allowed to retry for ever, waits in silence: ask
-                    # the port first, then connect to reconnect for ever after
-                    probe = await anyio.connect_tcp(
-                        parsed.hostname or "127.0.0.1", parsed.port or 4222
-                    )
-                    await probe.aclose()
-                    options = {
-                        "max_reconnect_attempts": -1,
-                        "reconnect_time_wait": 0.5,
-                        "error_cb": _quiet,
-                    }
-                nc = await nats.connect(f"nats://{parsed.netloc}", connect_timeout=3, **options)
+                # nats-py's first connect either fails after all its reconnect
+                # attempts or, allowed to retry for ever, waits in silence: ask
+                # the port first (refused: the error at once, or the wait's
+                # back-off), then connect to reconnect for ever after -- the
+                # claim is renewed across a server's restart, as the feed reads
+                host, port = parsed.hostname or "127.0.0.1", parsed.port or 4222
+                try:
+                    probe = await anyio.connect_tcp(host, port)
+                except OSError as exc:
+                    raise BrokerUnavailableError(
+                        f"no NATS server answers at {host}:{port} ({exc})"
+                    ) from exc
+                await probe.aclose()
+                nc = await nats.connect(
+                    f"nats://{parsed.netloc}",
+                    connect_timeout=3,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    error_cb=_quiet,
+                )
                 close = nc.close
             else:
                 import redis.asyncio
@@ -293,7 +313,7 @@ async def _quiet(_error: Exception) -> None:
 
 async def _waiting(attempt: Callable[[], Awaitable[Any]], url: str) -> Any:
     """``await attempt()`` until the broker answers (see ``TableClaim.open``'s ``wait``)."""
-    delay = WAIT_BACKOFF
+    backoff = Backoff(WAIT_BACKOFF, MAX_WAIT_BACKOFF)
     where = urlparse(url)
     shown = f"{where.scheme}://{where.hostname}:{where.port}" if where.port else where.scheme
     while True:
@@ -306,10 +326,9 @@ async def _waiting(attempt: Callable[[], Awaitable[Any]], url: str) -> Any:
                 "lance_async: no broker answers at %s (%s); trying again in %.1f s",
                 shown,
                 " ".join(str(exc).split())[:200] or type(exc).__name__,
-                delay,
+                backoff.wait,
             )
-        await anyio.sleep(delay)
-        delay = min(delay * 2, MAX_WAIT_BACKOFF)
+        await backoff.sleep()
 
 
 class _RedisStore:

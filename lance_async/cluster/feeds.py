@@ -277,16 +277,23 @@ class NatsPublisher:
 
 
 class KafkaPublisher:
-    """aiokafka produce to partition ``p`` of one topic, acknowledged by the broker.
+    """Produce to partition ``p`` of one topic, acknowledged by the broker (librdkafka).
 
     Parameters
     ----------
-    producer : aiokafka.AIOKafkaProducer
-        Started by the caller (``acks="all"`` recommended).
+    producer : lance_async.feeds.kafkaclient.KafkaProducer
+        Made by the caller (``acks=all`` by default).
     topic : str
     num_partitions : int
     owns_producer : bool
-        Stop ``producer`` in :meth:`aclose`.
+        Close ``producer`` in :meth:`aclose`.
+
+    Notes
+    -----
+    ``publish`` returns an awaitable of ``(partition, offset)``: the record
+    is enqueued at the call (records published one after another keep their
+    order in the partition) and the awaitable resolves once the broker
+    acknowledged it.
     """
 
     def __init__(
@@ -303,13 +310,10 @@ class KafkaPublisher:
         if not 0 <= partition < self.num_partitions:
             raise ValueError(f"partition {partition} is not in 0..{self.num_partitions - 1}")
         result: Awaitable[Any] = self._producer.send_and_wait(
-            self.topic,
-            payload,
-            partition=partition,
-            headers=[(k, v.encode()) for k, v in headers.items()] if headers else None,
+            self.topic, payload, partition=partition, headers=headers
         )
         return result
 
     async def aclose(self) -> None:
         if self._owns:
-            await self._producer.stop()
+            await self._producer.aclose()

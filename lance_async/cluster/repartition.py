@@ -121,10 +121,10 @@ class RepartitionWriter:
                 try:
                     await self._publisher.publish(partition, payload)
                 except Exception as exc:  # the ack carries it to ingest, which stops
-                    ack._part_failed(exc)
+                    ack.part_failed(exc)
                     continue
                 self.published += 1
-                ack._part_done(rows=rows, batches=1, put_id=("repartition", partition))
+                ack.part_done(rows=rows, batches=1, put_id=("repartition", partition))
 
     def _queue(self, partition: int) -> MemoryObjectSendStream[tuple[bytes, int, Ack]]:
         queue = self._queues.get(partition)
@@ -153,7 +153,7 @@ class RepartitionWriter:
         parts = await run_sync(partial(_encode, self._partitioner, data), limiter=stream_limiter())
         ack = Ack(self._loop)
         for p, payload, rows in parts:
-            ack._add_part()
+            ack.add_part()
             await self._queue(p).send((payload, rows, ack))
-        ack._seal()
+        ack.seal()
         return ack

@@ -50,6 +50,7 @@ import pyarrow as pa
 from anyio.abc import TaskGroup
 
 from .._loop import unwrap_groups
+from .._retry import exponential
 from ..errors import ConflictError, FencedError, InvalidInputError, LanceAsyncError
 from ..feeds.base import DeadLetter, Feed, IngestStats, Message, ingest
 from ..memwal.compactor import CompactionPolicy, Compactor
@@ -567,7 +568,7 @@ class Worker:
             )
             self._fatal = error
             self.stop()
-        return 0.0 if count == 1 else min(BACKOFF * 2 ** (count - 2), MAX_BACKOFF)
+        return exponential(count - 1, BACKOFF, MAX_BACKOFF)  # the first restart at once
 
     def _progress(self, running: _Running, partition: int, stats: IngestStats) -> None:
         running.stats = stats

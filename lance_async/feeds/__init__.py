@@ -23,9 +23,11 @@ Connectors (the broker ones imported lazily, from their optional packages --
 * :class:`RedisStreamFeed` (:mod:`lance_async.feeds.redis`) -- a Redis
   Streams consumer group, re-reading its own pending entries and claiming
   those of dead consumers (redis.asyncio; asyncio only);
-* :class:`KafkaFeed` (:mod:`lance_async.feeds.kafka`) -- an aiokafka
-  consumer whose offsets are committed per partition after durable writes,
-  with a rebalance listener (asyncio only).
+* :class:`KafkaFeed` (:mod:`lance_async.feeds.kafka`) -- a librdkafka
+  consumer group member (confluent-kafka's ``AIOConsumer``, cooperative
+  rebalancing) whose offsets are committed per partition after durable
+  writes; :class:`KafkaProducer` (:mod:`lance_async.feeds.kafkaclient`),
+  records with awaitable delivery reports (asyncio only).
 
 ``from lance_async.feeds import JetStreamFeed`` imports nats-py at that
 moment, not before; a missing package raises ``ImportError`` naming the
@@ -45,9 +47,9 @@ from .files import FileFeed
 from .pipe import PipeFeed
 
 if TYPE_CHECKING:
-    from .kafka import FeedRebalanceListener as FeedRebalanceListener
     from .kafka import KafkaFeed as KafkaFeed
     from .kafka import KafkaOffset as KafkaOffset
+    from .kafkaclient import KafkaProducer as KafkaProducer
     from .nats import JetStreamFeed as JetStreamFeed
     from .redis import RedisStreamFeed as RedisStreamFeed
 
@@ -73,9 +75,9 @@ __all__ = [
 _LAZY = {
     "JetStreamFeed": (".nats", "nats-py"),
     "RedisStreamFeed": (".redis", "redis"),
-    "KafkaFeed": (".kafka", "aiokafka"),
-    "KafkaOffset": (".kafka", "aiokafka"),
-    "FeedRebalanceListener": (".kafka", "aiokafka"),
+    "KafkaFeed": (".kafka", "confluent-kafka"),
+    "KafkaOffset": (".kafka", "confluent-kafka"),
+    "KafkaProducer": (".kafkaclient", "confluent-kafka"),
 }
 
 

@@ -33,6 +33,7 @@ from .._schema import primary_key
 from .._threads import run_sync, stream_limiter
 from ..errors import DecodeError, LanceAsyncError
 from ..memwal.acks import Ack
+from ..sources.jsonrows import few_chunks
 from .messages import DeadLetter, Feed, Message, decode_json
 from .ops import OpWriter, decode_ops
 
@@ -119,9 +120,11 @@ def _decode_whole(
     schema: pa.Schema,
     decode: Callable[[Sequence[Message], pa.Schema], pa.Table],
 ) -> pa.Table:
-    """Decode a micro-batch into one chunk (blocking): concatenated here, on
-    the worker thread, so the writer queues the micro-batch as one entry."""
-    return decode(messages, schema).combine_chunks()
+    """Decode a micro-batch (blocking): a small one made one chunk here, on the
+    worker thread, so the writer queues it as one entry; a large one keeps
+    its chunks (combining would copy it whole; see
+    :func:`~lance_async.sources.jsonrows.few_chunks`)."""
+    return few_chunks(decode(messages, schema))
 
 
 async def _decode_group(
@@ -164,6 +167,20 @@ async def _decode_group(
         else:
             tables.append(result)
     return (pa.concat_tables(tables) if tables else None), list(messages), None
+
+
+def release_payloads(messages: Sequence[Message]) -> None:
+    """Let go of the payloads of decoded messages (``payload`` becomes ``b""``).
+
+    A message waits for its rows to be durable before it is acknowledged;
+    only its offset and ack are needed then. Holding its payload too kept a
+    second copy of every row in flight (the bytes beside the decoded rows),
+    several for a large message. Record batches handed out by a file feed
+    are the rows themselves and are kept.
+    """
+    for m in messages:
+        if not isinstance(m.payload, pa.RecordBatch):
+            m.payload = b""
 
 
 async def ingest(
@@ -249,6 +266,12 @@ async def ingest(
     Cancellation: fetching stops at once; micro-batches whose rows are not
     yet durable are not acknowledged (they will come again); nothing is
     acknowledged after the cancellation.
+
+    Memory: a message's payload is let go once decoded (its ``payload``
+    becomes ``b""``, :func:`release_payloads`), so while its rows wait to be
+    durable only the decoded rows are held; a large JSON payload is parsed
+    in blocks (:data:`~lance_async.sources.jsonrows.BLOCK_BYTES`), so its
+    decoding holds little beyond the payload and its rows.
     """
     check_int("max_batch", max_batch, minimum=1)
     check_seconds("fetch_timeout", fetch_timeout)
@@ -317,10 +340,12 @@ async def ingest(
                         continue
                     ack: Ack | None = None
                     rows = 0
+                    release_payloads(messages)
                     if table is not None and table.num_rows:
                         rows = table.num_rows
                         ack = await writer.send(table)
                         stats.sends += 1
+                    table = None  # the writer holds the rows now; not this loop too
                     if messages:
                         await to_ack.send((messages, ack, rows))
                     if stopped is not None:

@@ -16,7 +16,38 @@ import sniffio
 
 from ..errors import ClosedError, LanceAsyncError
 
-__all__ = ["BrokerFeed", "FeedState", "call_maybe_async", "check_open", "require_asyncio"]
+__all__ = [
+    "DEFAULT_RETRY_FOR",
+    "BrokerFeed",
+    "FeedState",
+    "call_maybe_async",
+    "check_open",
+    "check_retry_for",
+    "require_asyncio",
+]
+
+DEFAULT_RETRY_FOR = 300.0
+"""Seconds a broker feed rides out a broker that went away -- a restart, a
+network cut, a failover -- before its error reaches the caller: every feed's
+``retry_for`` (JetStream, Redis Streams; a Kafka feed takes the same
+setting). Five minutes covers a rolling restart of a broker cluster; a feed
+that should fail fast sets it lower, one that should wait for ever sets
+``math.inf``."""
+
+
+def check_retry_for(retry_for: float) -> float:
+    """``retry_for`` checked: a number of seconds >= 0 (``math.inf``: for ever).
+
+    Raises
+    ------
+    ValueError, TypeError
+        Negative, NaN, or not a number.
+    """
+    if isinstance(retry_for, bool) or not isinstance(retry_for, (int, float)):
+        raise TypeError(f"retry_for must be a number of seconds, got {retry_for!r}")
+    if not retry_for >= 0:
+        raise ValueError(f"retry_for must be >= 0 seconds, got {retry_for}")
+    return float(retry_for)
 
 
 class FeedState(enum.Enum):

@@ -25,7 +25,8 @@ Kafka: acknowledged by all in-sync replicas), and only then is the bad
 message acknowledged on the feed. Redis keeps it as durably as the server
 is configured to (AOF); JetStream and Kafka as their stream or topic is.
 
-The clients are those of the feeds (redis.asyncio, nats-py, aiokafka),
+The clients are those of the feeds (redis.asyncio, nats-py, and
+librdkafka through confluent-kafka: :class:`~lance_async.feeds.kafkaclient.KafkaProducer`),
 imported when a sink connects; all three run on asyncio only.
 """
 
@@ -43,8 +44,9 @@ from .deadletter import DeadLetterSink
 
 if TYPE_CHECKING:
     import redis.asyncio
-    from aiokafka import AIOKafkaProducer
     from nats.aio.client import Client as NatsClient
+
+    from .kafkaclient import KafkaProducer
 
 __all__ = [
     "JetStreamDeadLetters",
@@ -356,9 +358,9 @@ class KafkaDeadLetterTopic(DeadLetterSink):
 
     Parameters
     ----------
-    producer : aiokafka.AIOKafkaProducer
-        A started producer (``acks="all"`` for a dead letter that survives a
-        broker).
+    producer : lance_async.feeds.kafkaclient.KafkaProducer
+        A producer (``acks=all``, its default, for a dead letter that
+        survives a broker).
     topic : str
         The topic.
     max_bad, feed
@@ -368,13 +370,14 @@ class KafkaDeadLetterTopic(DeadLetterSink):
 
     Notes
     -----
-    Does not block the loop (aiokafka). The records have no key (the
-    topic's partitioner spreads them).
+    Does not block the loop (librdkafka enqueues; a thread serves the
+    delivery reports). The records have no key (the topic's partitioner
+    spreads them).
     """
 
     def __init__(
         self,
-        producer: AIOKafkaProducer,
+        producer: KafkaProducer,
         topic: str,
         *,
         max_bad: int | None = None,
@@ -398,26 +401,18 @@ class KafkaDeadLetterTopic(DeadLetterSink):
         max_bad: int | None = None,
         feed: str | None = None,
     ) -> KafkaDeadLetterTopic:
-        """Start a producer (``acks="all"``) on ``bootstrap_servers``.
+        """Make a producer (``acks=all``) for ``bootstrap_servers``.
 
         Returns
         -------
         KafkaDeadLetterTopic
-            Owning its producer.
-
-        Raises
-        ------
-        aiokafka.errors.KafkaConnectionError
-            No broker answered.
+            Owning its producer. Does not wait for a broker: librdkafka
+            connects in the background, and a dead letter waits for one
+            (up to ``message.timeout.ms``, 300 s by default).
         """
-        from aiokafka import AIOKafkaProducer
+        from .kafkaclient import KafkaProducer
 
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all")
-        try:
-            await producer.start()
-        except BaseException:
-            await producer.stop()
-            raise
+        producer = KafkaProducer({"bootstrap.servers": bootstrap_servers})
         return cls(producer, topic, max_bad=max_bad, feed=feed, owns_producer=True)
 
     async def store(self, message: Message, record: dict[str, Any]) -> None:
@@ -425,18 +420,14 @@ class KafkaDeadLetterTopic(DeadLetterSink):
 
         Raises
         ------
-        aiokafka.errors.KafkaError
-            The send failed.
+        confluent_kafka.KafkaException
+            The record was not delivered.
         """
         headers = dead_letter_headers(message, record)
-        await self._producer.send_and_wait(
-            self.topic,
-            value=dead_letter_body(message),
-            headers=[(k, v.encode()) for k, v in headers.items()],
-        )
+        await self._producer.send_and_wait(self.topic, dead_letter_body(message), headers=headers)
 
     async def aclose(self) -> None:
-        """Stop the producer if this sink owns it. Idempotent."""
+        """Close the producer if this sink owns it (what is queued is delivered). Idempotent."""
         if self._owns_producer:
             self._owns_producer = False
-            await self._producer.stop()
+            await self._producer.aclose()

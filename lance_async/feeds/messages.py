@@ -5,6 +5,7 @@ of a micro-batch of payloads into rows.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -12,8 +13,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from ..errors import DecodeError
 from ..sources.jsonarray import to_ndjson
-from ..sources.jsonrows import decode_json_rows
+from ..sources.jsonrows import decode_json_rows, is_blank
 
 __all__ = ["AckFn", "DeadLetter", "Feed", "Message", "decode_json"]
 
@@ -21,6 +23,7 @@ AckFn = Callable[[], Awaitable[None]]
 
 
 _NO_HEADERS: Mapping[str, Any] = MappingProxyType({})
+_LEAD = re.compile(rb"[ \t\n\r\x0b\x0c]*")  # blanks before a payload's first value
 
 
 @dataclass(slots=True)
@@ -101,13 +104,19 @@ def decode_json(messages: Sequence[Message], schema: pa.Schema) -> pa.Table:
     messages' order (a later message's row of a key wins), whatever mix of
     kinds the messages are.
 
+    A message with no rows -- an empty payload, only whitespace, an empty
+    JSON array -- is a bad message, not zero rows: a producer that sent it
+    meant something else (a Kafka tombstone, a field left empty), and
+    acknowledging it as written would hide that. :func:`ingest` sets it
+    aside through the dead-letter hook, or stops, as for any bad message.
+
     Raises
     ------
     DecodeError
-        A payload is not valid JSON for the schema.
+        A payload is not valid JSON for the schema, or holds no row.
     """
     tables: list[pa.Table] = []
-    raw: list[bytes] = []
+    raw: list[bytes | bytearray] = []
     decoded: list[pa.RecordBatch] = []
 
     def close_run() -> None:  # one table per run of one kind, runs in message order
@@ -115,8 +124,11 @@ def decode_json(messages: Sequence[Message], schema: pa.Schema) -> pa.Table:
             tables.append(pa.Table.from_batches(decoded))
             decoded.clear()
         if raw:
-            tables.append(decode_json_rows(b"\n".join(raw) + b"\n", schema))
+            # one payload is decoded as it is (a large message is never copied
+            # here); several are joined once, one after the other by lines
+            text = raw[0] if len(raw) == 1 else b"\n".join(raw)
             raw.clear()
+            tables.append(decode_json_rows(text, schema))
 
     for m in messages:
         if isinstance(m.payload, pa.RecordBatch):
@@ -124,13 +136,26 @@ def decode_json(messages: Sequence[Message], schema: pa.Schema) -> pa.Table:
                 close_run()
             decoded.append(m.payload)
             continue
-        data = bytes(m.payload).strip()
-        if data[:1] == b"[":  # a JSON array of objects (application/json)
-            data = to_ndjson(data).strip()
-        if data:
-            if decoded:
-                close_run()
-            raw.append(data)
+        data: bytes | bytearray = m.payload if type(m.payload) is bytes else bytes(m.payload)
+        if is_blank(data):
+            raise DecodeError(
+                f"message at offset {m.offset!r} is empty: no rows (an empty message is a "
+                "bad message, never acknowledged as written)",
+                offset=m.offset,
+            )
+        lead = _LEAD.match(data)
+        start = lead.end() if lead is not None else 0
+        if data[start : start + 1] == b"[":  # a JSON array of objects (application/json)
+            data = to_ndjson(data)
+            if is_blank(data):
+                raise DecodeError(
+                    f"message at offset {m.offset!r} is empty: no rows (an empty message is a "
+                    "bad message, never acknowledged as written)",
+                    offset=m.offset,
+                )
+        if decoded:
+            close_run()
+        raw.append(data)
     close_run()
     if not tables:
         return schema.empty_table()

@@ -33,6 +33,24 @@ The design follows JetStream's own pull-consumer guidance (``Fetch`` in
 batches, ``AckExplicit``, durable names survive restarts) and nats-py's
 ``PullSubscription.fetch``.
 
+A server that restarts
+----------------------
+A feed made by :meth:`JetStreamFeed.connect` reconnects for as long as
+``retry_for`` allows (default five minutes, the setting every broker feed
+takes: :data:`~lance_async.feeds.broker.DEFAULT_RETRY_FOR`): nats-py
+retries the connection every ``reconnect_time_wait`` (0.5 s, with its
+jitter) without a cap on attempts, a fetch meanwhile returns no message
+after its timeout, and acks are kept in nats-py's buffer and sent once the
+connection is back (a lost one costs a redelivery, never a loss). The
+durable consumer lives in the server's store, so the reconnected feed
+pulls where it stopped; the acks sent just before the connection went down
+are sent again once it is back (a server killed a moment after it took
+them may have lost them). Once the connection has been down ``retry_for``
+seconds, ``fetch`` raises :class:`~lance_async.LanceAsyncError`
+(``retryable``); a client given to :meth:`JetStreamFeed.from_client`
+reconnects by its own options, and the feed still gives up after
+``retry_for``.
+
 Notes
 -----
 nats-py runs on asyncio only; so does this feed (on trio, :meth:`connect`
@@ -45,6 +63,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -58,8 +78,17 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
 from .._metrics import set_feed_lag
+from .._retry import Backoff
+from ..errors import LanceAsyncError
 from .base import Message
-from .broker import BrokerFeed, FeedState, check_open, require_asyncio
+from .broker import (
+    DEFAULT_RETRY_FOR,
+    BrokerFeed,
+    FeedState,
+    check_open,
+    check_retry_for,
+    require_asyncio,
+)
 
 __all__ = ["JetStreamFeed"]
 
@@ -67,6 +96,24 @@ log = logging.getLogger("lance_async.feeds")
 
 #: The shortest fetch wait sent to the server (seconds); nats-py needs > 0.
 MIN_FETCH_TIMEOUT = 0.01
+
+#: Seconds before a lost connection was noticed whose acks are sent again
+#: once it is back (see ``JetStreamFeed._watch_connection``).
+REACK_WINDOW = 10.0
+#: The most acks kept for that.
+REACK_LIMIT = 20_000
+
+#: What nats-py raises while the connection is away (reconnecting, closed
+#: under the feed, no server, a full buffer of what waits for it).
+_AWAY = (
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.NoServersError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.FlushTimeoutError,
+    nats.js.errors.ServiceUnavailableError,
+)
 
 
 class JetStreamFeed(BrokerFeed):
@@ -94,6 +141,9 @@ class JetStreamFeed(BrokerFeed):
         Seconds ``ack_sync`` waits for the server (default 5).
     close_timeout : float
         Seconds :meth:`aclose` may spend unsubscribing and flushing (default 5).
+    retry_for : float
+        Seconds the connection may stay down before :meth:`fetch` raises
+        (default five minutes; see the module notes).
 
     Notes
     -----
@@ -117,6 +167,7 @@ class JetStreamFeed(BrokerFeed):
         ack_sync_timeout: float = 5.0,
         close_timeout: float = 5.0,
         took_over: bool = False,
+        retry_for: float = DEFAULT_RETRY_FOR,
     ) -> None:
         self._client = client
         self._sub = subscription
@@ -136,6 +187,10 @@ class JetStreamFeed(BrokerFeed):
         """Redelivered copies of messages this feed had handed out already,
         not handed out again (only with ``take_over``: see the module notes)."""
         self._took_over = took_over
+        self.retry_for = check_retry_for(retry_for)
+        self._down_since: float | None = None  # when the connection was first seen down
+        # the last acks, with when they were sent: sent again after a reconnect
+        self._recent: deque[tuple[float, Msg]] = deque(maxlen=REACK_LIMIT)
         self._highest = 0  # highest stream sequence handed out
         self._in_flight: dict[int, list[Msg]] = {}  # handed out, not acked -> held copies
 
@@ -156,6 +211,7 @@ class JetStreamFeed(BrokerFeed):
         take_over: bool = False,
         ack_sync: bool = False,
         close_timeout: float = 5.0,
+        retry_for: float = DEFAULT_RETRY_FOR,
         connect_options: Mapping[str, Any] | None = None,
     ) -> JetStreamFeed:
         """Connect to NATS and bind (or create) a durable pull consumer.
@@ -201,6 +257,14 @@ class JetStreamFeed(BrokerFeed):
             Wait for the server to confirm each ack (see the class).
         close_timeout : float
             Seconds :meth:`aclose` may spend unsubscribing and flushing.
+        retry_for : float
+            Seconds a connection that went away (a server restart) is
+            retried before :meth:`fetch` raises (default
+            :data:`~lance_async.feeds.broker.DEFAULT_RETRY_FOR`, five
+            minutes; ``math.inf``: for ever). The connection retries
+            without a cap on attempts (``max_reconnect_attempts=-1``,
+            ``reconnect_time_wait=0.5``) unless ``connect_options`` say
+            otherwise.
         connect_options : mapping, optional
             Passed to ``nats.connect`` (credentials, TLS, reconnect policy, ...).
 
@@ -226,8 +290,11 @@ class JetStreamFeed(BrokerFeed):
         JetStream API round trips.
         """
         require_asyncio("JetStreamFeed")
+        retry_for = check_retry_for(retry_for)
         urls: str | list[str] = servers if isinstance(servers, str) else list(servers)
-        client = await nats.connect(urls, **dict(connect_options or {}))
+        options = {"max_reconnect_attempts": -1, "reconnect_time_wait": 0.5}
+        options.update(connect_options or {})
+        client = await nats.connect(urls, **options)
         try:
             return await cls.from_client(
                 client,
@@ -242,6 +309,7 @@ class JetStreamFeed(BrokerFeed):
                 take_over=take_over,
                 ack_sync=ack_sync,
                 close_timeout=close_timeout,
+                retry_for=retry_for,
                 owns_client=True,
             )
         except BaseException:
@@ -265,6 +333,7 @@ class JetStreamFeed(BrokerFeed):
         take_over: bool = False,
         ack_sync: bool = False,
         close_timeout: float = 5.0,
+        retry_for: float = DEFAULT_RETRY_FOR,
         owns_client: bool = False,
     ) -> JetStreamFeed:
         """Bind (or create) a durable pull consumer on a connected client.
@@ -320,6 +389,7 @@ class JetStreamFeed(BrokerFeed):
             ack_sync=ack_sync,
             close_timeout=close_timeout,
             took_over=take_over,
+            retry_for=retry_for,
         )
 
     def __repr__(self) -> str:
@@ -335,10 +405,7 @@ class JetStreamFeed(BrokerFeed):
 
         async def ack() -> None:
             check_open(self._state, repr(self))
-            if self._ack_sync:
-                await msg.ack_sync(timeout=self._ack_sync_timeout)
-            else:
-                await msg.ack()
+            await self._ack_copy(msg)
             self.acked += 1
             for copy in self._in_flight.pop(sequence, ()):
                 await self._ack_copy(copy)
@@ -346,11 +413,82 @@ class JetStreamFeed(BrokerFeed):
         return Message(sequence, msg.data, dict(msg.headers or {}), _ack=ack)
 
     async def _ack_copy(self, msg: Msg) -> None:
-        """Acknowledge a held-back copy of a message whose rows are durable."""
-        if self._ack_sync:
-            await msg.ack_sync(timeout=self._ack_sync_timeout)
-        else:
-            await msg.ack()
+        """Acknowledge a message (or a held-back copy of one whose rows are
+        durable); a connection that is away is waited for, up to ``retry_for``."""
+        backoff = Backoff(0.05, 2.0)
+        while True:
+            try:
+                if self._ack_sync:
+                    await msg.ack_sync(timeout=self._ack_sync_timeout)
+                else:
+                    await msg.ack()
+                self._recent.append((time.monotonic(), msg))
+                return
+            except _AWAY as exc:
+                check_open(self._state, repr(self))
+                self._check_down(exc)
+                await backoff.sleep()
+
+    async def _watch_connection(self) -> None:
+        """Before a fetch: raise past ``retry_for`` of a connection that is
+        down; on a connection back up, acknowledge again what was
+        acknowledged just before it went down.
+
+        A server killed (or crashed) a moment after it took acks may come
+        back without them (nats-server keeps a consumer's ack state in
+        memory a little while before its store has it: 100 acks of 100 were
+        gone after a SIGKILL right after their flush's PONG). The messages
+        would come again after ``ack_wait`` -- held back here, written again
+        by the next run. An ack sent twice is harmless (JetStream keeps
+        the first), so the acks of the last :data:`REACK_WINDOW` seconds
+        before the connection went down are sent again.
+        """
+        client = self._client
+        up = client.is_connected and not client.is_reconnecting
+        if not (up and self._down_since is not None):
+            self._check_down()
+            return
+        since = self._down_since - REACK_WINDOW
+        self._down_since = None
+        again = [m for at, m in self._recent if at >= since]
+        self._recent.clear()
+        try:
+            for m in again:
+                await client.publish(m.reply)  # what Msg.ack sends, once more
+        except _AWAY as exc:  # down again: the next fetch sees it
+            log.debug("%r: acknowledging again after a reconnect: %r", self, exc)
+            return
+        log.warning(
+            "%r: the NATS connection is back; %d acks of the moments before it went down "
+            "sent again",
+            self,
+            len(again),
+        )
+
+    def _check_down(self, exc: BaseException | None = None) -> None:
+        """Note whether the connection is down; raise once it has been down
+        longer than ``retry_for`` (``exc``: the error that showed it)."""
+        client = self._client
+        down = exc is not None or client.is_reconnecting or not client.is_connected
+        if not down:
+            self._down_since = None
+            return
+        if client.is_closed:  # closed for good (its own reconnect options gave up)
+            raise LanceAsyncError(
+                f"{self!r}: the NATS connection is closed; open a new feed"
+            ) from exc
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+            log.warning("%r: the NATS connection is down; retrying for %g s", self, self.retry_for)
+        if now - self._down_since > self.retry_for:
+            error = LanceAsyncError(
+                f"{self!r}: no NATS server answered for {now - self._down_since:.0f} s "
+                f"(retry_for={self.retry_for:g}); nothing unacknowledged is lost: the "
+                "durable redelivers it to the next reader"
+            )
+            error.retryable = True
+            raise error from exc
 
     async def _fresh(self, msgs: list[Msg]) -> list[Msg]:
         """The messages this feed has not handed out before (``take_over`` only).
@@ -424,8 +562,9 @@ class JetStreamFeed(BrokerFeed):
         ------
         ClosedError
             The feed was closed.
-        nats.errors.ConnectionClosedError
-            The connection was closed underneath the feed.
+        LanceAsyncError
+            The connection has been down longer than ``retry_for``
+            (``retryable``; until then a fetch returns ``[]``).
         nats.js.errors.APIError
             The server rejected the pull (for example the consumer was deleted).
 
@@ -438,9 +577,14 @@ class JetStreamFeed(BrokerFeed):
         check_open(self._state, repr(self))
         if max_messages < 1:
             raise ValueError(f"max_messages must be >= 1, got {max_messages}")
+        await self._watch_connection()
         try:
             msgs = await self._sub.fetch(max_messages, timeout=max(timeout, MIN_FETCH_TIMEOUT))
         except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            return []
+        except _AWAY as exc:  # the server went away under the pull: wait, then pull again
+            self._check_down(exc)
+            await anyio.sleep(min(max(timeout, MIN_FETCH_TIMEOUT), 0.5))
             return []
         if self._took_over:
             msgs = await self._fresh(msgs)

@@ -37,8 +37,11 @@ object (field names to UTF-8 strings) -- with the default decoder, an entry
 whose fields are the table's columns is a row, and any other entry fails
 with :class:`~lance_async.DecodeError` naming its id (or goes to the
 dead-letter hook); it is never skipped silently. An entry deleted (``XDEL``,
-``XTRIM``) while pending has no data left: it becomes an empty message,
-acknowledged with no rows.
+``XTRIM``) while pending has no data left, nothing to write and nothing to
+set aside: the feed acknowledges it itself, logs it, counts it in
+``vanished`` and hands it out to nobody. (An entry whose payload field is
+empty *is* handed out: an empty message is a bad message, see
+:func:`~lance_async.feeds.decode_json`.)
 
 Notes
 -----
@@ -63,8 +66,16 @@ import anyio
 import redis.asyncio
 import redis.exceptions
 
+from .._retry import Backoff
 from .base import Message
-from .broker import BrokerFeed, FeedState, check_open, require_asyncio
+from .broker import (
+    DEFAULT_RETRY_FOR,
+    BrokerFeed,
+    FeedState,
+    check_open,
+    check_retry_for,
+    require_asyncio,
+)
 
 __all__ = ["RedisStreamFeed"]
 
@@ -122,12 +133,14 @@ class RedisStreamFeed(BrokerFeed):
     owns_client : bool
         Close ``client`` in :meth:`aclose` (default False).
     retry_for : float
-        Seconds a read, claim or ack keeps retrying (with back-off) after
-        the connection timed out or broke -- a process paused longer than
-        redis-py's socket timeout, a Redis restart -- before the error
-        reaches the caller (default 30; 0: no retry). A read interrupted
-        this way is redone from this consumer's pending list, so nothing
-        it took is lost.
+        Seconds a read, claim or ack keeps retrying (with back-off: 0.05 s
+        doubling to 2 s) after the connection timed out or broke -- a
+        process paused longer than redis-py's socket timeout, a Redis
+        restart -- before the error reaches the caller (default
+        :data:`~lance_async.feeds.broker.DEFAULT_RETRY_FOR`, five minutes,
+        the setting every broker feed takes; 0: no retry; ``math.inf``: for
+        ever). A read interrupted this way is redone from this consumer's
+        pending list, so nothing it took is lost.
 
     Notes
     -----
@@ -145,10 +158,9 @@ class RedisStreamFeed(BrokerFeed):
         min_idle_time: float = 30.0,
         claim_interval: float | None = 60.0,
         owns_client: bool = False,
-        retry_for: float = 30.0,
+        retry_for: float = DEFAULT_RETRY_FOR,
     ) -> None:
-        if retry_for < 0:
-            raise ValueError(f"retry_for must be >= 0 seconds, got {retry_for}")
+        retry_for = check_retry_for(retry_for)
         if min_idle_time < 0:
             raise ValueError(f"min_idle_time must be >= 0 seconds, got {min_idle_time}")
         if claim_interval is not None and claim_interval <= 0:
@@ -175,6 +187,9 @@ class RedisStreamFeed(BrokerFeed):
         """Entries taken over from other consumers with ``XAUTOCLAIM``."""
         self.acked = 0
         """Entries acknowledged so far."""
+        self.vanished = 0
+        """Pending entries found deleted from the stream (acknowledged by the feed)."""
+        self._gone: list[str] = []
 
     @classmethod
     async def connect(
@@ -187,7 +202,7 @@ class RedisStreamFeed(BrokerFeed):
         field: bytes | str | None = b"data",
         min_idle_time: float = 30.0,
         claim_interval: float | None = 60.0,
-        retry_for: float = 30.0,
+        retry_for: float = DEFAULT_RETRY_FOR,
         start_id: str = "0",
         client_options: Mapping[str, Any] | None = None,
     ) -> RedisStreamFeed:
@@ -299,7 +314,10 @@ class RedisStreamFeed(BrokerFeed):
             offset = _text(entry_id)
             if offset in self._inflight:
                 continue  # ours, still being written: never hand it out twice
-            payload, headers = self._payload(fields or {})
+            if not fields:  # deleted from the stream while pending: nothing left
+                self._gone.append(offset)
+                continue
+            payload, headers = self._payload(fields)
             self._inflight.add(offset)
             out.append(Message(offset, payload, headers, _ack=self._acker(offset)))
         self.fetched += len(out)
@@ -446,37 +464,44 @@ class RedisStreamFeed(BrokerFeed):
             self._phase, self._own_cursor = _Phase.OWN, "0-0"
         self._interrupted = True
         deadline = time.monotonic() + max(timeout, 0.0)
-        give_up = time.monotonic() + self.retry_for
-        wait = 0.05
+        backoff = Backoff(0.05, 2.0, give_up_after=self.retry_for)
         while True:
             try:
                 out = await self._fetch(max_messages, deadline)
                 break
             except TRANSIENT as exc:
-                if time.monotonic() + wait > give_up:
+                if backoff.exhausted():
                     raise
-                log.warning("%r: %s; reading again in %.2f s", self, exc, wait)
+                log.warning("%r: %s; reading again in %.2f s", self, exc, backoff.wait)
                 # the lost reply may have delivered entries: they are ours now
                 self._phase, self._own_cursor = _Phase.OWN, "0-0"
-                await anyio.sleep(wait)
-                wait = min(wait * 2, 2.0)
+                await backoff.sleep()
         self._interrupted = False
+        if self._gone:
+            gone, self._gone = self._gone, []
+            await self._retrying(self._client.xack, self.stream, self.group, *gone)
+            self.vanished += len(gone)
+            log.info(
+                "%r: %d pending entries were deleted from the stream (XDEL, XTRIM) before "
+                "they were written; acknowledged without rows: %s",
+                self,
+                len(gone),
+                ", ".join(gone[:10]) + (" ..." if len(gone) > 10 else ""),
+            )
         return out
 
     async def _retrying(self, call: Any, *args: Any) -> Any:
         """``await call(*args)``, again after a transient error, for up to
         ``retry_for`` seconds (for idempotent commands: ``XACK``)."""
-        give_up = time.monotonic() + self.retry_for
-        wait = 0.05
+        backoff = Backoff(0.05, 2.0, give_up_after=self.retry_for)
         while True:
             try:
                 return await call(*args)
             except TRANSIENT as exc:
-                if time.monotonic() + wait > give_up:
+                if backoff.exhausted():
                     raise
-                log.warning("%r: %s; trying again in %.2f s", self, exc, wait)
-                await anyio.sleep(wait)
-                wait = min(wait * 2, 2.0)
+                log.warning("%r: %s; trying again in %.2f s", self, exc, backoff.wait)
+                await backoff.sleep()
 
     async def _fetch(self, count: int, deadline: float) -> list[Message]:
         while True:

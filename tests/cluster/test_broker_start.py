@@ -73,13 +73,14 @@ async def test_a_worker_started_before_its_broker_waits_then_ingests(
                 await close()
 
             async def ingested() -> bool:
-                table = await (await la.open_dataset(ds.uri)).lsm_scan(columns=["id"]).to_table()
+                table = await (await la.open_dataset(ds.uri)).lsm.scan(columns=["id"]).to_table()
                 return sorted(table.column("id").to_pylist()) == list(range(KEYS))
 
             await eventually(ingested, 120, "the worker to ingest every row once its broker is up")
             proc.send_signal(signal.SIGTERM)
             with anyio.fail_after(60):
                 code = await proc.wait()
+            assert proc.stderr is not None  # open_process pipes it by default
             async for chunk in proc.stderr:
                 err += chunk.decode()
         assert code == 0, err

@@ -54,7 +54,7 @@ from lance_async.cluster import (
 from lance_async.cluster.worker import DELETE
 
 from ..helpers import KV_SCHEMA
-from ..services import create_bucket, create_topic
+from ..services import GroupOffsets, create_bucket, create_topic
 from .brokers import PrivateBroker, nats_server, redis_server, tansu_server
 
 # a hang-stop past both windows (120 s, 240 s) and the chaos itself, beside CPU hogs
@@ -67,7 +67,7 @@ TTL = {"redis": 4.0, "nats": 5.0, "kafka": 3.0}
 and rebalance timeouts (seconds): the unit of the stall bound."""
 GAP = {"redis": (0.8, 1.6), "nats": (0.8, 1.6), "kafka": (2.2, 3.0)}
 """Seconds between chaos events."""
-STALL_TTLS = {"redis": 4, "nats": 4, "kafka": 20}
+STALL_TTLS = {"redis": 4, "nats": 4, "kafka": 5}
 """The stall bound, in TTLs (the issue's target is 2): a guard against a
 partition nobody consumes (the bug it catches stalled for minutes), set
 from the longest stalls measured on the loaded machine.
@@ -103,30 +103,36 @@ after taking the first), NATS 20.7, 18.6 s (4.13, 3.72 TTLs: 12.5 s to import,
 then a first round whose request timed out). So 2 TTLs held five runs in a
 row on Redis, but not at the heavier load: the bound stays at 4.
 
-A Kafka group rebalances as a whole: every membership change (a member
-gone, the same member back) stops every member until the group has
-regrouped (Tansu on moto: 1.2-1.7 s median from rejoining to an
-assignment, 3.6-6.9 s at the 90th percentile), and Tansu notices a dead
-member only after one and a half session timeouts (it ignores LeaveGroup).
-With sessions of 1.5 s and rebalances as long, live members lost theirs
-too (no heartbeat answered as a success for a whole session: 7-16 such
-expiries and 37-79 unknown-member errors in a run), the group kept
-rebalancing every 4 s for a minute after the chaos ended, the commits of a
-member it dropped were refused, and one run in five under the suite's load
-ran past the test's 240 s: the longest Kafka stalls measured were
-10.5-11.5 s alone and 9.0-26.0 s beside the other tests. Sessions are now
-3 s and a rebalance waits 6 s for members to rejoin: beside two CPU hogs,
-two runs took 156 s and 114 s, longest stalls 10.0 s and 4.4 s (3.3 and
-1.5 sessions); in a ``tests/cluster`` run (load 9-14) 8.1 s (2.7 sessions:
-two members ran throughout; a killed one noticed after 1.5 sessions, then
-the group's rebalance, twice). No worker can shorten them (a revoke took
-0.00-0.54 s, an assignment 0.01-0.44 s); a partition left owned with
-nothing consuming it would stall to the end of the test."""
+Kafka: the workers run librdkafka with the ``cooperative-sticky`` assignor
+(issue 40), so a membership change moves only the partitions that change
+hands and the other members go on acknowledging through it; what is left
+is a window in which no member consumes (the broker restart, all three
+killed or paused) or only the dead ones had a backlog: Tansu notices a dead
+member only after 1.5 sessions (it ignores LeaveGroup), and a member
+restarted under the same name joins as a new one. Sessions are 3 s and a
+rebalance waits 6 s for members to rejoin. Measured (2026-12-06, one run at
+a time, load average 2-12 from other sessions): longest stalls 3.85, 4.19,
+7.35, 5.29 s (1.28, 1.40, 2.45, 1.76 sessions; the run at 2.45: the two
+partitions of w2, killed at 43.5 s, restarted, killed again at 51.3 s and
+54.6 s before it acknowledged anything, waited out two session expiries
+while the others had drained theirs); with aiokafka's eager protocol, where
+every change stopped every member, 2.85-4.31 sessions on an idle machine
+and 8.1-10.0 s under load, against a bound of 20. The issue's target is 2
+sessions; the bound is 4, as for Redis and NATS, since a restarted member
+killed again before it acknowledges costs one more session expiry. On
+2026-12-07 (load average 7-10): 3.74, 3.65, 3.36, 12.15, 2.86, 2.34 s
+(1.25, 1.22, 1.12, 4.05, 0.95, 0.78 sessions); the 4.05 spans w1 killed
+(21.8 s) and, restarted, paused (24.7 s), the broker restart (27.7 s) and
+w3 killed (30.3 s) while w2's partitions had drained: each waits out
+Tansu's 1.5-session detection of a dead member, so Kafka's bound is 5. A
+partition left owned with nothing consuming it stalls to the end of the
+test (a commit refused in a rebalance and never sent again did, 230 s:
+fixed in the same round)."""
 SAMPLE = {"redis": 0.1, "nats": 0.1, "kafka": 0.5}
 """Seconds between two samples of the group's positions. Kafka's is coarser:
 each sample is an OffsetFetch per partition, which Tansu answers from moto
-(six requests; at 0.1 s they were half of moto's load), and its bound is
-20 sessions."""
+(six requests; at 0.1 s they were half of moto's load); its bound, 4
+sessions (12 s), is 24 samples."""
 EVENTS = 21
 """Chaos events: 20 kills and pauses, and the broker restart."""
 MEMBERS = ("w1", "w2", "w3")
@@ -163,16 +169,14 @@ class Bus:
             ).ensure_stream()
             self.publisher = NatsPublisher(self.client, self.name, PARTITIONS)
         else:
-            from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+            from lance_async.feeds import KafkaProducer
 
             bootstrap = f"127.0.0.1:{port}"
             await create_topic(bootstrap, self.name, PARTITIONS)
-            producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-            await producer.start()
+            producer = KafkaProducer({"bootstrap.servers": bootstrap, "linger.ms": 5})
             self.producer = producer
             self.publisher = KafkaPublisher(producer, self.name, PARTITIONS, owns_producer=True)
-            self.client = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=self.group)
-            await self.client.start()  # reads the group's committed offsets; never joins
+            self.client = GroupOffsets(bootstrap, self.group, self.name)  # never joins
 
     async def publish(self, partition: int, payload: bytes, headers: dict[str, str] | None) -> None:
         """Publish, retrying while the broker is away (never during a restart: see chaos)."""
@@ -209,20 +213,13 @@ class Bus:
                     with anyio.fail_after(30):
                         sent = [
                             await self.producer.send(
-                                self.name,
-                                payload,
-                                partition=partition,
-                                headers=[(k, v.encode()) for k, v in headers.items()]
-                                if headers
-                                else None,
+                                self.name, payload, partition=partition, headers=headers
                             )
                             for partition, payload, headers in messages
                         ]
                         for future in sent:
-                            meta = await future
-                            self.published[meta.partition] = max(
-                                self.published[meta.partition], meta.offset + 1
-                            )
+                            partition, offset = await future
+                            self.published[partition] = max(self.published[partition], offset + 1)
                 return
             except Exception:
                 if attempt == 199:
@@ -257,11 +254,9 @@ class Bus:
                     continue
                 out[p] = (info.ack_floor.stream_seq, info.num_pending + info.num_ack_pending)
             return out
-        from aiokafka import TopicPartition
-
+        committed = await self.client.committed(PARTITIONS)
         for p in range(PARTITIONS):
-            committed = await self.client.committed(TopicPartition(self.name, p)) or 0
-            out[p] = (committed, max(0, self.published[p] - committed))
+            out[p] = (committed[p], max(0, self.published[p] - committed[p]))
         return out
 
     published: dict[int, int] = field(default_factory=lambda: dict.fromkeys(range(PARTITIONS), 0))
@@ -274,7 +269,7 @@ class Bus:
                 await self.client.close()
             else:
                 await self.publisher.aclose()
-                await self.client.stop()
+                await self.client.aclose()
 
 
 @pytest_asyncio.fixture(params=["redis", "nats", "kafka"])
@@ -580,14 +575,14 @@ async def test_three_workers_under_chaos_stay_live_and_lose_nothing(
 
 async def assert_final(uri: str, expected: dict[int, int | None]) -> None:
     ds = await la.open_dataset(uri)
-    rows = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+    rows = (await ds.lsm.scan(columns=["id", "value"]).to_table()).to_pylist()
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids)), "a key appears twice"
     want = {k: v for k, v in expected.items() if v is not None}
     got = {r["id"]: r["value"] for r in rows}
     assert got == want, {k: (got.get(k), want.get(k)) for k in set(got) ^ set(want) or got}
     gone = next(k for k, v in expected.items() if v is None)
-    assert (await ds.lsm_point_lookup(gone, columns=["value"])).num_rows == 0
+    assert (await ds.lsm.point_lookup(gone, columns=["value"])).num_rows == 0
     assert (await ds.check_shards()).ok
 
 

@@ -15,6 +15,7 @@ import lance_async as la
 from lance_async.cluster import Partitioner
 
 from ..conftest import broker_or_skip
+from ..feeds.support import stream_entries
 from ..helpers import KV_SCHEMA
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scale-out.md"
@@ -39,7 +40,7 @@ async def test_the_producer_example_puts_each_row_in_its_partition(tmp_path: Pat
     try:
         seen = []
         for p in range(4):
-            for _id, fields in await client.xrange(f"{key}:{p}"):
+            for _id, fields in stream_entries(await client.xrange(f"{key}:{p}")):
                 part = [json.loads(line) for line in fields[b"data"].splitlines()]
                 assert set(partitioner.partition_of_rows(part)) == {p}
                 seen += part

@@ -131,7 +131,7 @@ async def run(command: list[str]) -> tuple[int, str]:
 
 async def assert_ingested_once(uri: str) -> None:
     ds = await la.open_dataset(uri)
-    rows = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+    rows = (await ds.lsm.scan(columns=["id", "value"]).to_table()).to_pylist()
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids)) == KEYS, "a key is missing or twice"
     behind = [r for r in rows if r["value"] != VERSIONS - 1]

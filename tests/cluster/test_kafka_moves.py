@@ -1,6 +1,7 @@
-"""A Kafka worker's dispatcher: partitions moved away and back, slow partitions.
+"""A Kafka worker's dispatcher on a real broker (Tansu): partitions moved away and back,
+shards held elsewhere, slow partitions.
 
-The dispatcher fetches records of every assigned partition in one batch and
+The coordinator fetches records of every assigned partition in one batch and
 hands them to each partition's queue. If the group moves a partition away
 and back meanwhile, records of the earlier assignment still queued or in
 hand belong to it: another member may have written and committed them, and
@@ -8,63 +9,80 @@ newer records of the same keys, since. Handed to the new assignment, they
 would be written again after those newer ones (a key back at an old
 version; seen under chaos, kill -9 and a CPU hog). A partition whose queue
 is full is paused in the consumer, so the others' records never wait
-behind it. Driven here with the fake aiokafka consumer of
-``tests/feeds/test_kafka.py``, whose rebalance follows aiokafka's eager
-protocol; the dispatcher and KafkaFeed are the real ones.
+behind it. The coordinators, librdkafka's consumers and the group are real;
+the "worker" is a harness that opens each partition's feed and reads it.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
-from aiokafka.structs import TopicPartition
+import pytest_asyncio
 
 from lance_async.cluster import kafka
 from lance_async.cluster.kafka import KafkaCoordinator
-from lance_async.errors import ConflictError
-from lance_async.feeds import Message
+from lance_async.errors import ConflictError, InvalidInputError
+from lance_async.feeds import KafkaProducer, Message
+from lance_async.feeds.kafkaclient import consumer_config
 
-from ..feeds.test_kafka import FakeBroker, FakeConsumer
+from ..helpers import eventually
+from ..services import GroupOffsets, create_topic, unique_name
 
-P0 = TopicPartition("events", 0)
-P1 = TopicPartition("events", 1)
+#: Short enough that a member that left (Tansu ignores LeaveGroup) is seen gone
+#: soon, long enough that one beside other work on 2 cores keeps its session (at
+#: 2 s a member under a CI run lost it, and a test saw its partitions revoked).
+FAST = {"session.timeout.ms": 5000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 15000}
 
 
-class GroupConsumer(FakeConsumer):
-    """The calls a KafkaCoordinator adds: start, and the topic's partitions."""
+class Topic:
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.name = unique_name("moves")
+        self.group = unique_name("g")
 
-    def __init__(self, broker: FakeBroker, assignment: set[TopicPartition]) -> None:
-        super().__init__(broker, assignment)
-        self.started = anyio.Event()  # subscribed, and its listener given
+    async def produce(self, partition: int, values: list[bytes]) -> None:
+        async with KafkaProducer({"bootstrap.servers": self.bootstrap}) as producer:
+            for value in values:
+                await producer.send_and_wait(self.name, value, partition=partition)
 
-    async def start(self) -> None:
-        self.started.set()
 
-    async def committed(self, tp: TopicPartition) -> int | None:
-        return self.broker.committed.get(tp)
+@pytest_asyncio.fixture
+async def topic(kafka_bootstrap: str) -> AsyncIterator[Topic]:
+    t = Topic(kafka_bootstrap)
+    await create_topic(kafka_bootstrap, t.name, 2)
+    yield t
 
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self._positions[tp] = offset
 
-    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
-        for tp in tps:
-            self._positions[tp] = 0
+class Board:
+    """Tells the members' changes (a partition's feed opened or closed)."""
 
-    def partitions_for_topic(self, topic: str) -> set[int]:
-        return {0, 1}
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def changed(self) -> None:
+        self._event.set()
+
+    async def until(self, done: Any) -> None:
+        with anyio.fail_after(60):  # only tells an answer from a hang
+            while not done():
+                self._event = anyio.Event()
+                await self._event.wait()
 
 
 class Member:
-    """A coordinator over the fake consumer (queues of one record), and the
-    partition feeds it opened; ``start(p)`` is called before each opens."""
+    """A coordinator of the topic's group, and the partition feeds it opened;
+    ``start(p)`` is called before each opens."""
 
-    def __init__(self, broker: FakeBroker) -> None:
-        self.consumer = GroupConsumer(broker, set())
-        self.coordinator = KafkaCoordinator(self.consumer, "events", 2, "m", queue=1)
+    def __init__(
+        self, topic: Topic, name: str, queue: int = 1, board: Board | None = None, buckets: int = 2
+    ) -> None:
+        config = consumer_config(topic.bootstrap, topic.group, client_id=name, options=FAST)
+        self.coordinator = KafkaCoordinator(config, topic.name, buckets, name, queue=queue)
         self.feeds: dict[int, Any] = {}
-        self.assigned = anyio.Event()  # set when both partitions have feeds
+        self.board = board or Board()
 
     async def start(self, p: int) -> None:
         """Override: what happens before partition ``p``'s feed opens."""
@@ -72,71 +90,67 @@ class Member:
     async def on_assign(self, p: int) -> None:
         await self.start(p)
         self.feeds[p] = await self.coordinator.open_partition(p)
-        if len(self.feeds) == 2:
-            self.assigned.set()
+        self.board.changed()
 
     async def on_revoke(self, p: int, lost: bool) -> None:
         feed = self.feeds.pop(p, None)
         if feed is not None:
             await feed.aclose()
+        self.board.changed()
 
-    async def taken(self, p: int, count: int) -> list[bytes]:
+    async def holding(self, partitions: set[int]) -> None:
+        """Until this member's feeds are those of ``partitions``."""
+        await self.board.until(lambda: set(self.feeds) == partitions)
+
+    async def taken(self, p: int, count: int, ack: bool = False) -> list[bytes]:
         """The payloads of partition ``p``'s next ``count`` records."""
         out: list[Message] = []
-        with anyio.fail_after(30):  # only tells an answer from a hang
+        with anyio.fail_after(60):  # only tells an answer from a hang
             while len(out) < count:
                 out += await self.feeds[p].fetch(count - len(out), 0.1)
-        return [m.payload for m in out]  # type: ignore[misc]
+        if ack:
+            await self.feeds[p].ack_batch(out)
+        return [m.payload for m in out]
 
-    async def aclose(self) -> None:
-        for feed in self.feeds.values():
-            await feed.aclose()
+    async def run(self) -> None:
+        await self.coordinator.run(self.on_assign, self.on_revoke)
 
 
 @pytest.mark.asyncio
-async def test_records_fetched_before_a_move_never_reach_the_new_assignment() -> None:
-    broker = FakeBroker()
-    broker.produce(P0, [b"a0", b"a1", b"a2"])
-    broker.produce(P1, [b"b0", b"b1", b"b2"])
-    m = Member(broker)
+async def test_a_partition_nobody_reads_is_paused_and_the_others_flow(topic: Topic) -> None:
+    """P0's ingest takes nothing: its queue fills, its fetching is paused, and
+    every record of P1 still arrives; once P0's ingest takes its records, it
+    is resumed and the rest come in order, each once."""
+    await topic.produce(0, [f"a{i}".encode() for i in range(6)])
+    m = Member(topic, "m", queue=2)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(m.coordinator.run, m.on_assign, m.on_revoke)
-        await m.consumer.started.wait()
-        await m.consumer.rebalance({P0, P1})
-        await m.assigned.wait()
-        # the batch holds a0-a2 and b0-b2, all queued; P0's and P1's queues
-        # (of one record) are full, so both partitions are paused
-        assert await m.taken(0, 1) == [b"a0"]
-        # meanwhile the group moved both partitions away and back: another
-        # member consumed P1 up to b2, committed, and P1 got a newer record
-        broker.committed[P1] = 3
-        broker.produce(P1, [b"b3"])
-        m.assigned = anyio.Event()
-        await m.consumer.rebalance(set())
-        await m.consumer.rebalance({P0, P1})
-        await m.assigned.wait()
-        # P0 is read again from its committed offset, in order (a1 and a2 of
-        # the earlier batch were not handed on: they come once, from the new fetch)
-        assert await m.taken(0, 3) == [b"a0", b"a1", b"a2"]
-        # the new assignment of P1 starts where the group stands: b3, never
-        # the b0-b2 fetched under the earlier one
-        assert await m.taken(1, 1) == [b"b3"]
+        tg.start_soon(m.run)
+        await m.holding({0, 1})
+        # P0's six records fill its queue of two: it is paused (when: as the
+        # fetches come, which librdkafka may interleave with P1's)
+        await eventually(lambda: m.coordinator.paused == {0}, 60, "P0 paused")
+        for i in range(5):  # P1 keeps flowing while P0 sits full and paused
+            await topic.produce(1, [f"b{i}".encode()])
+            assert await m.taken(1, 1) == [f"b{i}".encode()]
+            assert m.coordinator.paused == {0}
+        assert await m.taken(0, 6) == [f"a{i}".encode() for i in range(6)]
+        await topic.produce(0, [b"a6"])
+        assert await m.taken(0, 1) == [b"a6"]  # resumed, and nothing came twice
+        assert m.coordinator.paused == set()
         m.coordinator.stop()
-    await m.aclose()
 
 
 @pytest.mark.asyncio
 async def test_a_partition_whose_shard_is_held_elsewhere_is_started_again_in_place(
-    monkeypatch: pytest.MonkeyPatch,
+    topic: Topic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its start fails while another member still holds the shard (the group
     has not finished moving it): its records are not dispatched meanwhile (no
     other partition waits behind them), and it is started again, read from
-    its committed offset, while the group still assigns it here."""
+    its last acknowledged record, while the group still assigns it here."""
     monkeypatch.setattr(kafka, "RETRY_START", 0.05)
-    broker = FakeBroker()
-    broker.produce(P0, [b"a0", b"a1"])
-    broker.produce(P1, [b"b0", b"b1"])
+    await topic.produce(0, [b"a0", b"a1"])
+    await topic.produce(1, [b"b0", b"b1"])
     starts = {0: 0, 1: 0}
 
     class Held(Member):
@@ -145,45 +159,61 @@ async def test_a_partition_whose_shard_is_held_elsewhere_is_started_again_in_pla
             if p == 0 and starts[p] == 1:
                 raise ConflictError("another writer claimed the shard", retryable=True)
 
-    m = Held(broker)
+    m = Held(topic, "m")
     async with anyio.create_task_group() as tg:
-        tg.start_soon(m.coordinator.run, m.on_assign, m.on_revoke)
-        await m.consumer.started.wait()
-        await m.consumer.rebalance({P0, P1})
+        tg.start_soon(m.run)
+        await m.holding({1})
         assert not m.coordinator.valid(0) and m.coordinator.valid(1)
-        # P0's records are not dispatched: P1's queue of one is not stuck behind them
+        # P1's queue of one is not stuck behind P0's records
         assert await m.taken(1, 2) == [b"b0", b"b1"]
-        with anyio.fail_after(30):
-            await m.assigned.wait()  # P0 started again
+        await m.holding({0, 1})  # P0 started again
         assert m.coordinator.valid(0)
         assert await m.taken(0, 2) == [b"a0", b"a1"]
         assert starts == {0: 2, 1: 1}
         m.coordinator.stop()
-    await m.aclose()
 
 
 @pytest.mark.asyncio
-async def test_a_partition_nobody_reads_is_paused_and_the_others_flow() -> None:
-    """P0's ingest takes nothing: its queue fills, its fetching is paused, and
-    every record of P1 still arrives; once P0's ingest takes its records, it
-    is resumed and the rest come in order, each once."""
-    broker = FakeBroker()
-    broker.produce(P0, [f"a{i}".encode() for i in range(6)])
-    m = Member(broker)
-    m.coordinator = KafkaCoordinator(m.consumer, "events", 2, "m", queue=2)
+async def test_records_fetched_before_a_move_never_reach_the_new_assignment(
+    topic: Topic,
+) -> None:
+    """a holds both partitions with records queued; b joins and the group
+    moves one partition to it (only that one: cooperative-sticky), b writes
+    and commits its three records, a newer record arrives, b leaves, and a
+    gets the partition back: a's new assignment starts where the group
+    stands, never at the records queued under its earlier one."""
+    for p in (0, 1):
+        await topic.produce(p, [f"{p}-{i}".encode() for i in range(3)])
+    board = Board()
+    a, b = Member(topic, "a", board=board), Member(topic, "b", board=board)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(m.coordinator.run, m.on_assign, m.on_revoke)
-        await m.consumer.started.wait()
-        await m.consumer.rebalance({P0, P1})
-        await m.assigned.wait()
-        for i in range(20):  # P1 keeps flowing while P0 sits full
-            broker.produce(P1, [f"b{i}".encode()])
-            assert await m.taken(1, 1) == [f"b{i}".encode()]
-            # fetched and dispatched after P0's records: P0 is paused by now
-            assert m.consumer.paused() == {P0}
-        assert await m.taken(0, 6) == [f"a{i}".encode() for i in range(6)]
-        assert m.consumer.paused() == set()
-        broker.produce(P0, [b"a6"])
-        assert await m.taken(0, 1) == [b"a6"]
-        m.coordinator.stop()
-    await m.aclose()
+        tg.start_soon(a.run)
+        await a.holding({0, 1})
+        assert await a.taken(0, 1) == [b"0-0"]  # the rest stays queued (or in the broker)
+        async with anyio.create_task_group() as group_b:
+            group_b.start_soon(b.run)
+            await board.until(lambda: len(a.feeds) == len(b.feeds) == 1)
+            (moved,) = b.feeds
+            assert a.coordinator.owned == {1 - moved}  # the other was never revoked
+            assert await b.taken(moved, 3, ack=True) == [f"{moved}-{i}".encode() for i in range(3)]
+            offsets = GroupOffsets(topic.bootstrap, topic.group, topic.name)
+            with anyio.fail_after(60):
+                while (await offsets.committed(2))[moved] != 3:  # noqa: ASYNC110 - the broker
+                    await anyio.sleep(0.05)  # offers no event for a commit: poll it
+            await offsets.aclose()
+            await topic.produce(moved, [f"{moved}-3".encode()])
+            b.coordinator.stop()
+        await a.holding({0, 1})  # after b's session expired (Tansu ignores LeaveGroup)
+        assert await a.taken(moved, 1) == [f"{moved}-3".encode()]
+        a.coordinator.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_topic_not_partitioned_like_the_table_stops_the_worker(topic: Topic) -> None:
+    """The topic has 2 partitions and the table 3 buckets: the first
+    assignment finds it out, and the coordinator leaves the group and says so."""
+    m = Member(topic, "m", buckets=3)
+    with pytest.raises(InvalidInputError, match="has 2 partitions and the table 3 buckets"):
+        with anyio.fail_after(60):  # only tells an answer from a hang
+            await m.run()
+    assert m.coordinator.owned == set() and m.feeds == {}

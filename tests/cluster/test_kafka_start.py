@@ -2,10 +2,10 @@
 
 The chaos test (``test_chaos.py``) restarts its broker while a worker killed
 a moment before is starting again: a worker whose consumer bootstrapped in
-that window exited 1 (``KafkaConnectionError: Unable to bootstrap from
-...``). Now it tries again until the broker answers (then joins the group
-and ingests), or until it is stopped (then it returns at once, owning
-nothing; the command exits 0).
+that window once exited 1 (``Unable to bootstrap``). librdkafka reconnects
+by itself: the worker says ``no Kafka broker answers`` once, joins the group
+when the broker answers and ingests, or, stopped first, returns at once,
+owning nothing (the command exits 0).
 """
 
 from __future__ import annotations
@@ -15,21 +15,21 @@ import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError
 
 import lance_async as la
 from lance_async.cluster import KafkaCoordinator, KafkaPublisher, Partitioner, Worker, WorkerStats
+from lance_async.feeds import KafkaProducer
+from lance_async.feeds.kafkaclient import consumer_config
 
 from ..helpers import KV_SCHEMA, eventually, stderr_until
 from ..services import create_bucket, create_topic, free_port
 from .brokers import tansu_server
 
 PARTITIONS = 2
+FAST = {"session.timeout.ms": 2000, "heartbeat.interval.ms": 200, "max.poll.interval.ms": 6000}
 
 
 async def table(tmp_path: Path) -> la.AsyncDataset:
@@ -40,24 +40,11 @@ async def table(tmp_path: Path) -> la.AsyncDataset:
     return ds
 
 
-def failing_start(consumer: Any, up: anyio.Event | None = None) -> anyio.Event:
-    """Wrap ``consumer.start``: the event returned is set once a start found
-    no broker; a later start waits for ``up`` first (the broker and its topic
-    are ready), so the test decides when the worker may get in."""
-    failed = anyio.Event()
-    start = consumer.start
-
-    async def wrapped() -> None:
-        if failed.is_set() and up is not None:
-            await up.wait()
-        try:
-            await start()
-        except KafkaConnectionError:
-            failed.set()
-            raise
-
-    consumer.start = wrapped
-    return failed
+async def found_no_broker(coordinator: KafkaCoordinator) -> None:
+    """Until the coordinator's consumer reported that no broker answers."""
+    with anyio.fail_after(60):  # only stops a hung test
+        while coordinator.watch.down_since is None:  # noqa: ASYNC110 - librdkafka's
+            await anyio.sleep(0.05)  # error callback sets it: no event to wait on
 
 
 @pytest.mark.asyncio
@@ -72,15 +59,9 @@ async def test_a_worker_started_before_its_broker_joins_once_it_answers(
     topic, group = f"start-{uuid.uuid4().hex[:8]}", f"g{uuid.uuid4().hex[:6]}"
     ds = await table(tmp_path)
     partitioner = await Partitioner.for_dataset(ds)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
-    up = anyio.Event()
-    failed = failing_start(consumer, up)
-    worker = Worker(ds, coordinator=KafkaCoordinator(consumer, topic, PARTITIONS, "solo"))
+    config = consumer_config(bootstrap, group, options=FAST)
+    coordinator = KafkaCoordinator(config, topic, PARTITIONS, "solo")
+    worker = Worker(ds, coordinator=coordinator)
     result: list[WorkerStats] = []
     rows = [{"id": i, "value": i, "name": f"n{i}"} for i in range(20)]
 
@@ -90,19 +71,16 @@ async def test_a_worker_started_before_its_broker_joins_once_it_answers(
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
-            with anyio.fail_after(60):  # only stops a hung test
-                await failed.wait()  # the worker found no broker, and goes on
+            await found_no_broker(coordinator)  # the worker found no broker, and goes on
             await anyio.to_thread.run_sync(broker.start)
             await create_topic(bootstrap, topic, PARTITIONS)
-            producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-            await producer.start()
+            producer = KafkaProducer({"bootstrap.servers": bootstrap})
             publisher = KafkaPublisher(producer, topic, PARTITIONS, owns_producer=True)
             try:
                 for row, p in zip(rows, partitioner.partition_of_rows(rows), strict=True):
                     await publisher.publish(p, json.dumps(row).encode())
             finally:
                 await publisher.aclose()
-            up.set()
             await eventually(
                 lambda: worker.stats().messages >= len(rows), 60, "every message acknowledged"
             )
@@ -110,17 +88,15 @@ async def test_a_worker_started_before_its_broker_joins_once_it_answers(
     finally:
         broker.stop()
     assert result and result[0].messages >= len(rows)
-    scanned = await (await la.open_dataset(ds.uri)).lsm_scan(columns=["id"]).to_table()
+    scanned = await (await la.open_dataset(ds.uri)).lsm.scan(columns=["id"]).to_table()
     assert sorted(scanned.column("id").to_pylist()) == list(range(len(rows)))
 
 
 @pytest.mark.asyncio
 async def test_a_worker_waiting_for_its_broker_stops_at_once(tmp_path: Path) -> None:
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=f"127.0.0.1:{free_port()}", group_id="g", enable_auto_commit=False
-    )
-    failed = failing_start(consumer)
-    worker = Worker(await table(tmp_path), coordinator=KafkaCoordinator(consumer, "t", 2, "solo"))
+    config = consumer_config(f"127.0.0.1:{free_port()}", "g", options=FAST)
+    coordinator = KafkaCoordinator(config, "t", 2, "solo")
+    worker = Worker(await table(tmp_path), coordinator=coordinator)
     result: list[WorkerStats] = []
 
     async def run() -> None:
@@ -128,8 +104,7 @@ async def test_a_worker_waiting_for_its_broker_stops_at_once(tmp_path: Path) -> 
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
-        with anyio.fail_after(60):  # only stops a hung test
-            await failed.wait()
+        await found_no_broker(coordinator)
         worker.stop()
     assert result and result[0].assigned == 0
 
@@ -152,3 +127,21 @@ async def test_the_command_waits_for_its_broker_and_exits_0_on_sigterm(tmp_path:
             err += chunk.decode()
     assert code == 0, err
     assert "error:" not in err, err
+
+
+@pytest.mark.asyncio
+async def test_a_kafka_setting_the_worker_refuses_is_a_one_line_usage_error(
+    tmp_path: Path,
+) -> None:
+    uri = (await table(tmp_path)).uri
+    for query, words in [
+        ("protocol=eager", "protocol must be one of"),
+        ("enable_auto_commit=true", "never automatically"),
+        ("protocol=consumer&session_timeout_ms=3000", "set by the broker"),
+    ]:
+        command = [sys.executable, "-m", "lance_async", "worker"]
+        command += [f"kafka://127.0.0.1:{free_port()}/t?{query}", uri]
+        done = await anyio.run_process(command, check=False)
+        err = done.stderr.decode()
+        assert done.returncode == 2, err
+        assert words in err and "Traceback" not in err, err

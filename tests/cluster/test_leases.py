@@ -334,7 +334,8 @@ async def test_a_holder_back_from_a_pause_keeps_a_lease_nobody_took(leases: Fact
     await b.release(1)  # taken and given up while a was away
 
     async def ran_out() -> bool:  # lease 0: nobody takes it
-        return (await b.holders([0])) == {0: None}
+        held: dict[int, str | None] = await b.holders([0])
+        return held == {0: None}
 
     await eventually(ran_out, 10, "lease 0 to run out")
     assert not a.valid(0)

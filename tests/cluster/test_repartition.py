@@ -16,6 +16,7 @@ from lance_async.cli import app
 from lance_async.cluster import Partitioner, RedisLeaseTable, RedisPartitions, Worker
 
 from ..conftest import broker_or_skip
+from ..feeds.support import stream_entries
 from ..helpers import KV_SCHEMA, eventually
 
 runner = CliRunner()
@@ -42,7 +43,7 @@ def test_an_unaligned_stream_is_repartitioned_then_ingested_by_a_worker(tmp_path
         ds = await la.open_dataset(uri)
         partitioner = await Partitioner.for_dataset(ds)
         for p in range(3):  # every row of target partition p is of bucket p
-            entries = await client.xrange(f"{target}:{p}")
+            entries = stream_entries(await client.xrange(f"{target}:{p}"))
             ids = [json.loads(line)["id"] for _, e in entries for line in e[b"data"].splitlines()]
             assert set(partitioner.partition_of_rows([{"id": i} for i in ids])) <= {p}
         worker = Worker(
@@ -61,7 +62,7 @@ def test_an_unaligned_stream_is_repartitioned_then_ingested_by_a_worker(tmp_path
             tg.start_soon(worker.run)
             await eventually(done, 30, "the worker to consume the target")
             worker.stop()
-        table = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+        table = (await ds.lsm.scan(columns=["id", "value"]).to_table()).to_pylist()
         assert sorted(r["id"] for r in table) == list(range(keys))
         assert {r["value"] for r in table} == {versions - 1}
         for key in [source, *(f"{target}:{p}" for p in range(3))]:

@@ -100,7 +100,7 @@ async def test_a_misrouted_row_is_dead_lettered_never_written(tmp_path: Path, cl
             None,
             None,
         ]  # a clean stop released the leases
-        table = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+        table = (await ds.lsm.scan(columns=["id", "value"]).to_table()).to_pylist()
         assert sorted(r["id"] for r in table) == list(range(20))
         assert {r["value"] for r in table} == {1}
     finally:
@@ -157,7 +157,7 @@ async def test_a_worker_compacts_the_shards_it_owns(tmp_path: Path, client: Any)
             worker.stop()
         merged = await base_ids()
         assert len(merged) >= 40 and set(merged) <= set(range(60))  # compacted into the base
-        table = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+        table = (await ds.lsm.scan(columns=["id", "value"]).to_table()).to_pylist()
         assert sorted(r["id"] for r in table) == list(range(60))
         assert {r["value"] for r in table} == {2}
     finally:

@@ -38,7 +38,7 @@ from lance_async.cluster import (
 
 from ..conftest import broker_or_skip
 from ..helpers import KV_SCHEMA, eventually
-from ..services import FAST_GROUP, create_topic
+from ..services import FAST_GROUP, GroupOffsets, create_topic
 
 pytestmark = pytest.mark.slow
 
@@ -75,12 +75,8 @@ class Feed:
                     return False
             return True
         if self.kind == "kafka":  # committed offsets (Tansu's end offsets are unreliable)
-            from aiokafka import TopicPartition
-
-            for p, count in self.published.items():
-                if (await self.client.committed(TopicPartition(self.name, p)) or 0) != count:
-                    return False
-            return True
+            committed = await self.client.committed(self.partitions)
+            return all(committed[p] == count for p, count in self.published.items())
         js = self.client.jetstream()
         import nats.js.errors
 
@@ -103,7 +99,7 @@ async def open_feed(kind: str, partitions: int, request: pytest.FixtureRequest) 
         broker_or_skip("Redis", 6379)
         import redis.asyncio
 
-        client = redis.asyncio.Redis.from_url("redis://127.0.0.1:6379")
+        client: Any = redis.asyncio.Redis.from_url("redis://127.0.0.1:6379")
         publisher: Any = RedisPublisher(client, name, partitions)
         url = f"redis://127.0.0.1:6379/{name}"
     elif kind == "nats":
@@ -115,15 +111,13 @@ async def open_feed(kind: str, partitions: int, request: pytest.FixtureRequest) 
         publisher = NatsPublisher(client, name, partitions)
         url = f"nats://127.0.0.1:4222/{name}/{name}"
     else:
-        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+        from lance_async.feeds import KafkaProducer
 
         bootstrap = request.getfixturevalue("kafka_bootstrap")
         await create_topic(bootstrap, name, partitions)
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-        await producer.start()
+        producer = KafkaProducer({"bootstrap.servers": bootstrap})
         publisher = KafkaPublisher(producer, name, partitions, owns_producer=True)
-        client = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
-        await client.start()  # reads the group's committed offsets; never joins it
+        client = GroupOffsets(bootstrap, group, name)  # never joins the group
         fast = "&".join(f"{k}={v}" for k, v in FAST_GROUP.items())
         url = f"kafka://{bootstrap}/{name}?{fast}"
     return Feed(kind, url, group, publisher, client, name, partitions)
@@ -146,7 +140,7 @@ async def close_feed(feed: Feed) -> None:
         await feed.client.close()
     else:
         await feed.publisher.aclose()
-        await feed.client.stop()
+        await feed.client.aclose()
 
 
 @dataclass
@@ -277,7 +271,7 @@ class Workers:
                 proc.send_signal(signal.SIGTERM)
         codes = {}
         for member, proc in self.procs.items():
-            codes[member] = await anyio.to_thread.run_sync(lambda p=proc: p.wait(60))
+            codes[member] = await anyio.to_thread.run_sync(proc.wait, 60)
         return codes
 
     def output(self, member: str) -> str:
@@ -300,14 +294,14 @@ async def publish_version(feed: Feed, partitioner: Partitioner, version: int) ->
 
 async def assert_final(setup: Setup, version: int) -> None:
     ds = await setup.open()
-    table = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+    table = (await ds.lsm.scan(columns=["id", "value"]).to_table()).to_pylist()
     ids = [r["id"] for r in table]
     assert len(ids) == len(set(ids)), "a key appears twice"
     assert sorted(ids) == list(range(KEYS))
     behind = {r["id"]: r["value"] for r in table if r["value"] != version}
     assert not behind, f"keys not at version {version}: {dict(list(behind.items())[:10])}"
     for k in (0, KEYS // 2, KEYS - 1):
-        got = await ds.lsm_point_lookup(k, columns=["value"])
+        got = await ds.lsm.point_lookup(k, columns=["value"])
         assert got.column("value").to_pylist() == [version]
     assert (await ds.check_shards()).ok
     await ds.compact_mem_wal()

@@ -1,4 +1,5 @@
-"""Shared pieces of the feed tests: a MemWAL table, a crash injector, row reads."""
+"""Shared pieces of the feed tests: a MemWAL table, a crash injector, row reads,
+Redis replies narrowed to what the tests' clients return."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def row_json(i: int, value: int | None = None) -> bytes:
 
 async def lsm_rows(writer: la.AsyncShardWriter) -> list[dict[str, Any]]:
     """Every row visible through the writer's LSM view (memtable included), by id."""
-    table = await writer.lsm_scan().to_table()
+    table = await writer.lsm.scan().to_table()
     return sorted(table.to_pylist(), key=lambda r: r["id"])
 
 
@@ -110,6 +111,34 @@ class CrashBeforeAck:
 
     async def aclose(self) -> None:
         await self.feed.aclose()
+
+
+def entry_id(reply: bytes | str) -> str:
+    """A Redis stream entry id (an ``XADD`` reply) as text.
+
+    redis-py types replies ``bytes | str`` whatever ``decode_responses`` says;
+    the tests' clients keep the default, bytes (a str fails here, as its
+    ``.decode()`` would)."""
+    assert isinstance(reply, bytes), reply
+    return reply.decode()
+
+
+#: redis-py's type of an ``XRANGE`` reply
+XRangeReply = list[tuple[bytes | str | None, dict[bytes | str, bytes | str] | None]] | None
+
+
+def stream_entries(reply: XRangeReply) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """An ``XRANGE`` reply of a client that keeps bytes: (entry id, fields) of each entry."""
+    assert reply is not None
+    out: list[tuple[bytes, dict[bytes, bytes]]] = []
+    for raw_id, raw_fields in reply:
+        assert isinstance(raw_id, bytes) and raw_fields is not None, (raw_id, raw_fields)
+        fields: dict[bytes, bytes] = {}
+        for k, v in raw_fields.items():
+            assert isinstance(k, bytes) and isinstance(v, bytes), (k, v)
+            fields[k] = v
+        out.append((raw_id, fields))
+    return out
 
 
 def batch_of(ids: list[int]) -> pa.RecordBatch:

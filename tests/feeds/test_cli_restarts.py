@@ -72,7 +72,7 @@ def lsm_value(uri: str, key: int) -> int:
 
     async def read() -> int:
         ds = await la.open_dataset(uri)
-        table = await ds.lsm_scan(columns=["id", "value"], filter=f"id = {key}").to_table()
+        table = await ds.lsm.scan(columns=["id", "value"], filter=f"id = {key}").to_table()
         return int(table.column("value")[0].as_py())
 
     return anyio.run(read)
@@ -139,6 +139,7 @@ def test_redis_restart_rereads_its_own_pending_entries_first(
     held = client.xreadgroup(
         "lance-async", f"lance-async-{socket.gethostname()}", {key: ">"}, count=HELD
     )
+    assert isinstance(held, list)  # RESP2's reply: [[stream, entries]]
     assert len(held[0][1]) == HELD
     run = ingest(f"redis://127.0.0.1:6379/{key}", uri)
     assert run.returncode == 0, run.stderr

@@ -169,13 +169,13 @@ async def test_a_crash_between_write_and_ack_redelivers_without_duplicates(
         assert crashing.acked == seqs[:10]
         assert crashing.crashed_at == seqs[10]
         # the message that "crashed" had its rows durable before its ack
-        assert (await writer.lsm_point_lookup(10)).num_rows == 1
+        assert (await writer.lsm.point_lookup(10)).num_rows == 1
     info = await stream.settled("crashy", seqs[9])
     assert info.ack_floor.stream_seq == seqs[9]  # the server saw exactly the ten acks
 
     # restart: a new connection on the same durable, the same shard (its WAL replays)
     async with ds.mem_wal_writer(shard) as writer:
-        assert (await writer.lsm_point_lookup(10)).num_rows == 1
+        assert (await writer.lsm.point_lookup(10)).num_rows == 1
         async with await JetStreamFeed.connect(URL, **connect) as feed:  # type: ignore[arg-type]
             recording = Recording(feed)
             stats = await ingest(recording, writer, fetch_timeout=0.2, idle_timeout=1.5)
@@ -243,7 +243,8 @@ async def test_create_stream_life_cycle_and_closed_errors() -> None:
     )
     try:
         assert isinstance(feed, Feed)
-        assert feed.state is FeedState.OPEN
+        opened = feed.state  # not feed.state narrowed: mypy would keep it past aclose()
+        assert opened is FeedState.OPEN
         assert not feed.exhausted
         assert (await js.stream_info(name)).config.subjects == [f"{name}.x"]
         await js.publish(f"{name}.x", row_json(5))
