@@ -2,6 +2,10 @@
 
 Commands
 --------
+``cleanup TABLE_URI [--retention 1h] [--dry-run]``
+    Remove superseded versions and the MemWAL files (WAL entries,
+    compacted generations, old shard manifests) that no reader inside the
+    retention needs; ``--dry-run`` lists them instead.
 ``create TABLE_URI (--from FILE | --schema SPEC) --key COLUMN``
     A new table from a file (or ``-``, stdin) or a schema, with its primary
     key (refused without one unless ``--no-key``).
@@ -46,16 +50,26 @@ threads (``stream`` limiter), never on the event loop.
 
 from __future__ import annotations
 
+# A command's stderr is for our messages and the engine's real errors, not its
+# warnings nor the harmless ERROR it logs on MemWAL tables (see _enginelog.py).
+# pylance reads LANCE_LOG once, when it is imported: so before any import of it.
+from .._enginelog import quiet_engine_log
+
+quiet_engine_log("error")
+
 import os
-
-# The engine logs harmless lines at ERROR level on some MemWAL calls ("Index
-# __lance_mem_wal has no fields"); a command's stderr is for our messages.
-# It reads LANCE_LOG once, when pylance is imported: so before any import of it.
-os.environ.setdefault("LANCE_LOG", "critical")
-
 import sys
 
-from . import create, demo, ingest, scan, serve, tables, worker  # noqa: F401  (they register commands)
+from . import (  # noqa: F401  (they register commands)
+    cleanup,
+    create,
+    demo,
+    ingest,
+    scan,
+    serve,
+    tables,
+    worker,
+)
 from .common import app
 from .common import main as run
 

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import errors
+from .._engine_errors import map_engine_error
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
@@ -100,7 +101,8 @@ def _root(
     serve.
 
     Exit codes: 0 done, 1 bad data or a failure, 2 a bad argument (an unknown
-    option, column or file, no table at the URI), 130 interrupted; the table's
+    option, column or file, no table at the URI), 130 interrupted (ingest
+    stops cleanly on its first SIGINT or SIGTERM: 0); the table's
     store: 66 no such bucket, 74 an I/O error or a full disk, 75 unavailable or
     timed out (retry), 77 permission denied.
     """
@@ -170,7 +172,7 @@ def fail(message: str, code: int = 1) -> NoReturn:
 EXTRAS = {
     "nats": "feeds",
     "redis": "feeds",
-    "aiokafka": "feeds",
+    "confluent_kafka": "feeds",
     "fastapi": "fastapi",
     "starlette": "fastapi",
     "uvicorn": "fastapi",
@@ -271,8 +273,8 @@ def _one_line(text: str) -> str:
 
 
 #: Exit codes of the store's errors (the meanings of BSD's sysexits.h), most
-#: specific first; any other failure exits 1, a bad argument 2. The README's
-#: command-line section lists them.
+#: specific first; any other failure exits 1, a bad argument 2. docs/cli.md
+#: lists them ("Exit codes").
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (errors.StoragePermissionError, 77),  # EX_NOPERM: fix the credentials or the policy
     (errors.StorageNotFoundError, 66),  # EX_NOINPUT: the bucket (or a file) is not there
@@ -286,7 +288,7 @@ def exit_code(exc: BaseException) -> int:
     """The exit code a command's failure ``exc`` gets from :data:`EXIT_CODES`
     (else 1); an engine error no layer typed is typed here first."""
     if isinstance(exc, (OSError, ValueError, RuntimeError)):
-        exc = errors.map_engine_error(exc) or exc
+        exc = map_engine_error(exc) or exc
     return next((code for kind, code in EXIT_CODES if isinstance(exc, kind)), 1)
 
 

@@ -4,8 +4,13 @@
 ``nats://HOST:PORT/STREAM/SUBJECT[?durable=NAME]`` or
 ``redis://HOST:PORT/STREAM[?group=G&field=F]``. A *partitioned* feed of
 ``worker`` and ``repartition``: ``redis://HOST:PORT/KEY`` (streams
-``KEY:0`` .. ``KEY:N-1``) or ``nats://HOST:PORT/STREAM/SUBJECT`` (subjects
-``SUBJECT.0`` .. ``SUBJECT.N-1``), N being the table's buckets.
+``KEY:0`` .. ``KEY:N-1``), ``nats://HOST:PORT/STREAM/SUBJECT`` (subjects
+``SUBJECT.0`` .. ``SUBJECT.N-1``) or ``kafka://HOST:PORT/TOPIC`` (a topic
+of N partitions), N being the table's buckets. A Kafka URL's query holds
+librdkafka settings (``session_timeout_ms=3000`` or
+``session.timeout.ms=3000``; ``rebalance_timeout_ms`` is
+``max.poll.interval.ms``) and ``protocol=classic`` (the default:
+``cooperative-sticky`` assignment) or ``protocol=consumer`` (KIP-848).
 """
 
 from __future__ import annotations
@@ -21,7 +26,16 @@ import typer
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["open_feed", "open_partitioned", "open_publisher"]
+__all__ = ["WORKER_GROUP", "open_feed", "open_partitioned", "open_publisher"]
+
+#: A Kafka worker's group settings unless its URL says otherwise (classic
+#: protocol): a dead member's partitions move after 10 s (librdkafka's own
+#: default is 45 s), and a rebalance callback (a drain) may take a minute.
+WORKER_GROUP = {
+    "session.timeout.ms": "10000",
+    "heartbeat.interval.ms": "1000",
+    "max.poll.interval.ms": "60000",
+}
 
 
 def _seconds(query: dict[str, str], name: str, default: float) -> float:
@@ -67,12 +81,17 @@ def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> 
     its durable over (restarted at its ack floor, so what a killed run
     fetched and never acknowledged comes again now, not after ``ack_wait``);
     Redis reads as a consumer named after the host, so a restart re-reads
-    its own pending entries first. Query options: NATS ``durable``,
+    its own pending entries first. A broker that restarts under a running
+    feed is waited for, with back-off, for ``retry_for`` seconds (both
+    brokers; default 300). Query options: NATS ``durable``,
     ``ack_wait`` (seconds, default 30), ``max_ack_pending`` (default
     10,000); Redis ``group``, ``field``, ``consumer`` (default
     ``lance-async-<hostname>``), ``min_idle`` (seconds before another
-    consumer's pending entries are claimed, default 30).
+    consumer's pending entries are claimed, default 30); both
+    ``retry_for``.
     """
+    from ..feeds.broker import DEFAULT_RETRY_FOR
+
     if source == "-":
         from ..feeds.pipe import PipeFeed
 
@@ -96,9 +115,12 @@ def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> 
             ack_wait=_seconds(query, "ack_wait", 30.0),
             max_ack_pending=_count(query, "max_ack_pending", 10_000),
             take_over=True,
+            # a server that restarts is waited for (reconnecting every 0.5 s)
+            # for retry_for seconds, not two attempts
+            retry_for=_seconds(query, "retry_for", DEFAULT_RETRY_FOR),
             connect_options={
                 "connect_timeout": 3,
-                "max_reconnect_attempts": 2,
+                "max_reconnect_attempts": -1,
                 "reconnect_time_wait": 0.5,
                 "error_cb": quiet,
             },
@@ -116,6 +138,7 @@ def open_feed(source: str, fmt: str | None, schema: pa.Schema, follow: bool) -> 
             consumer=query.get("consumer", f"lance-async-{socket.gethostname()}"),
             field=query.get("field", "data"),
             min_idle_time=_seconds(query, "min_idle", 30.0),
+            retry_for=_seconds(query, "retry_for", DEFAULT_RETRY_FOR),
         )
     from ..feeds.files import FileFeed
 
@@ -173,32 +196,28 @@ async def open_partitioned(
         )
         return LeaseCoordinator(subjects, NatsLeaseTable(bucket, member, ttl)), nc.close
     if parsed.scheme == "kafka":
-        from aiokafka import AIOKafkaConsumer
-
         from ..cluster.kafka import KafkaCoordinator
+        from ..feeds.kafkaclient import consumer_config
 
         if len(path) != 1:
             raise typer.BadParameter(
-                "a Kafka feed is kafka://HOST:PORT/TOPIC[?session_timeout_ms=...] "
+                "a Kafka feed is kafka://HOST:PORT/TOPIC[?session_timeout_ms=...&protocol=...] "
                 "(a topic of N partitions)"
             )
+        protocol = query.pop("protocol", "classic")
+        options = dict(WORKER_GROUP) if protocol == "classic" else {}
+        options.update(query)
         try:
-            options = {k: int(v) for k, v in query.items()}
-        except ValueError:
-            raise typer.BadParameter("Kafka consumer options in the URL must be integers") from None
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=parsed.netloc,
-            group_id=group,
-            client_id=member,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            **options,
-        )
+            config = consumer_config(
+                parsed.netloc, group, client_id=member, protocol=protocol, options=options
+            )
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
 
         async def nothing() -> None:
             await anyio.lowlevel.checkpoint()
 
-        return KafkaCoordinator(consumer, path[0], partitions, member), nothing
+        return KafkaCoordinator(config, path[0], partitions, member), nothing
     raise typer.BadParameter(
         f"unsupported feed {url!r}: use redis://HOST:PORT/KEY, nats://HOST:PORT/STREAM/SUBJECT "
         "or kafka://HOST:PORT/TOPIC"
@@ -230,13 +249,12 @@ async def open_publisher(url: str, partitions: int) -> tuple[Any, Any]:
         await NatsPartitions(nc, stream, subject, "lance-async", partitions).ensure_stream()
         return NatsPublisher(nc, subject, partitions), nc.close
     if parsed.scheme == "kafka":
-        from aiokafka import AIOKafkaProducer
+        from ..feeds.kafkaclient import KafkaProducer
 
         if len(path) != 1:
             raise typer.BadParameter("a Kafka target is kafka://HOST:PORT/TOPIC (N partitions)")
-        producer = AIOKafkaProducer(bootstrap_servers=parsed.netloc, acks="all")
-        await producer.start()
-        return KafkaPublisher(producer, path[0], partitions), producer.stop
+        producer = KafkaProducer({"bootstrap.servers": parsed.netloc})
+        return KafkaPublisher(producer, path[0], partitions), producer.aclose
     raise typer.BadParameter(
         f"unsupported target {url!r}: use redis://HOST:PORT/KEY, nats://HOST:PORT/STREAM/SUBJECT "
         "or kafka://HOST:PORT/TOPIC"

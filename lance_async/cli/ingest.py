@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 import anyio
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from ..feeds import Feed, IngestStats
+
+T = TypeVar("T")
 
 #: Exit status of an ingest that stopped idle while its feed still reported
 #: messages it could not fetch (held by another consumer, unacknowledged).
@@ -78,6 +82,83 @@ async def _validate_file(source: str, fmt: str | None, schema: pa.Schema) -> int
                 raise
             raise located from exc
     return rows
+
+
+class _GracefulStop:
+    """SIGINT and SIGTERM as a clean stop of ``ingest``, as ``worker`` stops on SIGTERM.
+
+    The first signal stops reading: the ingest's ``stop`` event is set, a
+    fetch in progress ends within its timeout, the micro-batches sent are
+    acknowledged as their rows become durable (offsets committed for
+    durable rows only), the writer flushes and closes, and the command
+    prints its summary and exits 0. During start-up (before the first row
+    could be written) it ends the start-up instead. A second signal
+    interrupts at once: nothing more is acknowledged, exit 130.
+    """
+
+    def __init__(self) -> None:
+        self.ingesting = False
+        self.signal_name: str | None = None
+        self._early: list[int] = []
+        self._previous: Any = None
+
+    def install_early(self) -> None:
+        """Keep a SIGTERM that comes before the event loop runs (imports,
+        options): its default action would kill the process (143)."""
+        self._previous = signal.signal(
+            signal.SIGTERM, lambda signum, _f: self._early.append(signum)
+        )
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    async def run(self, body: Callable[[anyio.Event], Awaitable[T]]) -> T | None:
+        """``await body(stop)`` with the signals watched; None when a signal
+        ended the start-up."""
+        stop = anyio.Event()
+        interrupted = False
+        result: T | None = None
+        async with anyio.create_task_group() as tg:
+            startup = anyio.CancelScope()
+
+            def received(signum: int) -> None:
+                nonlocal interrupted
+                name = signal.Signals(signum).name
+                if stop.is_set():  # the second one: at once
+                    interrupted = True
+                    tg.cancel_scope.cancel()
+                    return
+                self.signal_name = name
+                stop.set()
+                if not self.ingesting:
+                    startup.cancel()
+                    return
+                err.print(
+                    f"ingest: {name}: stopping (no more reads; what is in flight is written "
+                    "and acknowledged; a second signal stops at once)",
+                    markup=False,
+                )
+
+            async def watch() -> None:
+                try:
+                    receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
+                    with receiver as signals:
+                        for signum in self._early:
+                            received(signum)
+                        async for signum in signals:
+                            received(signum)
+                except (ValueError, RuntimeError, NotImplementedError):
+                    return  # not the main thread (an embedding app): its own signals
+
+            tg.start_soon(watch)
+            with startup:
+                result = await body(stop)
+            tg.cancel_scope.cancel()
+        if interrupted:
+            raise KeyboardInterrupt
+        return result
 
 
 @app.command(name="ingest")
@@ -136,7 +217,9 @@ def ingest_cmd(
     A message that cannot be decoded stops the ingest (the messages before
     it are written and acknowledged); with --dead-letter FILE|URL --max-bad N,
     up to N bad messages are recorded there (a file, or a Redis stream, a
-    NATS subject, a Kafka topic) and acknowledged instead.
+    NATS subject, a Kafka topic) and acknowledged instead. SIGINT or
+    SIGTERM stops it cleanly (what is in flight written and acknowledged,
+    the summary, exit 0); a second one at once (130).
     """
     check_format(format)
     options = writer_options(commit, min_put_interval)
@@ -175,8 +258,15 @@ def ingest_cmd(
         format = format_of(source)
 
     writes = Writes()
+    # SIGINT and SIGTERM stop the ingest gracefully (see _GracefulStop); one
+    # that comes while the command still imports is kept for it
+    graceful = _GracefulStop()
+    graceful.install_early()
 
-    async def run() -> tuple[str, IngestStats, int | None]:
+    async def run() -> tuple[str, IngestStats, int | None] | None:
+        return await graceful.run(body)
+
+    async def body(stop: anyio.Event) -> tuple[str, IngestStats, int | None]:
         from ..feeds import ingest
         from ..memwal.compactor import CompactionPolicy, Compactor
         from .feeds import open_feed
@@ -210,14 +300,36 @@ def ingest_cmd(
                 await stack.enter_async_context(writer)
                 await stack.enter_async_context(Compactor(ds, CompactionPolicy()))
                 writes.started = True
-                gc.freeze()  # start-up objects out of the collector's way (README, GC)
+                gc.freeze()  # start-up objects out of the collector's way (docs/memwal.md)
+                graceful.ingesting = True
                 stats = await ingest(
-                    feed, writer, idle_timeout=idle_timeout, on_progress=tick, dead_letter=hook
+                    feed,
+                    writer,
+                    idle_timeout=idle_timeout,
+                    on_progress=tick,
+                    dead_letter=hook,
+                    stop=stop,
                 )
-                return target, stats, await _outstanding(feed)
+                outstanding = None if stop.is_set() else await _outstanding(feed)
+                return target, stats, outstanding
 
     # one ingest per table and broker: a second refuses (exit 2) before it fences anything
-    target, stats, outstanding = run_command(exclusive_ingest(source, table_uri, run), writes)
+    try:
+        ran = run_command(exclusive_ingest(source, table_uri, run), writes)
+    finally:
+        graceful.restore()
+    if ran is None:  # stopped by a signal before the first row could be written
+        err.print(
+            f"ingest: stopped by {graceful.signal_name} during start-up; nothing was written",
+            markup=False,
+        )
+        return
+    target, stats, outstanding = ran
+    if graceful.signal_name is not None:
+        err.print(
+            f"ingest: stopped by {graceful.signal_name}: every row acknowledged is durable",
+            markup=False,
+        )
     out.print(
         f"ingested {count(stats.rows, 'row')} from "
         f"{count(stats.messages, 'chunk' if is_file else 'message')} into "

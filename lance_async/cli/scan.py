@@ -73,7 +73,7 @@ def scan(
             check_columns(ds, cols, "--columns")
         try:  # a filter is checked at the call (one expression) and at open (columns)
             if lsm:
-                stream = ds.lsm_scan(columns=cols, filter=filter, limit=limit)
+                stream = ds.lsm.scan(columns=cols, filter=filter, limit=limit)
             else:
                 stream = ds.scan(columns=cols, filter=filter, limit=limit)
         except errors.InvalidInputError as exc:
@@ -285,7 +285,7 @@ def lookup(
             check_columns(ds, cols, "--columns")
         values = parse_keys(keys, ds.schema, key)
         wanted = None if cols is None else list(dict.fromkeys([*key, *cols]))
-        found = await ds.lsm_point_lookups(values, columns=wanted, snapshots=[] if base else None)
+        found = await ds.lsm.point_lookups(values, columns=wanted, snapshots=[] if base else None)
         rows = await run_sync(found.to_pylist)
         got = {json.dumps([r[k] for k in key], default=str) for r in rows}
         missing = [

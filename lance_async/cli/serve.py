@@ -122,7 +122,7 @@ def serve(
     }
     try:
         settings = ServeSettings.load(config, **overrides)
-        gc.freeze()  # start-up objects out of the collector's way (README, GC)
+        gc.freeze()  # start-up objects out of the collector's way (docs/memwal.md)
         serve_main(settings)
     except ImportError as exc:  # --metrics without the extra
         fail(_import_error(exc), 2)

@@ -293,7 +293,7 @@ def compact(
     async def run() -> Any:
         ds = await open_table(table_uri, storage_option)
         await require_mem_wal(ds, table_uri)
-        snaps = await ds.shard_snapshots()
+        snaps = await ds.lsm.snapshots()
         gens = sum(len(s.sstables) for s in snaps)
         with Progress("compact", gens, unit="generations") as progress:
             result = await ds.compact_mem_wal()
@@ -350,7 +350,7 @@ async def table_info(ds: AsyncDataset) -> dict[str, Any]:
         return sum(rows.get(g, 0) for g in flushed)
 
     tails = await ds.lsm.unflushed_rows()
-    for snap in await ds.shard_snapshots():
+    for snap in await ds.lsm.snapshots():
         flushed = [g for g, _ in snap.sstables]
         flushed_rows = await run_sync(partial(figures, snap.shard_id, flushed))
         unflushed = tails.get(snap.shard_id, 0)
@@ -368,7 +368,7 @@ async def table_info(ds: AsyncDataset) -> dict[str, Any]:
     data["unflushed_rows"] = sum(s["unflushed_rows"] for s in data["shards"])
     data["generations"] = sum(len(s["flushed_generations"]) for s in data["shards"])
     if (data["generations"] or data["unflushed_rows"]) and ds.primary_key:
-        lsm = await ds.lsm_scan(columns=list(ds.primary_key)).to_table()
+        lsm = await ds.lsm.scan(columns=list(ds.primary_key)).to_table()
         data["lsm_rows"] = lsm.num_rows
     else:
         data["lsm_rows"] = base_rows

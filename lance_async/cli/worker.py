@@ -290,7 +290,7 @@ def worker(
                         compaction=CompactionPolicy(),
                         dead_letter=hook,
                     )
-                    gc.freeze()  # start-up objects out of the collector's way (README, GC)
+                    gc.freeze()  # start-up objects out of the collector's way (docs/memwal.md)
                     lean.end()
                     running.append(w)
                     if stats_interval > 0:

@@ -27,7 +27,7 @@ A sketch of an app (``lance_async.web.server`` is a complete one)::
         return await scan_response(request, ds.scan(filter=f"id >= {id_min}"))
 
 The package, one module per job (``lance_async.fastapi`` re-exports it all):
-``limits`` (media types, body limits), ``spool`` (replay spools), ``bodies``
+``limits`` (media types, body limits), ``bodies``
 (bodies as record batches), ``receive`` (request bodies from ASGI, the body
 guard), ``responses`` (encoders, streamed scans, JSON), ``writes`` (merge and
 ingest of bodies), ``registry`` (tables by name, lifespan, dependencies),
@@ -84,8 +84,7 @@ peak RSS by about 138 MiB, against about 6 MiB with Lance's retries off).
 :func:`merge_body` therefore defaults to ``replay="spool"``: the first pass
 streams with Lance's retries off while the body is spooled (memory up to
 4 MiB, then a temporary Arrow file); a commit conflict replays the spool as
-a REPLAYABLE source through lance_async's own retry loop. ``replay="lance"``
-selects Lance's buffered retries instead.
+a REPLAYABLE source through lance_async's own retry loop.
 
 Threads
 -------
@@ -107,7 +106,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..errors import FilterError, PayloadTooLargeError
 from .audit import AuditMiddleware, audit_rows, install_audit_log
-from .auth import ApiKey, ApiKeyAuth, Principal, Scope
+from .auth import PRINCIPAL_SCOPE_KEY, ApiKey, ApiKeyAuth, Principal, Scope, read_key_file
 from .bodies import BodyBatches
 from .errors import (
     AuthenticationError,
@@ -158,6 +157,7 @@ __all__ = [
     "IPC_FILE",
     "IPC_STREAM",
     "NDJSON",
+    "PRINCIPAL_SCOPE_KEY",
     "ApiKey",
     "ApiKeyAuth",
     "AuditMiddleware",
@@ -211,6 +211,7 @@ __all__ = [
     "make_encoder",
     "merge_body",
     "negotiate_format",
+    "read_key_file",
     "request_batches",
     "scan_response",
     "table_router",

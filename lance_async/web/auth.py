@@ -30,7 +30,9 @@ itself) or from a file of hashed keys, one per line::
 
 ``lance-async keygen ID --scope SCOPE >> keys.txt`` makes a token, prints
 it on standard error (once: only its digest is kept) and the line on
-standard output.
+standard output. ``lance-async serve`` watches the file: a key added or
+removed there is accepted or refused from the next request on, without a
+restart (:mod:`lance_async.web.keyfile`).
 """
 
 from __future__ import annotations
@@ -293,19 +295,23 @@ class ApiKeyAuth:
     """
 
     def __init__(self, keys: Iterable[ApiKey]) -> None:
-        self._keys = tuple(keys)
-        if not self._keys:
-            raise ValueError("ApiKeyAuth needs at least one key")
-        for key in self._keys:
-            if not isinstance(key, ApiKey):
-                raise TypeError(f"keys must be ApiKey objects, got {type(key).__name__}")
-        ids = [k.id for k in self._keys]
-        if len(set(ids)) != len(ids):
-            raise ValueError(
-                f"key ids must be unique: {sorted(i for i in ids if ids.count(i) > 1)}"
-            )
-        if len({k.sha256 for k in self._keys}) != len(self._keys):
-            raise ValueError("two keys have the same token")
+        self._keys = _checked_keys(keys)
+
+    def replace_keys(self, keys: Iterable[ApiKey]) -> None:
+        """Accept ``keys`` from now on instead of the current ones (a key file reloaded).
+
+        The set is checked whole first (the rules of the constructor); a set
+        that fails them changes nothing. Requests already admitted keep
+        running; the next one is checked against the new keys. Runs on the
+        event loop; does not block.
+
+        Raises
+        ------
+        ValueError, TypeError
+            No keys, a repeated id or digest, or an object that is not an
+            :class:`ApiKey` (the current keys stay).
+        """
+        self._keys = _checked_keys(keys)
 
     def __repr__(self) -> str:
         return f"ApiKeyAuth({len(self._keys)} keys)"
@@ -368,6 +374,23 @@ class ApiKeyAuth:
         request.scope[PRINCIPAL_SCOPE_KEY] = principal  # for the audit log, even if refused
         check_scope(principal, security_scopes.scopes)
         return principal
+
+
+def _checked_keys(keys: Iterable[ApiKey]) -> tuple[ApiKey, ...]:
+    """``keys`` as a tuple, once checked: at least one, all :class:`ApiKey`,
+    ids and digests unique."""
+    checked = tuple(keys)
+    if not checked:
+        raise ValueError("ApiKeyAuth needs at least one key")
+    for key in checked:
+        if not isinstance(key, ApiKey):
+            raise TypeError(f"keys must be ApiKey objects, got {type(key).__name__}")
+    ids = [k.id for k in checked]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"key ids must be unique: {sorted(i for i in ids if ids.count(i) > 1)}")
+    if len({k.sha256 for k in checked}) != len(checked):
+        raise ValueError("two keys have the same token")
+    return checked
 
 
 def check_scope(principal: Principal, scopes: Iterable[str]) -> None:

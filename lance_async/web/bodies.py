@@ -43,6 +43,7 @@ from ..sources.decoders import CsvDecoder, Decoder, NdjsonDecoder
 from ..sources.ipc import IpcFramer
 from ..sources.jsonarray import JsonTextSplitter, element_error
 from ..sources.jsonrows import check_json_depth
+from ..sources.spool import Spool
 from .errors import BodyConsumedError, EmptyBodyError
 from .limits import (
     FEED_BYTES,
@@ -51,7 +52,6 @@ from .limits import (
     BodyStats,
     body_schema,
 )
-from .spool import Spool
 
 __all__ = ["BodyBatches"]
 

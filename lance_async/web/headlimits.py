@@ -31,6 +31,23 @@ plus four 8 KiB buffers of head and waits 60 s for it
 (``client_header_timeout``), Apache takes 100 header fields
 (``LimitRequestFields``), Node 16 KiB of head.
 
+TLS
+---
+Over TLS the protocol above only sees a connection once its handshake is
+done, and uvicorn starts the server without a bound on the handshake
+(asyncio's default: 60 s): a client that sends five bytes of a ClientHello
+and stops held its connection, and a file descriptor, for a minute.
+:func:`handshake_bounded_loop` gives uvicorn an event loop whose servers
+bound the handshake (asyncio's and uvloop's ``ssl_handshake_timeout``) by
+the head timeout, and the head's own time runs from the moment the
+connection was accepted (uvicorn makes the protocol then, before the
+handshake): handshake and head together get ``head_timeout``, over http
+and https alike. A handshake not done in time is closed without an answer
+(there is no TLS session to answer in)::
+
+    uvicorn.run(app, http=head_limited_protocol(limits), ssl_certfile=...,
+                ssl_keyfile=..., loop=handshake_bounded_loop(limits.head_timeout))
+
 Bodies are not this module's concern: :class:`~lance_async.web.limits.BodyLimits`
 bounds them inside the app.
 """
@@ -41,6 +58,7 @@ import asyncio
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -48,7 +66,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-__all__ = ["HeadLimitedProtocol", "HeadLimits", "head_limited_protocol"]
+__all__ = ["HeadLimitedProtocol", "HeadLimits", "handshake_bounded_loop", "head_limited_protocol"]
 
 log = logging.getLogger("lance_async.web")
 
@@ -67,10 +85,11 @@ class HeadLimits:
     max_headers : int
         Header lines in one head, default 100. One more is a 431.
     head_timeout : float
-        Seconds from a head's first byte -- or from the connection's opening,
-        for its first request -- until the head is complete, default 10
-        (0: no limit). Past it: a 408 and the connection closed. The
-        keep-alive wait between requests is uvicorn's ``timeout_keep_alive``.
+        Seconds from a head's first byte -- or from the connection's
+        acceptance, for its first request, the TLS handshake included --
+        until the head is complete, default 10 (0: no limit). Past it: a 408
+        and the connection closed (a TLS handshake not done by then: closed).
+        The keep-alive wait between requests is uvicorn's ``timeout_keep_alive``.
     linger_timeout : float
         Seconds a refused connection is kept to read and drop what the client
         still sends, so that it reads the status rather than a reset
@@ -121,6 +140,9 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
+        # uvicorn makes the protocol when the connection is accepted, before a
+        # TLS handshake: the first head's time runs from here
+        self._accepted: float | None = self.loop.time()
         self._in_head = True  # between a message's end (or the start) and its headers' end
         self._head_bytes = 0
         self._header_count = 0
@@ -232,6 +254,9 @@ class HeadLimitedProtocol(HttpToolsProtocol):
     def _arm_head_timer(self) -> None:
         timeout = self.head_limits.head_timeout
         if self._head_timer is None and timeout > 0:
+            accepted, self._accepted = self._accepted, None
+            if accepted is not None:  # the first head: what the handshake left of its time
+                timeout = max(0.0, accepted + timeout - self.loop.time())
             self._head_timer = self.loop.call_later(timeout, self._head_timed_out)
 
     def _cancel_head_timer(self) -> None:
@@ -307,3 +332,55 @@ def head_limited_protocol(limits: HeadLimits | None = None) -> type[HeadLimitedP
     if not isinstance(limits, HeadLimits):
         raise TypeError(f"limits must be a HeadLimits, got {type(limits).__name__}")
     return type("HeadLimitedProtocol", (HeadLimitedProtocol,), {"head_limits": limits})
+
+
+def handshake_bounded_loop(timeout: float) -> Callable[[], asyncio.AbstractEventLoop]:
+    """An event loop class for uvicorn whose TLS servers bound the handshake.
+
+    uvicorn's ``Config(loop=...)`` takes it as a custom loop factory. The
+    loop is uvloop's when it is installed (what uvicorn's ``"auto"`` picks),
+    else asyncio's selector loop; its ``create_server`` passes
+    ``ssl_handshake_timeout=timeout`` to every server started with ``ssl=``
+    and no handshake timeout of its own. A handshake not done in time is
+    aborted by the loop: the connection closed, its file descriptor freed.
+
+    Parameters
+    ----------
+    timeout : float
+        Seconds a TLS handshake may take (> 0; the head timeout of
+        :class:`HeadLimits` in ``lance-async serve``). 0 leaves the loop's
+        default (60 s).
+
+    Returns
+    -------
+    callable
+        A loop class: calling it makes a new event loop (does not block).
+
+    Raises
+    ------
+    ValueError
+        ``timeout`` is negative or not finite.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ValueError(f"timeout must be a number of seconds, got {timeout!r}")
+    if not math.isfinite(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be finite and >= 0, got {timeout!r}")
+    base: type[asyncio.AbstractEventLoop]
+    try:
+        import uvloop
+    except ImportError:  # uvicorn's "auto" falls back the same way
+        base = asyncio.SelectorEventLoop
+    else:
+        base = uvloop.Loop
+    bound = float(timeout)
+
+    class HandshakeBoundedLoop(base):  # type: ignore[misc,valid-type]
+        """uvicorn's loop, with ``ssl_handshake_timeout`` on its TLS servers."""
+
+        async def create_server(self, *args: Any, **kwargs: Any) -> Any:
+            tls = kwargs.get("ssl") is not None
+            if bound > 0 and tls and kwargs.get("ssl_handshake_timeout") is None:
+                kwargs["ssl_handshake_timeout"] = bound
+            return await super().create_server(*args, **kwargs)
+
+    return HandshakeBoundedLoop

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from ..errors import SchemaMismatchError
+from ..sources.spool import SPOOL_MEMORY_BYTES
 from .errors import UnsupportedMediaTypeError
 
 __all__ = [
@@ -80,8 +81,6 @@ FEED_BYTES = 1 << 20
 #: Rows per batch handed on by a body (larger batches are sliced, zero-copy):
 #: Lance's merge keeps a smaller working set with batches of this size.
 SLICE_ROWS = 8192
-#: A body spool keeps this many bytes of batches in memory before it moves to a file.
-SPOOL_MEMORY_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)

@@ -288,7 +288,13 @@ def table_router(
                 spool_dir=spool_dir,
             )
             stats = body.statistics()
-        audit_rows(request, result.num_inserted_rows + result.num_updated_rows)
+        # through the MemWAL the engine counts nothing: the put's summary does
+        audit_rows(
+            request,
+            result.num_inserted_rows + result.num_updated_rows
+            if result.mem_wal is None
+            else result.mem_wal.rows + result.mem_wal.deletes,
+        )
         return json_response(
             {
                 "num_inserted_rows": result.num_inserted_rows,
@@ -297,6 +303,8 @@ def table_router(
                 "num_attempts": result.num_attempts,
                 "source_mode": result.source_mode.value,
                 "version": result.version,
+                "group_size": result.group_size,
+                "group_index": result.group_index,
                 "mem_wal": None if result.mem_wal is None else dataclasses.asdict(result.mem_wal),
                 "body": {"format": stats.format, "bytes": stats.bytes_received, "rows": stats.rows},
             }
@@ -340,7 +348,7 @@ def table_router(
         sql = compile_filter(filters, dataset.schema, allow_raw_sql=allow_raw_sql)
         cols = _columns(columns, dataset.schema)
         if table.writer is not None:
-            stream = table.writer.lsm_scan(columns=cols, filter=sql, limit=limit, offset=offset)
+            stream = table.writer.lsm.scan(columns=cols, filter=sql, limit=limit, offset=offset)
         else:
             await dataset.refresh()
             stream = dataset.scan(
@@ -371,10 +379,10 @@ def table_router(
             )
         value = _parse_key(key, dataset.schema.field(keys[0]))
         if table.writer is not None:
-            found = await table.writer.lsm_point_lookup(value)
+            found = await table.writer.lsm.point_lookup(value)
         else:
             await dataset.refresh()
-            found = await dataset.lsm_point_lookup(value)
+            found = await dataset.lsm.point_lookup(value)
         audit_rows(request, found.num_rows)
         if found.num_rows == 0:
             return json_response({"detail": f"no row with {keys[0]} = {key[:64]!r}"}, 404)

@@ -72,13 +72,19 @@ With API keys (``--api-keys-file``, ``LANCE_ASYNC_SERVE_API_KEYS``; see
 the list, rows and lookups, ``write`` for merge and ingest; ``/metrics``
 and the docs need ``read`` unless ``metrics_access`` / ``docs_access`` say
 otherwise; ``/health`` is open. Every request leaves an audit line (key id,
-table, operation, rows, status: :mod:`lance_async.web.audit`). TLS comes
-from ``--ssl-certfile`` and ``--ssl-keyfile``. Without keys, ``serve``
-listens on loopback only: another address is refused (exit 2) unless
-``--dangerously-serve-without-auth``, and the start says how the server is
-exposed. Request heads are bounded below the app
-(:mod:`lance_async.web.headlimits`): past 32 KiB or 100 header lines a 431,
-not complete within 10 s a 408, and the connection closed.
+table, operation, rows, status: :mod:`lance_async.web.audit`). The key
+file is watched: a key removed from it is refused from the next request on,
+one added accepted, and ``SIGHUP`` re-reads it at once; a file that does not
+parse keeps the last good keys and says so in the log
+(:mod:`lance_async.web.keyfile`). TLS comes from ``--ssl-certfile`` and
+``--ssl-keyfile``; a certificate that does not load with its key is one
+line and exit 2. Without keys, ``serve`` listens on loopback only: another
+address is refused (exit 2) unless ``--dangerously-serve-without-auth``,
+and the start says how the server is exposed. Request heads are bounded
+below the app (:mod:`lance_async.web.headlimits`): past 32 KiB or 100
+header lines a 431, not complete within 10 s a 408, and the connection
+closed; over TLS the handshake counts in those 10 s (one never finished:
+closed).
 
 Slow clients
 ------------
@@ -97,6 +103,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -109,7 +116,8 @@ from .._threads import ThreadLimits
 from .audit import install_audit_log
 from .discovery import Discovery, discover_tables, discovery_middleware
 from .handlers import install_error_handlers
-from .headlimits import head_limited_protocol
+from .headlimits import handshake_bounded_loop, head_limited_protocol
+from .keyfile import KeyFileWatcher
 from .limits import BodyLimits
 from .receive import install_body_guard
 from .registry import TableRegistry, TableSpec, lance_lifespan
@@ -142,6 +150,7 @@ def create_app(
     metrics_access: str = "read",
     docs_access: str = "read",
     audit: bool = True,
+    key_watcher: KeyFileWatcher | None = None,
 ) -> FastAPI:
     """Build the example app.
 
@@ -210,6 +219,9 @@ def create_app(
     audit : bool
         Log one line per request to ``lance_async.web.audit`` (key id,
         table, operation, rows, status; see :mod:`lance_async.web.audit`).
+    key_watcher : KeyFileWatcher, optional
+        Keeps ``auth``'s keys in step with their file while the app runs
+        (:mod:`lance_async.web.keyfile`; run in the lifespan).
 
     Returns
     -------
@@ -254,11 +266,14 @@ def create_app(
                     registry.add(name, spec)
         async with open_registry(app):
             log.info("lance_async.serve: serving tables %s", registry.names)
-            if discovery is None:
+            if discovery is None and key_watcher is None:
                 yield
                 return
             async with anyio.create_task_group() as tg:
-                await tg.start(discovery.run)
+                if discovery is not None:
+                    await tg.start(discovery.run)
+                if key_watcher is not None:
+                    await tg.start(key_watcher.run)
                 yield
                 tg.cancel_scope.cancel()
 
@@ -346,7 +361,10 @@ def main(settings: ServeSettings) -> None:
     say so explicitly), reads the API keys, then says on standard error how
     the server is exposed (address, TLS, authentication) and serves with
     :func:`~lance_async.web.headlimits.head_limited_protocol` and the TLS
-    certificate of the settings.
+    certificate of the settings; TLS handshakes are bounded by the head
+    timeout (:func:`~lance_async.web.headlimits.handshake_bounded_loop`), the
+    key file is watched (:class:`~lance_async.web.keyfile.KeyFileWatcher`;
+    ``SIGHUP`` re-reads it at once and never ends the server).
 
     Parameters
     ----------
@@ -360,13 +378,18 @@ def main(settings: ServeSettings) -> None:
         ``root`` is a local path that is not a directory; a key file that
         does not parse; a non-loopback address without authentication and
         without ``dangerously_serve_without_auth``; a TLS file that is
-        missing or only half of the pair.
+        missing or only half of the pair, or a certificate that does not
+        load with its key.
     """
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
     settings.check_exposure()
     auth = settings.auth()
+    if hasattr(signal, "SIGHUP"):
+        # until the key watcher receives it (in the lifespan), a SIGHUP must
+        # not end the server: its default action would
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: None)
     app = create_app(
         settings.root,
         limits=settings.body_limits(),
@@ -379,6 +402,7 @@ def main(settings: ServeSettings) -> None:
         auth=auth,
         metrics_access=settings.metrics_access,
         docs_access=settings.docs_access,
+        key_watcher=settings.key_watcher(auth),
     )
     log_config = copy.deepcopy(LOGGING_CONFIG)
     log_config["loggers"]["lance_async"] = {
@@ -393,6 +417,8 @@ def main(settings: ServeSettings) -> None:
         log_level=settings.log_level,
         log_config=log_config,
         http=head_limited_protocol(settings.head_limits()),
+        # TLS handshakes within the head timeout (uvicorn sets no bound of its own)
+        loop=handshake_bounded_loop(settings.head_timeout),  # type: ignore[arg-type]
         ssl_certfile=settings.ssl_certfile,
         ssl_keyfile=settings.ssl_keyfile,
         ssl_keyfile_password=(

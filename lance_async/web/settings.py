@@ -36,6 +36,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 if TYPE_CHECKING:
     from .auth import ApiKeyAuth
     from .headlimits import HeadLimits
+    from .keyfile import KeyFileWatcher
     from .limits import BodyLimits
 
 __all__ = ["KeySetting", "ServeSettings", "is_loopback"]
@@ -124,7 +125,11 @@ class ServeSettings(BaseSettings):
         API keys, inline (``LANCE_ASYNC_SERVE_API_KEYS`` as JSON:
         ``[{"id": "ci", "scope": "write", "sha256": "..."}]``).
     api_keys_file : str or None
-        A file of hashed keys, one ``ID SCOPE sha256:HEX`` per line.
+        A file of hashed keys, one ``ID SCOPE sha256:HEX`` per line; watched
+        while the server runs (see :mod:`lance_async.web.keyfile`).
+    api_keys_poll_interval : float
+        Seconds between two looks at ``api_keys_file`` (default 1; 0: only
+        on SIGHUP).
     dangerously_serve_without_auth : bool
         Listen beyond loopback with no key at all: anyone who reaches the
         port reads and writes every table. Off: such a start is refused.
@@ -160,6 +165,7 @@ class ServeSettings(BaseSettings):
     lance_metrics: bool = False
     api_keys: list[KeySetting] = Field(default_factory=list)
     api_keys_file: str | None = None
+    api_keys_poll_interval: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     dangerously_serve_without_auth: bool = False
     metrics_access: Access = "read"
     docs_access: Access = "read"
@@ -208,6 +214,18 @@ class ServeSettings(BaseSettings):
             keys.extend(from_file)
         return ApiKeyAuth(keys)
 
+    def key_watcher(self, auth: ApiKeyAuth | None) -> KeyFileWatcher | None:
+        """The :class:`~lance_async.web.keyfile.KeyFileWatcher` that keeps
+        ``auth`` in step with ``api_keys_file`` (None without a key file)."""
+        if auth is None or self.api_keys_file is None:
+            return None
+        from .keyfile import KeyFileWatcher
+
+        inline = auth.keys[: len(self.api_keys)]  # auth() puts the inline keys first
+        return KeyFileWatcher(
+            auth, self.api_keys_file, inline=inline, interval=self.api_keys_poll_interval
+        )
+
     def head_limits(self) -> HeadLimits:
         """The :class:`~lance_async.web.headlimits.HeadLimits` of these settings."""
         from .headlimits import HeadLimits
@@ -227,7 +245,8 @@ class ServeSettings(BaseSettings):
             ``host`` is not a loopback address and no key is configured,
             unless ``dangerously_serve_without_auth``; only one of
             ``ssl_certfile`` and ``ssl_keyfile``; a TLS file that is not
-            readable.
+            readable, or a certificate and key that do not load together
+            (:meth:`check_tls`).
         """
         exposed = not self.has_keys and not self.dangerously_serve_without_auth
         if exposed and not is_loopback(self.host):
@@ -242,6 +261,45 @@ class ServeSettings(BaseSettings):
         for path in (self.ssl_certfile, self.ssl_keyfile):
             if path is not None and not os.access(path, os.R_OK):
                 raise ValueError(f"cannot read the TLS file {path!r}")
+        self.check_tls()
+
+    def check_tls(self) -> None:
+        """Load the TLS certificate and key as the server will (reads both files; blocks).
+
+        Raises
+        ------
+        ValueError
+            A file that is not PEM, a certificate that does not match its
+            key, a wrong key password: one line naming both files and what
+            OpenSSL said.
+        """
+        if self.ssl_certfile is None:
+            return
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        password = (
+            self.ssl_keyfile_password.get_secret_value()
+            if self.ssl_keyfile_password is not None
+            else None
+        )
+        try:
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile, password=password or "")
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            text = " ".join(str(getattr(exc, "strerror", None) or exc).split())
+            reason = str(getattr(exc, "reason", None) or "")
+            if "PEM lib" in text and not reason:
+                reason = "PEM_LIB"  # OpenSSL 3 names no reason for a file that is not PEM
+            hint = {
+                "KEY_VALUES_MISMATCH": "the certificate does not match the private key",
+                "PEM_LIB": "a file is not a PEM certificate or key",
+                "NO_START_LINE": "a file is not a PEM certificate or key",
+                "BAD_DECRYPT": "the private key's password is wrong",
+            }.get(reason, text)
+            raise ValueError(
+                f"cannot use the TLS certificate {self.ssl_certfile!r} with the key "
+                f"{self.ssl_keyfile!r}: {hint}"
+            ) from None
 
     def exposure_report(self, auth: object | None) -> list[tuple[int, str]]:
         """What a starting server says about its exposure: (log level, line) pairs."""

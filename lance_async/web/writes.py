@@ -28,10 +28,10 @@ from .._threads import run_sync, stream_limiter
 from ..errors import ConflictError, PayloadTooLargeError
 from ..merge import backoff_delay
 from ..sources import WriteSource, replayable
+from ..sources.spool import Spool
 from .bodies import BodyBatches
 from .errors import EmptyBodyError
 from .limits import FEED_BYTES, SLICE_ROWS
-from .spool import Spool
 
 if TYPE_CHECKING:
     from ..dataset import AsyncDataset
@@ -73,7 +73,7 @@ async def merge_body(
         Retries after a commit conflict (default 10).
     retry_timeout : float
         Seconds that retries may take in all (default 30).
-    replay : {"spool", "lance", "none"}
+    replay : {"spool", "none"}
         How a conflict is retried. A request body is a one-shot source, so it
         cannot be re-read from the client:
 
@@ -84,11 +84,6 @@ async def merge_body(
             conflict the spool is replayed as a REPLAYABLE source by
             lance_async's retry loop (backoff, fresh target each attempt).
             Memory stays flat whatever the body size; the disk holds one copy.
-        ``"lance"``
-            Lance's own buffered retries (``conflict_retries > 0`` on the
-            stream): pylance keeps up to 100 MB of the stream **in
-            memory** before spilling to disk, so a large body costs that much
-            RAM per request.
         ``"none"``
             One pass, no retry: a conflict raises :class:`ContentionError`.
     read_first : bool
@@ -100,8 +95,7 @@ async def merge_body(
         ``"none"`` allows no retry). With False, the first pass streams the
         body into the engine as it arrives (lower latency for large bodies
         from fast clients; an engine thread waits while the client is slow,
-        up to ``BodyLimits.body_idle_timeout`` per pause). ``replay="lance"``
-        always streams.
+        up to ``BodyLimits.body_idle_timeout`` per pause).
     spool_dir : str, optional
         Directory of the spool file when ``read_first`` spools a body that
         keeps no spool of its own (default: the system's temporary directory).
@@ -128,8 +122,8 @@ async def merge_body(
     The engine runs on the library's engine threads; the event loop only
     moves batch references.
     """
-    if replay not in ("spool", "lance", "none"):
-        raise ValueError(f"replay must be 'spool', 'lance' or 'none', got {replay!r}")
+    if replay not in ("spool", "none"):
+        raise ValueError(f"replay must be 'spool' or 'none', got {replay!r}")
     if conflict_retries < 0:
         raise ValueError("conflict_retries must be >= 0")
 
@@ -143,14 +137,13 @@ async def merge_body(
         return builder.conflict_retries(retries).retry_timeout(timedelta(seconds=timeout))
 
     schema = await body.start()
-    if read_first and replay != "lance":
+    if read_first:
         async with read_whole_body(body, spool_dir=spool_dir) as spooled:
             retries = conflict_retries if replay == "spool" else 0
             return await build(retries, retry_timeout).execute(spooled)
     started = time.monotonic()
-    first_retries = conflict_retries if replay == "lance" else 0
-    try:
-        return await build(first_retries, retry_timeout).execute(body, schema=schema)
+    try:  # the body keeps its own spool: the builder spools nothing more
+        return await build(0, retry_timeout).execute(body, schema=schema)
     except ConflictError as exc:
         if replay != "spool" or not exc.retryable or conflict_retries == 0 or not body.complete:
             raise

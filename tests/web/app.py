@@ -44,7 +44,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypedDict
 
 import anyio.to_thread
 import uvicorn
@@ -104,6 +104,14 @@ class PlainConsumeMiddleware:
         await self.app(scope, receive, send)
 
 
+class SlowBody(TypedDict, total=False):
+    """The slow-body limits a test sets (the :class:`BodyLimits` fields of these names)."""
+
+    min_body_rate: float
+    body_rate_grace: float
+    max_body_time: float
+
+
 def build_app(
     root: str,
     *,
@@ -112,7 +120,7 @@ def build_app(
     threads: ThreadLimits | None = None,
     max_uploads: int | None = 16,
     idle_timeout: float | None = None,
-    slow_body: dict[str, float] | None = None,
+    slow_body: SlowBody | None = None,
 ) -> FastAPI:
     limits = STRICT_LIMITS if strict else MAIN_LIMITS
     if idle_timeout is not None:
@@ -162,11 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--body-rate-grace", type=float, default=None)
     parser.add_argument("--max-body-time", type=float, default=None)
     args = parser.parse_args(argv)
-    slow_body = {
-        name: getattr(args, name)
-        for name in ("min_body_rate", "body_rate_grace", "max_body_time")
-        if getattr(args, name) is not None
-    }
+    slow_body: SlowBody = {}
+    if args.min_body_rate is not None:
+        slow_body["min_body_rate"] = args.min_body_rate
+    if args.body_rate_grace is not None:
+        slow_body["body_rate_grace"] = args.body_rate_grace
+    if args.max_body_time is not None:
+        slow_body["max_body_time"] = args.max_body_time
     threads = None
     if args.threads:
         engine, stream, reader = (int(n) for n in args.threads.split(","))

@@ -125,12 +125,9 @@ def test_heads_that_stall_are_a_408_and_closed(exposed: Serve) -> None:
     ]
     socks = []
     for partial in partials:  # all at once: one wait for all of them
-        # timed from before the connect: the server's clock starts no earlier
-        # (on a loaded machine a timestamp after sendall came late)
-        opened = time.monotonic()
         sock = socket.create_connection(("127.0.0.1", exposed.port), timeout=30)
         sock.sendall(partial)
-        socks.append((sock, opened))
+        socks.append(sock)
     # a body the app never reads, trickled after its 200 one byte at a time:
     # uvicorn's keep-alive timer restarts on every byte, the head timeout does not
     trickled = socket.create_connection(("127.0.0.1", exposed.port), timeout=30)
@@ -152,16 +149,16 @@ def test_heads_that_stall_are_a_408_and_closed(exposed: Serve) -> None:
         thread.join()
     assert data.startswith(b"HTTP/1.1 200"), data[:200]
     assert status_of(data[data.index(b"HTTP/1.1 408") :]) == 408
-    for partial, (sock, sent) in zip(partials, socks, strict=True):
+    # the head timeout answered (when it does, never before its time, is
+    # tests/web/test_head_clock.py's, on a virtual clock)
+    for partial, sock in zip(partials, socks, strict=True):
         with sock:
             data = read_until_closed(sock)
-        waited = time.monotonic() - sent
         if partial.endswith(b"GET /tab"):
             assert data.startswith(b"HTTP/1.1 200"), data[:200]
             data = data[data.index(b"HTTP/1.1 408") :]
         assert status_of(data) == 408, data
         assert b"not complete within 4 s" in data
-        assert waited >= HEAD_TIMEOUT * 0.9  # never cut before the timeout
 
 
 def open_half_sent(port: int, head: bytes, n: int) -> list[tuple[socket.socket, float]]:
@@ -220,7 +217,6 @@ def test_1000_half_sent_requests_are_each_closed_and_memory_stays_flat(exposed: 
         f"(head timeout {HEAD_TIMEOUT} s)"
     )
     assert statuses == [408] * 1000
-    assert min(waits) >= HEAD_TIMEOUT * 0.9
     assert growth < 50 * MiB
     with exposed.client() as client:
         assert client.get("/health").status_code == 200

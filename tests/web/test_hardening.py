@@ -239,9 +239,9 @@ def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def trickle(
     server: Server, payload: bytes, step: int, pause: float, limit: float
-) -> tuple[int, float, bytes]:
+) -> tuple[int, bytes]:
     """Upload ``payload`` ``step`` bytes at a time, ``pause`` s apart, until the
-    server answers; the status, the seconds it took and the whole answer."""
+    server answers (``limit`` s stops a hung test); the status and the whole answer."""
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=limit)
     start = time.monotonic()
     try:
@@ -265,7 +265,6 @@ def trickle(
                 except (BlockingIOError, BrokenPipeError, ConnectionResetError):
                     pass
             time.sleep(pause)
-        took = time.monotonic() - start
         sock.setblocking(True)
         answer = b""
         with contextlib.suppress(OSError):  # read to the close, or to the timeout
@@ -274,7 +273,7 @@ def trickle(
                 if answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"}"):
                     break  # a kept-alive 200: its JSON body is complete
         assert answer.startswith(b"HTTP/1.1 "), answer[:200]
-        return int(answer.split()[1]), took, answer
+        return int(answer.split()[1]), answer
     finally:
         sock.close()
 
@@ -286,10 +285,10 @@ def test_regression_a_trickling_upload_is_a_408_once_below_the_minimum_rate(
     # client held an upload slot for as long as it liked
     before = version(paced.table("kv"))
     payload = ndjson({"id": i, "value": 7, "name": "t"} for i in range(1000, 1100))
-    status, took, answer = trickle(paced, payload, step=1, pause=0.5, limit=30)
+    status, answer = trickle(paced, payload, step=1, pause=0.5, limit=30)
     assert status == 408
-    assert b"min_body_rate" in answer, answer  # the rate tripped, not another limit
-    assert took >= GRACE, took
+    # the rate tripped, not another limit (when: tests/web/test_body_clock.py, on a mock clock)
+    assert b"min_body_rate" in answer, answer
     log = paced.log_tail()
     assert version(paced.table("kv")) == before, log
     with paced.client() as client:
@@ -304,16 +303,16 @@ def test_regression_a_steady_upload_longer_than_the_maximum_time_is_a_408(
     before = version(paced.table("kv"))
     payload = ndjson({"id": i, "value": 7, "name": "steady"} for i in range(2000, 2200))
     assert len(payload) > 15 * 400
-    status, took, answer = trickle(paced, payload, step=100, pause=0.25, limit=30)
+    status, answer = trickle(paced, payload, step=100, pause=0.25, limit=30)
     assert status == 408
-    assert b"max_body_time" in answer, answer  # the time tripped, not another limit
-    assert took >= MAX_TIME, took
+    # the time tripped, not another limit (when: tests/web/test_body_clock.py, on a mock clock)
+    assert b"max_body_time" in answer, answer
     assert version(paced.table("kv")) == before
 
 
 def test_an_upload_above_the_rate_and_within_the_time_goes_through(paced: Server) -> None:
     payload = ndjson({"id": i, "value": 8, "name": "ok"} for i in range(3000, 3040))
-    status, _, answer = trickle(paced, payload, step=400, pause=0.25, limit=30)
+    status, answer = trickle(paced, payload, step=400, pause=0.25, limit=30)
     assert status == 200, answer
     assert contents(paced.table("kv"))[3000] == (8, "ok")
 

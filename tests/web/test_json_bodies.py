@@ -5,77 +5,29 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
-import httpx
 import lance
 import pytest
 
+from .serving import Serve, serve
 from .test_fastapi import contents, kv_block, make_table, version
 
 pytest.importorskip("prometheus_client")
 
 
-def entry_point() -> list[str]:
-    """The installed ``lance-async`` script (next to this interpreter)."""
-    script = Path(sys.executable).with_name("lance-async")
-    found = str(script) if script.exists() else shutil.which("lance-async")
-    assert found, "lance-async is not installed"
-    return [found]
-
-
-class Served:
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, root: Path) -> None:
-        self.proc, self.port, self.root = proc, port, root
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60)
-
-    def table(self, name: str) -> Path:
-        return self.root / f"{name}.lance"
-
-
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     base = tmp_path_factory.mktemp("json")
     root = base / "tables"
     root.mkdir()
     make_table(root / "kv.lance", kv_block(0, 10, 0))
     make_table(root / "events.lance", kv_block(0, 10, 0), mem_wal=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = open(base / "server.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [*entry_point(), "serve", "--root", str(root), "--port", str(port), "--metrics"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, (base / "server.log").read_text()
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
-        yield Served(proc, port, root)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+    with serve(root, base / "server.log", "--metrics") as server:
+        yield server
 
 
-def test_a_json_array_merges_as_httpx_sends_it(served: Served) -> None:
+def test_a_json_array_merges_as_httpx_sends_it(served: Serve) -> None:
     rows = [{"id": i, "value": 5, "name": f"j{i}"} for i in range(8, 13)]
     with served.client() as client:
         response = client.post("/tables/kv/merge", params={"on": "id"}, json=rows)
@@ -86,7 +38,7 @@ def test_a_json_array_merges_as_httpx_sends_it(served: Served) -> None:
     assert all(got[i] == (5, f"j{i}") for i in range(8, 13))
 
 
-def test_a_pretty_printed_json_array_ingests(served: Served) -> None:
+def test_a_pretty_printed_json_array_ingests(served: Serve) -> None:
     rows = [{"id": i, "value": i, "name": "p"} for i in range(100, 150)]
     body = json.dumps(rows, indent=2).encode()
     with served.client() as client:
@@ -110,7 +62,7 @@ def test_a_pretty_printed_json_array_ingests(served: Served) -> None:
     ],
 )
 def test_a_value_that_does_not_fit_is_a_422_naming_the_field(
-    served: Served, body: list[object], field: str | None, words: str
+    served: Serve, body: list[object], field: str | None, words: str
 ) -> None:
     before = version(served.table("kv"))
     with served.client() as client:
@@ -132,7 +84,7 @@ def prometheus(text: str, name: str, **labels: str) -> float:
     return found
 
 
-def test_metrics_count_a_known_workload(served: Served) -> None:
+def test_metrics_count_a_known_workload(served: Serve) -> None:
     uri = str(served.table("events"))
     kv_rows = lance.dataset(str(served.table("kv"))).count_rows()  # other tests add rows too
     with served.client() as client:
