@@ -29,12 +29,20 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the public names, once each
     from ._memory import MemoryLimits as MemoryLimits
+    from ._memory import MemoryStats as MemoryStats
     from ._memory import configure_memory as configure_memory
     from ._memory import memory_limits as memory_limits
+    from ._memory import memory_stats as memory_stats
+    from ._memory import release_memory as release_memory
     from ._metrics import configure_metrics as configure_metrics
     from ._threads import ThreadLimits as ThreadLimits
     from ._threads import configure_threads as configure_threads
+    from .dataset import AsyncBlobFile as AsyncBlobFile
+    from .dataset import AsyncBranches as AsyncBranches
     from .dataset import AsyncDataset as AsyncDataset
+    from .dataset import AsyncDelta as AsyncDelta
+    from .dataset import AsyncFragment as AsyncFragment
+    from .dataset import AsyncSqlQuery as AsyncSqlQuery
     from .dataset import AsyncTags as AsyncTags
     from .dataset import CommitBatchResult as CommitBatchResult
     from .dataset import open_dataset as open_dataset
@@ -65,6 +73,7 @@ if TYPE_CHECKING:  # the public names, once each
     from .errors import StorageTimeoutError as StorageTimeoutError
     from .errors import StorageUnavailableError as StorageUnavailableError
     from .errors import UnsupportedSourceError as UnsupportedSourceError
+    from .errors import ViewExpiredError as ViewExpiredError
     from .errors import WriterFailedError as WriterFailedError
     from .errors import WrongEventLoopError as WrongEventLoopError
     from .errors import WrongShardError as WrongShardError
@@ -75,10 +84,14 @@ if TYPE_CHECKING:  # the public names, once each
     from .feeds import Message as Message
     from .feeds import ingest as ingest
     from .lsm import CoalescerStats as CoalescerStats
+    from .lsm import LevelCacheStats as LevelCacheStats
     from .lsm import LsmReader as LsmReader
+    from .lsm import LsmSnapshot as LsmSnapshot
     from .lsm import ShardSnapshot as ShardSnapshot
     from .memwal import Ack as Ack
     from .memwal import AsyncShardWriter as AsyncShardWriter
+    from .memwal import CleanupPlan as CleanupPlan
+    from .memwal import CleanupStats as CleanupStats
     from .memwal import CompactionPolicy as CompactionPolicy
     from .memwal import CompactionResult as CompactionResult
     from .memwal import Compactor as Compactor
@@ -86,10 +99,13 @@ if TYPE_CHECKING:  # the public names, once each
     from .memwal import PutSummary as PutSummary
     from .memwal import ShardCheck as ShardCheck
     from .memwal import ShardRouter as ShardRouter
+    from .memwal import WriterOptions as WriterOptions
     from .memwal import WriterState as WriterState
     from .memwal import WriterStats as WriterStats
+    from .memwal import cleanup_table as cleanup_table
     from .merge import AsyncMergeInsertBuilder as AsyncMergeInsertBuilder
     from .merge import MergeResult as MergeResult
+    from .merge import MergeStatistics as MergeStatistics
     from .sources import AsyncBatchStream as AsyncBatchStream
     from .sources import FileSource as FileSource
     from .sources import SourceMode as SourceMode
@@ -146,4 +162,7 @@ def _is_the_command() -> bool:
 
 
 if not _is_the_command():
+    from ._enginelog import quiet_engine_log as _quiet_engine_log
+
+    _quiet_engine_log()  # before pylance reads LANCE_LOG (see _enginelog.py)
     _importlib.import_module(".dataset", __name__)  # pyarrow, pylance, lsm, memwal, merge

@@ -33,7 +33,9 @@ __all__ = [
     "check_batches",
     "check_choice",
     "check_columns",
+    "check_distance_range",
     "check_fetch",
+    "check_flag",
     "check_int",
     "check_knn",
     "check_seconds",
@@ -181,22 +183,89 @@ KNN_MAX_K = 1_000_000
 KNN_MAX_CANDIDATES = 10_000_000
 
 
-def check_knn(options: Mapping[str, object]) -> None:
-    """The arguments of a nearest-neighbour search (``k``, ``nprobes``,
-    ``refine_factor``, ``metric``, ``columns``), as keywords.
+def check_distance_range(value: object) -> tuple[float | None, float | None] | None:
+    """A ``distance_range``: None, or ``(lower, upper)`` with each bound a real
+    number or None (open), ``lower < upper`` -- the half-open range
+    ``lower <= distance < upper`` of pylance's ``nearest["distance_range"]``
+    and LanceDB's ``distance_range(lower_bound, upper_bound)``.
 
-    ``k`` is at most :data:`KNN_MAX_K` and ``k * refine_factor`` at most
-    :data:`KNN_MAX_CANDIDATES`; ``nprobes`` at most an int64.
+    Returns
+    -------
+    tuple of (float or None, float or None), or None
+        None for no range (also for ``(None, None)``).
+
+    Raises
+    ------
+    TypeError
+        Not a tuple or list of two, or a bound that is not a real number
+        (a bool is no distance).
+    ValueError
+        A NaN bound, ``lower >= upper`` (an empty range: nothing could be
+        returned).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"distance_range must be a (lower, upper) pair, got {type(value).__name__}")
+    bounds: list[float | None] = []
+    for name, bound in zip(("lower", "upper"), value, strict=True):
+        if bound is None:
+            bounds.append(None)
+            continue
+        if isinstance(bound, bool) or not isinstance(bound, numbers.Real):
+            raise TypeError(
+                f"distance_range's {name} bound must be a number or None, "
+                f"got {type(bound).__name__}"
+            )
+        if math.isnan(float(bound)):
+            raise ValueError(f"distance_range's {name} bound is NaN")
+        bounds.append(float(bound))
+    lower, upper = bounds
+    if lower is not None and upper is not None and lower >= upper:
+        raise ValueError(
+            f"distance_range ({lower}, {upper}) is empty: it keeps lower <= distance < upper"
+        )
+    if lower is None and upper is None:
+        return None
+    return lower, upper
+
+
+def check_flag(name: str, value: object) -> bool:
+    """A keyword flag: ``True`` or ``False`` only (``postfilter=1`` is a TypeError)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__}")
+    return value
+
+
+def check_knn(options: Mapping[str, object]) -> None:
+    """The arguments of a nearest-neighbour search (``k``, ``offset``,
+    ``nprobes``, ``refine_factor``, ``overfetch_factor``, ``metric``,
+    ``columns``, ``distance_range``, ``postfilter``, ``bypass_vector_index``),
+    as keywords.
+
+    ``k`` is at most :data:`KNN_MAX_K`, and so is ``k + offset`` (the rows
+    ranked); ``(k + offset) * refine_factor`` (and ``* overfetch_factor``)
+    at most :data:`KNN_MAX_CANDIDATES`; ``nprobes`` at most an int64;
+    ``overfetch_factor`` a finite real number >= 1 (as pylance's
+    ``LsmVectorSearchPlanner.plan_search`` wants); ``distance_range`` as
+    :func:`check_distance_range`; the flags bools.
 
     Raises
     ------
     TypeError, ValueError
         ``k``, ``nprobes`` or ``refine_factor`` below 1 or above their
-        bounds, an unknown metric, ``columns`` given as one string.
+        bounds, a negative ``offset``, ``overfetch_factor`` not a number or
+        below 1, an unknown metric, ``columns`` given as one string, a bad
+        ``distance_range``, a flag that is not a bool.
     """
     k = 10
     if options.get("k") is not None:
         k = check_int("k", options["k"], minimum=1, maximum=KNN_MAX_K)
+    if options.get("offset") is not None:
+        skip = check_int("offset", options["offset"], minimum=0, maximum=KNN_MAX_K)
+        if k + skip > KNN_MAX_K:
+            raise ValueError(f"k + offset must be <= {KNN_MAX_K:,} rows, got {k} + {skip}")
+        k += skip
     if options.get("nprobes") is not None:
         check_int("nprobes", options["nprobes"], minimum=1)
     if options.get("refine_factor") is not None:
@@ -205,12 +274,27 @@ def check_knn(options: Mapping[str, object]) -> None:
         )
         if k * factor > KNN_MAX_CANDIDATES:
             raise ValueError(
-                f"k * refine_factor must be <= {KNN_MAX_CANDIDATES:,} candidates, "
+                f"(k + offset) * refine_factor must be <= {KNN_MAX_CANDIDATES:,} candidates, "
                 f"got {k} * {factor}"
+            )
+    if options.get("overfetch_factor") is not None:
+        over = options["overfetch_factor"]
+        if isinstance(over, bool) or not isinstance(over, numbers.Real):
+            raise TypeError(f"overfetch_factor must be a number, got {type(over).__name__}")
+        if not math.isfinite(float(over)) or float(over) < 1.0:
+            raise ValueError(f"overfetch_factor must be a finite number >= 1.0, got {over}")
+        if math.ceil(k * float(over)) > KNN_MAX_CANDIDATES:
+            raise ValueError(
+                f"(k + offset) * overfetch_factor must be <= {KNN_MAX_CANDIDATES:,} "
+                f"candidates, got {k} * {over}"
             )
     if "metric" in options:
         check_choice("metric", options["metric"], ("l2", "cosine", "dot"))
     check_columns(options.get("columns"))
+    check_distance_range(options.get("distance_range"))
+    for flag in ("postfilter", "bypass_vector_index"):
+        if flag in options:
+            check_flag(flag, options[flag])
 
 
 def check_batches(name: str, batches: Iterable[pa.RecordBatch]) -> list[pa.RecordBatch]:

@@ -8,7 +8,7 @@ ACCESS_DENIED during HeadObject operation``, ``AWS Error UNKNOWN (HTTP status
 503)``); a local disk's failure ends in ``(os error 28)``. :func:`storage_fault`
 reads the exception's type and ``errno`` first, then the HTTP status, the
 store's error code, the OS error and a few phrases of object_store and of the
-HTTP client, and says which kind of failure it is. ``errors.map_engine_error``
+HTTP client, and says which kind of failure it is. ``_engine_errors.map_engine_error``
 turns that into the typed error; each phrase has a test in
 ``tests/test_errors.py``. Imports nothing of lance_async.
 """

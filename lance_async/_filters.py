@@ -20,7 +20,15 @@ from .errors import FilterError
 
 T = TypeVar("T")
 
-__all__ = ["DECIMAL_FLOAT", "DECIMAL_INT", "MAX_FILTER_LENGTH", "check_filter", "sql_int"]
+__all__ = [
+    "DECIMAL_FLOAT",
+    "DECIMAL_INT",
+    "LEVEL_LOCAL_COLUMNS",
+    "MAX_FILTER_LENGTH",
+    "check_filter",
+    "check_lsm_filter",
+    "sql_int",
+]
 
 #: Characters a filter may hold.
 MAX_FILTER_LENGTH = 16_384
@@ -124,3 +132,51 @@ def check_filter(filter: T) -> T:
     if depth:
         raise FilterError("the filter has a '(' without its ')'", filter=filter)
     return f"({filter})"  # type: ignore[return-value]  # a str in, a str out
+
+
+#: Lance's system columns whose values belong to one dataset: each flushed
+#: generation (and the in-memory dataset of a WAL tail) numbers its rows
+#: from 0 again, so across the LSM levels they name no row of the table.
+LEVEL_LOCAL_COLUMNS = (
+    "_rowid",
+    "_rowaddr",
+    "_rowoffset",
+    "_row_created_at_version",
+    "_row_last_updated_at_version",
+)
+_LEVEL_LOCAL = re.compile(
+    r"(?<![A-Za-z0-9_$])(" + "|".join(LEVEL_LOCAL_COLUMNS) + r")(?![A-Za-z0-9_$])",
+    re.IGNORECASE,
+)
+_STRING_LITERAL = re.compile(r"'(?:[^']|'')*'")
+
+
+def check_lsm_filter(filter: T) -> T:
+    """:func:`check_filter`, and refuse a filter an LSM read cannot mean.
+
+    A filter naming a row id or row address (``_rowid``, ``_rowaddr``, any
+    of :data:`LEVEL_LOCAL_COLUMNS`, quoted or not, outside string literals)
+    would be evaluated on each level's own numbering and keep rows of newer
+    levels whose local id happens to match (LanceDB refuses a take by row
+    id through its LSM scanner for the same reason). Read base rows by row
+    id with a plain read (``ds.to_table(filter="_rowid IN (...)")``).
+
+    Raises
+    ------
+    FilterError
+        As :func:`check_filter`, or a row-id column named (does not block).
+    """
+    checked = check_filter(filter)
+    if checked is None:
+        return checked
+    text = _STRING_LITERAL.sub("''", str(checked))
+    found = _LEVEL_LOCAL.search(text.replace('"', " ").replace("`", " "))
+    if found:
+        raise FilterError(
+            f"an LSM read cannot filter on {found.group(1)}: a row id or address names a "
+            "row of one level (each generation numbers its rows from 0), not of the "
+            "table; filter base rows by row id with a plain read (use_lsm=False), or "
+            "filter on the primary key",
+            filter=str(filter),
+        )
+    return checked

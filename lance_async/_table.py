@@ -5,7 +5,9 @@ the table they work on as an argument typed by this protocol, never by
 :class:`~lance_async.AsyncDataset` (which implements it), so imports run one
 way: the facade above knows the packages below, they know only this. The
 seam is the one starlette's and httpx's lower modules keep: a small
-structural type instead of the object above.
+structural type instead of the object above. Its two write helpers,
+``_advance`` and ``_mutate``, are private names: the lower packages use them,
+users of :class:`~lance_async.AsyncDataset` never need them.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ T = TypeVar("T")
 class Table(Protocol):
     """A Lance table as the lower packages see it (``AsyncDataset`` is one).
 
-    Attributes are read without blocking; :meth:`mutate` and the builder of
+    Attributes are read without blocking; :meth:`_mutate` and the builder of
     :meth:`merge_insert` do their engine work on worker threads.
     """
 
@@ -53,14 +55,19 @@ class Table(Protocol):
         """The version in hand."""
 
     @property
+    def checked_out(self) -> bool:
+        """True while the object is pinned at a version by a checkout (LSM
+        reads, which show the live state, refuse it)."""
+
+    @property
     def storage_timeout(self) -> float:
         """Seconds an engine call on this table may wait on its store (writers'
         and compaction's deadline)."""
 
-    def advance(self, dataset: LanceDataset) -> None:
+    def _advance(self, dataset: LanceDataset) -> None:
         """Move to ``dataset``, a newer version of this table (never backwards)."""
 
-    async def mutate(self, action: Callable[[LanceDataset], T]) -> T:
+    async def _mutate(self, action: Callable[[LanceDataset], T]) -> T:
         """Run ``action`` on a copy at the latest version, then move to what it committed."""
 
     def merge_insert(self, on: str | Iterable[str] | None = None) -> Any:

@@ -24,9 +24,9 @@ The one thread that is not an anyio worker thread is that prefetch thread:
 a stream is iterated from whatever task holds it and has no task of its own
 in which to await a worker thread for its whole life, so it runs a dedicated
 thread, started on the first ``__anext__`` and counted against ``reader``.
-Such threads are tracked per event loop (:func:`track_thread`) and stopped
-and joined when their loop ends (:func:`stop_threads_at_loop_end`), or at
-interpreter exit: none is left inside the engine when Python finalizes.
+Such threads are tracked per event loop and stopped and joined when their
+loop ends, or at interpreter exit (``_loopthreads.py``): none is left
+inside the engine when Python finalizes.
 
 Cancellation rule
 -----------------
@@ -37,6 +37,14 @@ close what the call opened, or a commit can be logged -- and then the
 cancellation is delivered to the caller. No worker thread is left running on
 the caller's behalf, and the caller's outcome is knowable (see
 ``AsyncMergeInsertBuilder.last_result``).
+
+A call may also say that abandoning it is safe (``abandon_on_cancel``): a
+merge whose engine has not yet seen the end of its source cannot commit
+(the source's next batch stops it), so when its task is cancelled while a
+user's factory or generator blocks in that thread, the cancellation is
+delivered at once and the thread is left to end by itself, unwatched, as
+calls past their deadline are (below). Without it, a sync factory that never
+returns would make its merge uncancellable for ever.
 
 Calls with a deadline
 ---------------------
@@ -62,7 +70,6 @@ that one.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import contextvars
 import logging
@@ -71,7 +78,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -79,8 +86,10 @@ import anyio
 import anyio.to_thread
 from anyio.lowlevel import RunVar
 
+from ._engine_errors import raise_mapped
 from ._loop import LoopHandle
-from .errors import StorageTimeoutError, raise_mapped
+from ._loopthreads import stop_threads_at_loop_end, track_thread, untrack_thread
+from .errors import StorageTimeoutError
 
 __all__ = [
     "DEFAULT_STORAGE_TIMEOUT",
@@ -250,6 +259,7 @@ async def run_sync(
     timeout: float | None = None,
     what: str = "an engine call",
     on_late_result: Callable[[T | None, BaseException | None], None] | None = None,
+    abandon_on_cancel: Callable[[], bool] | None = None,
 ) -> T:
     """Run a blocking call on a worker thread and await its result.
 
@@ -275,8 +285,18 @@ async def run_sync(
         What the call does, for the timeout's message and the log
         (``"the put of shard ..."``).
     on_late_result : callable, optional
-        With ``timeout``: called *on the worker thread* with the outcome of a
-        call that returns after it was abandoned (to close what it opened).
+        With ``timeout`` or ``abandon_on_cancel``: called *on the worker
+        thread* with the outcome of a call that returns after it was
+        abandoned (to close what it opened).
+    abandon_on_cancel : callable, optional
+        Asked, on the loop, when the awaiting task is cancelled while
+        ``func`` runs: True means nothing ``func`` can still do needs its
+        caller (it will commit nothing), so the call is abandoned -- the
+        cancellation is delivered at once and the thread ends by itself,
+        unwatched (counted in :func:`abandoned_calls` until it does); False
+        waits for ``func`` as without it. The call then runs on the
+        library's daemon threads. Without a ``timeout``, a call that ends
+        neither way waits however long it takes.
 
     Returns
     -------
@@ -298,6 +318,15 @@ async def run_sync(
     if timeout is not None:
         return await _run_bounded(
             func, limiter or engine_limiter(), on_cancel_result, timeout, what, on_late_result
+        )
+    if abandon_on_cancel is not None:
+        return await _run_abandonable(
+            func,
+            limiter or engine_limiter(),
+            on_cancel_result,
+            abandon_on_cancel,
+            what,
+            on_late_result,
         )
     result: T | None = None
     error: BaseException | None = None
@@ -345,7 +374,7 @@ _call_timeout: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 
 async def run_engine(func: Callable[[], T], **options: Any) -> T:
     """:func:`run_sync` for a call into the engine: its errors mapped to
-    lance_async's (:func:`~lance_async.errors.raise_mapped`; the original is
+    lance_async's (:func:`~lance_async._engine_errors.raise_mapped`; the original is
     the ``__cause__``). The keywords are :func:`run_sync`'s."""
     try:
         return await run_sync(func, **options)
@@ -458,8 +487,9 @@ class _Call(Generic[T]):
             except Exception:
                 log.exception("lance_async: clean-up after an abandoned call failed")
 
-    def abandon(self) -> bool:
-        """Abandon the call unless it has finished; True when it was abandoned."""
+    def abandon(self, cancelled: bool = False) -> bool:
+        """Abandon the call unless it has finished; True when it was abandoned
+        (``cancelled``: its caller was cancelled, rather than past its deadline)."""
         with self.lock:  # the thread's report sees either finished or the record
             if self.finished:
                 return False
@@ -470,12 +500,19 @@ class _Call(Generic[T]):
                 _abandoned[id(self)] = AbandonedCall(
                     self.what, self.timeout, self.started, self.thread
                 )
-        log.warning(
-            "lance_async: %s did not return within %g s; its worker thread is abandoned "
-            "(it may be stuck in the engine for ever: a store that refuses every request)",
-            self.what,
-            self.timeout,
-        )
+        if cancelled:
+            log.warning(
+                "lance_async: %s was cancelled while its thread was blocked (in a source's "
+                "factory or iterator); the thread is abandoned and commits nothing",
+                self.what,
+            )
+        else:
+            log.warning(
+                "lance_async: %s did not return within %g s; its worker thread is abandoned "
+                "(it may be stuck in the engine for ever: a store that refuses every request)",
+                self.what,
+                self.timeout,
+            )
         return True
 
 
@@ -579,83 +616,27 @@ async def _run_bounded(
     return result  # type: ignore[return-value]
 
 
-# -- worker threads stopped when their event loop ends -----------------------------
-#
-# A reader thread left running when its event loop ends (a stream not closed
-# when ``asyncio.run`` returns) is still inside the engine when the
-# interpreter finalizes, and pylance then aborts the process (SIGABRT, about
-# one run in five). So every loop that starts such a thread gets a sentinel
-# async generator, suspended at its first ``yield``: asyncio (in
-# ``shutdown_asyncgens``) and trio close the async generators still alive when
-# their run ends, and the sentinel's ``finally`` stops that loop's threads and
-# joins them. An ``atexit`` hook does the same for any thread left, before the
-# interpreter finalizes.
-
-#: How long stopping a loop's threads waits for them, in all (seconds).
-STOP_TIMEOUT = 10.0
-
-_live_lock = threading.Lock()
-_live: dict[object, dict[threading.Thread, Callable[[], None]]] = {}
-_sentinels: dict[object, AsyncIterator[None]] = {}
-
-
-def _stop_and_join(threads: dict[threading.Thread, Callable[[], None]]) -> None:
-    for stop in threads.values():
-        stop()
-    deadline = time.monotonic() + STOP_TIMEOUT
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():
-            log.warning("lance_async: a worker thread is still in a blocking call at loop end")
-
-
-def _stop_loop_threads(key: object) -> None:
-    with _live_lock:
-        threads = _live.pop(key, {})
-        _sentinels.pop(key, None)
-    _stop_and_join(threads)
-
-
-async def _loop_sentinel(key: object) -> AsyncIterator[None]:
-    try:
-        yield
-    finally:
-        _stop_loop_threads(key)
-
-
-async def stop_threads_at_loop_end(key: object) -> None:
-    """Make sure the running loop (identified by ``key``, see
-    ``LoopHandle.key``) stops the threads tracked under ``key`` when it ends.
-
-    Idempotent per loop; call it from inside that loop before starting a
-    thread. Does not block.
-    """
-    with _live_lock:
-        if key in _sentinels:
-            return
-        sentinel = _sentinels[key] = _loop_sentinel(key)
-    await sentinel.__anext__()  # suspended now: the loop closes it at its end
-
-
-def track_thread(key: object, thread: threading.Thread, stop: Callable[[], None]) -> None:
-    """Track ``thread`` of loop ``key``: at the loop's end (or at exit) ``stop()``
-    is called and the thread joined (``STOP_TIMEOUT`` seconds for all)."""
-    with _live_lock:
-        _live.setdefault(key, {})[thread] = stop
-
-
-def untrack_thread(key: object, thread: threading.Thread) -> None:
-    """Forget a thread that has finished (call it from the thread's last act)."""
-    with _live_lock:
-        threads = _live.get(key)
-        if threads is not None:
-            threads.pop(thread, None)
-
-
-@atexit.register
-def _stop_all_threads() -> None:
-    with _live_lock:
-        threads = {t: stop for group in _live.values() for t, stop in group.items()}
-        _live.clear()
-        _sentinels.clear()
-    _stop_and_join(threads)
+async def _run_abandonable(
+    func: Callable[[], T],
+    limiter: anyio.CapacityLimiter,
+    on_cancel_result: Callable[[T | None, BaseException | None], None] | None,
+    abandon: Callable[[], bool],
+    what: str,
+    on_late_result: Callable[[T | None, BaseException | None], None] | None,
+) -> T:
+    async with limiter:  # held by this task: given back when the call is abandoned
+        call = _Call(func, what, math.inf, on_late_result)
+        _submit(call)
+        try:
+            await call.done.wait()
+        except anyio.get_cancelled_exc_class():
+            if abandon() and call.abandon(cancelled=True):
+                raise
+            with anyio.CancelScope(shield=True):  # it may still commit: wait, then hand over
+                await call.done.wait()
+            if on_cancel_result is not None:
+                _hand_over(on_cancel_result, call.result, call.error)
+            raise
+    if call.error is not None:
+        raise call.error
+    return call.result  # type: ignore[return-value]

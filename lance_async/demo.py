@@ -501,7 +501,7 @@ async def run_demo(
             settled = corrected.get(key, _PENDING)
             t = time.perf_counter()
             try:
-                got = await writer.lsm_point_lookup(key, columns=["id", "arr_delay"])
+                got = await writer.lsm.point_lookup(key, columns=["id", "arr_delay"])
                 value = got.column("arr_delay")[0].as_py() if got.num_rows == 1 else _PENDING
                 if settled is not _PENDING:
                     ok = value == settled
@@ -575,7 +575,7 @@ async def _check(
     checks["336,776 flights acknowledged by ingest"] = report.rows_ingested == flights.num_rows
     base = await fds.to_table(columns=["id", "arr_delay"])
     checks["flights table holds exactly 336,776 rows"] = base.num_rows == flights.num_rows
-    lsm_rows = (await fds.lsm_scan(columns=["id"]).to_table()).num_rows
+    lsm_rows = (await fds.lsm.scan(columns=["id"]).to_table()).num_rows
     checks["LSM view agrees after compaction"] = lsm_rows == flights.num_rows
     checks.update(await run_sync(partial(_flight_checks, base, flights, corrected)))
     final = await (await open_dataset(weather_uri)).to_table()
@@ -593,7 +593,7 @@ async def _check(
     checks["group commit: far fewer engine puts than messages"] = (
         0 < report.engine_puts < flights.num_rows // 100
     )
-    # the README's order first
+    # the order docs/development.md shows first
     first = [
         "flights table holds exactly 336,776 rows",
         f"{CORRECTIONS} late corrections applied",

@@ -1,16 +1,15 @@
 """The exceptions lance_async raises.
 
 Every error about data, state, concurrency and the engine derives from
-:class:`LanceAsyncError`, so ``except lance_async.LanceAsyncError`` catches
-them. Each message says what to do next. Errors that a retry can cure carry
-``retryable = True``. Arguments that are wrong in themselves (a shard id that
-is not a UUID, a negative limit, ``k=0``, an unknown mode) raise
-:class:`ValueError` or :class:`TypeError` at the call, before any I/O, as
-Python's own functions do (the checks live in ``_args.py``); a source of an
-unknown kind raises :class:`UnsupportedSourceError` (a TypeError) and a
-merge_insert the chosen path cannot run raises :class:`MergeShapeError` (a
-ValueError). :class:`InvalidInputError` is for *data* the table refuses:
-rows, keys, filters, and a table in a state the call cannot use.
+:class:`LanceAsyncError`; each message says what to do next, and errors that
+a retry can cure carry ``retryable = True``. Arguments wrong in themselves (a
+shard id that is not a UUID, a negative limit, ``k=0``) raise
+:class:`ValueError` or :class:`TypeError` at the call, before any I/O
+(``_args.py``); an unknown kind of source raises
+:class:`UnsupportedSourceError` (a TypeError), a merge_insert the chosen path
+cannot run :class:`MergeShapeError` (a ValueError). :class:`InvalidInputError`
+is for *data* the table refuses: rows, keys, filters, a table in a state the
+call cannot use.
 
 The tree::
 
@@ -19,6 +18,7 @@ The tree::
     ├── WrongEventLoopError         a loop-bound object used from another event loop
     ├── DatasetNotFoundError        no Lance dataset at the URI
     ├── ManifestFormatError         MemWAL files on storage in a layout this version does not know
+    ├── ViewExpiredError            a read's view (a snapshot, too) whose files a clean-up removed
     ├── SourceError                 something is wrong with a write source
     │   ├── UnsupportedSourceError  not a kind of object coerce_source knows (a TypeError)
     │   ├── SourceConsumedError     a one-shot (streaming) source asked to replay
@@ -46,11 +46,10 @@ The tree::
     ├── PayloadTooLargeError        a message or body passed a size limit (HTTP 413)
     └── InvalidInputError ─ FilterError   a filter outside the allowed form (HTTP 400)
 
-The errors that only the HTTP helpers raise (unknown table, media types,
-bodies, authentication) live with them, in :mod:`lance_async.web.errors`,
-and derive from the same base.
+The HTTP helpers' own errors (unknown table, media types, bodies,
+authentication) are in :mod:`lance_async.web.errors`, under the same base.
 
-Engine errors are mapped in one place, :func:`map_engine_error`: by exception
+Engine errors are mapped in one place, ``_engine_errors.map_engine_error``: by exception
 type first (``lance.commit.CommitConflictError``; ``PermissionError``,
 ``TimeoutError``, ENOSPC...), by message text only where pylance gives
 nothing else (``OSError("Invalid user input: ...")``; an object store's
@@ -63,8 +62,6 @@ up or does not answer is a :class:`StorageError`, whatever called it.
 """
 
 from __future__ import annotations
-
-from ._faults import storage_fault, strip_engine_prefix
 
 __all__ = [
     "BackpressureTimeoutError",
@@ -95,10 +92,10 @@ __all__ = [
     "StorageTimeoutError",
     "StorageUnavailableError",
     "UnsupportedSourceError",
+    "ViewExpiredError",
     "WriterFailedError",
     "WrongEventLoopError",
     "WrongShardError",
-    "map_engine_error",
 ]
 
 
@@ -109,9 +106,17 @@ class LanceAsyncError(Exception):
     ----------
     retryable : bool
         True when running the same operation again may succeed.
+    may_have_landed : bool
+        True when a write failed this way may still take effect: its engine
+        call was abandoned at its deadline, and the engine goes on retrying
+        it until the store answers. Sending the rows again is safe when the
+        write is keyed (the newest row of a key wins); an insert without a
+        key may then be written twice. False: no engine call of the write
+        is left running.
     """
 
     retryable: bool = False
+    may_have_landed: bool = False
 
 
 class ClosedError(LanceAsyncError):
@@ -133,6 +138,21 @@ class ManifestFormatError(LanceAsyncError):
     the layout this version of lance_async knows (the one pylance writes).
     The read fails rather than guess; the message names the file. Upgrade
     lance_async to match your pylance."""
+
+
+class ViewExpiredError(LanceAsyncError):
+    """A read's view of the table can no longer be read: a file it needs -- a
+    WAL entry, a flushed generation, the base table's version -- was removed
+    by a clean-up (the MemWAL's retention, ``cleanup_old_versions``) after
+    the view was taken. Nothing wrong was returned: the read fails instead.
+
+    ``retryable``: the call read again makes a fresh view (reads that open
+    their own retry once by themselves); a pinned snapshot
+    (:meth:`~lance_async.lsm.LsmReader.snapshot`) does not come back: take a
+    new one, and hold views for less than the retention.
+    """
+
+    retryable = True
 
 
 class SourceError(LanceAsyncError):
@@ -458,163 +478,6 @@ class BackpressureTimeoutError(LanceAsyncError):
     Nothing was queued; retry later or raise the queue limits."""
 
     retryable = True
-
-
-def _message(exc: BaseException) -> str:
-    return str(exc).split(", /home/runner", 1)[0].split(", src/", 1)[0]
-
-
-#: The error of each kind of storage failure (``_faults.Fault.kind``).
-_STORAGE: dict[str, type[StorageError]] = {
-    "permission": StoragePermissionError,
-    "bucket": StorageNotFoundError,
-    "object": StorageNotFoundError,
-    "unavailable": StorageUnavailableError,
-    "full": StorageFullError,
-    "timeout": StorageTimeoutError,
-}
-
-
-def _storage_error(exc: BaseException, text: str, message: str) -> StorageError | None:
-    """The typed storage error ``exc`` is (see ``_faults``), or None."""
-    fault = storage_fault(exc, text)
-    if fault is None:
-        return None
-    error = _STORAGE[fault.kind](fault.describe(message), status=fault.status, code=fault.code)
-    if isinstance(error, StorageNotFoundError):
-        error.what = fault.kind
-    return error
-
-
-def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
-    """Translate a pylance exception into the lance_async error it means.
-
-    Parameters
-    ----------
-    exc : BaseException
-        An exception raised by a pylance call (or by a pyarrow filesystem
-        call on the table's files).
-
-    Returns
-    -------
-    LanceAsyncError or None
-        The typed error to raise (``raise mapped from exc``), or None when the
-        exception has no lance_async meaning and should propagate unchanged.
-
-    Notes
-    -----
-    By type first: ``lance.commit.CommitConflictError`` becomes
-    :class:`ConflictError` with its ``retryable`` flag. pylance raises
-    plain ``OSError`` / ``ValueError`` for the rest, so the text is read
-    (without the engine's ``LanceError(IO): `` prefixes), each form covered
-    by a test:
-
-    * A store's refusal or failure, by the exception's type and errno first
-      (see ``_faults.storage_fault``): a :class:`StorageError` subclass.
-    * "Writer fenced (persistence failure)": the WAL could not be written;
-      the storage error that says why (:class:`StorageFullError` for "No
-      space left on device"), else a plain :class:`StorageError`. Any other
-      "Writer fenced" is a real fence: :class:`FencedError`.
-    * "Failed to claim shard" (a lost race to open a shard; retryable),
-      "Invalid user input" (bad rows, but also "ShardWriter is already
-      closed"), "Failed to read batches" (a batch whose own schema says
-      non-nullable holds nulls), "Too many concurrent writers" (retries
-      exhausted inside Lance; retryable), "Incompatible transaction" (a
-      concurrent overwrite or similar; not retryable), "Dataset at path ...
-      was not found" (the store answered: no table there), "Append with
-      different schema" (a :class:`SchemaMismatchError`), "Dataset already
-      exists" (mode="create" over a dataset), "Resources exhausted" (a
-      :class:`ResourceExhaustedError` that says how to size the pool), "Ref
-      not found" / "Version not found" (a tag or version that does not
-      exist: :class:`DatasetNotFoundError`), "Ref conflict" (a tag that
-      exists already: :class:`InvalidInputError`).
-    """
-    from lance.commit import CommitConflictError as _LanceConflict
-
-    if isinstance(exc, LanceAsyncError):
-        return exc
-    if isinstance(exc, _LanceConflict):
-        return ConflictError(
-            f"commit conflict: {_message(exc)}", retryable=bool(getattr(exc, "retryable", False))
-        )
-    if not isinstance(exc, (OSError, ValueError, RuntimeError)):
-        return None
-    text = strip_engine_prefix(str(exc))
-    message = strip_engine_prefix(_message(exc))
-    if text.startswith("Writer fenced (persistence failure)"):
-        cause = _storage_error(exc, text, message)
-        if cause is not None:
-            return cause
-        return StorageError(
-            f"the shard writer could not write its WAL: {message}. Rows acknowledged before "
-            "are safe; open a new writer on the shard (it replays the WAL)"
-        )
-    if text.startswith("Writer fenced"):
-        return FencedError(
-            f"the shard writer was fenced: another writer claimed the shard ({message})"
-        )
-    storage = _storage_error(exc, text, message)
-    if storage is not None:
-        return storage
-    if "Failed to claim shard" in text:
-        return ConflictError(
-            f"another writer claimed the shard at the same moment: {message}", retryable=True
-        )
-    if "ShardWriter is already closed" in text:
-        return ClosedError("the MemWAL shard writer is closed; open a new one")
-    if "Stale SSTable compaction" in text:
-        return StaleCompactionError(
-            f"another compaction already merged these generations: {_message(exc)}"
-        )
-    if text.startswith("Invalid user input"):
-        return InvalidInputError(f"the engine rejected the input: {message}")
-    if text.startswith("Failed to read batches"):
-        return InvalidInputError(f"the engine could not read the batches: {message}")
-    if text.startswith("Append with different schema"):
-        return SchemaMismatchError(
-            f"the rows do not fit the dataset they are appended to: {message}"
-        )
-    if text.startswith("Dataset already exists"):
-        return InvalidInputError(
-            f"{message}; write with mode='append' or mode='overwrite', or to another path"
-        )
-    if text.startswith("Resources exhausted"):
-        from ._memory import memory_limits
-
-        pool = memory_limits().pool_bytes
-        where = f"{pool:,} bytes" if pool is not None else "the engine's default"
-        return ResourceExhaustedError(
-            f"the engine's memory pool ({where}) ran out: {message.splitlines()[0]}; "
-            "nothing was committed. Raise it with lance_async.configure_memory(pool_bytes=...) "
-            "(or LANCE_MEM_POOL_SIZE, in bytes), or write in smaller pieces "
-            "(for a merge: smaller sources, or use_index(False))",
-            pool_bytes=pool,
-        )
-    if "Too many concurrent writers" in text:
-        return ConflictError(f"commit conflict: {message}", retryable=True)
-    if text.startswith("Incompatible transaction"):
-        return ConflictError(f"commit conflict no retry can cure: {message}", retryable=False)
-    if text.startswith(("Ref not found", "Version not found")):
-        return DatasetNotFoundError(f"{message}; list them with versions() or tags.list()")
-    if text.startswith("Ref conflict"):
-        return InvalidInputError(f"{message}; move an existing tag with tags.update()")
-    if "was not found" in text and ("Dataset at path" in text or "Not found" in text):
-        where = text.split("Dataset at path ", 1)[-1].split(" was not found", 1)[0]
-        return DatasetNotFoundError(
-            f"no Lance dataset at {where!r}; check the path or create it with write_dataset"
-        )
-    return None
-
-
-def raise_mapped(exc: BaseException) -> None:
-    """Raise the typed error ``exc`` means (``from exc``); return when it has none.
-
-    Call it in an ``except`` block and re-raise after it:
-    ``except OSError as exc: raise_mapped(exc); raise``.
-    """
-    mapped = map_engine_error(exc)
-    if mapped is not None and mapped is not exc:
-        raise mapped from exc
 
 
 # -- limits and filters: raised by the lower layers and by the HTTP helpers ------

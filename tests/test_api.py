@@ -43,3 +43,25 @@ def test_every_public_name_has_a_docstring() -> None:
 
 def test_package_is_typed() -> None:
     assert (Path(la.__file__).parent / "py.typed").exists()
+
+
+def test_one_spelling_per_job() -> None:
+    """The spellings docs/one-way.md says went are gone from the public objects."""
+    gone = {
+        la.AsyncDataset: [
+            "advance",
+            "mutate",
+            "shard_router",
+            "shard_snapshots",
+            "lsm_scan",
+            "lsm_point_lookup",
+        ],
+        la.ShardRouter: ["put_stream", "lsm_scan", "lsm_point_lookups", "lsm_vector_search"],
+        la.AsyncShardWriter: ["put_stream", "lsm_scan", "lsm_point_lookup", "lsm_snapshot"],
+    }
+    for cls, names in gone.items():
+        assert [n for n in names if hasattr(cls, n)] == [], cls
+    for cls in (la.AsyncDataset, la.ShardRouter, la.AsyncShardWriter):
+        assert not [n for n in dir(cls) if n.startswith("lsm_")], cls
+    for name in ("scan", "point_lookup", "point_lookups", "vector_search", "snapshot"):
+        assert callable(getattr(la.LsmReader, name))

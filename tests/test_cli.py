@@ -227,47 +227,20 @@ def test_regression_cli_errors_are_one_line_with_usage_exit_codes(
 
 
 def test_serve_answers_health_and_rows(tmp_path: Path) -> None:
-    import socket
-    import time
-
     import httpx
 
+    from .web.serving import free_port, start
+
     lance.write_dataset(kv_table(range(7)), str(tmp_path / "kv.lance"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lance_async",
-            "serve",
-            "--root",
-            str(tmp_path),
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
-        rows = httpx.get(f"http://127.0.0.1:{port}/tables/kv/rows", timeout=10)
+    port = free_port()
+    argv = [sys.executable, "-m", "lance_async", "serve"]
+    argv += ["--root", str(tmp_path), "--port", str(port)]
+    with start(argv, port, tmp_path, tmp_path / "server.log") as server:
+        rows = httpx.get(f"{server.url}/tables/kv/rows", timeout=10)
         assert rows.status_code == 200
         ids = sorted(json.loads(line)["id"] for line in rows.text.splitlines() if line.strip())
         assert ids == list(range(7))
-        assert httpx.get(f"http://127.0.0.1:{port}/tables/nope/rows", timeout=10).status_code == 404
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        assert httpx.get(f"{server.url}/tables/nope/rows", timeout=10).status_code == 404
 
 
 def test_init_wal_ingest_compact_from_the_command_line(tmp_path: Path) -> None:

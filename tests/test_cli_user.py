@@ -13,12 +13,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
 import lance
 import pytest
 
+from .feeds.support import entry_id
 from .helpers import kv_table
 from .services import S3Bucket
 
@@ -38,8 +40,9 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def run(
-    *args: str, stdin: str = "", timeout: float = 120, **extra: str
+    *args: str, stdin: str = "", timeout: float = 120, environ: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """The command with ``args``; ``environ``'s variables over this process's."""
     return subprocess.run(
         command(*args),
         input=stdin,
@@ -47,7 +50,7 @@ def run(
         text=True,
         timeout=timeout,
         check=False,
-        env=env(**extra),
+        env=env(**(environ or {})),
     )
 
 
@@ -233,12 +236,12 @@ def test_a_bad_redis_message_is_set_aside_and_the_good_ones_around_it_written(
     key = f"la-dl-{uuid.uuid4().hex}"
     source = f"redis://127.0.0.1:6379/{key}"
     try:
-        ids = [client.xadd(key, {"data": payload}) for payload in (row(101), BAD, row(103))]
+        ids = [entry_id(client.xadd(key, {"data": p})) for p in (row(101), BAD, row(103))]
         uri = mem_wal_table(tmp_path / "stop.lance")
         # by default the bad message stops the ingest; the one before it is written
         stopped = run("ingest", source, uri, "--idle-timeout", "2")
         assert stopped.returncode == 1, stopped.stderr
-        assert "unknown field 'nme'" in stopped.stderr and ids[1].decode() in stopped.stderr
+        assert "unknown field 'nme'" in stopped.stderr and ids[1] in stopped.stderr
         assert lsm_ids_of(uri) == [0, 1, 2, 3, 4, 101]  # the one before it written, not after
         # --dead-letter --max-bad: recorded, acknowledged, and the good ones written
         letters = tmp_path / "dead.ndjson"
@@ -259,7 +262,7 @@ def test_a_bad_redis_message_is_set_aside_and_the_good_ones_around_it_written(
         assert lsm_ids_of(uri) == [0, 1, 2, 3, 4, 101, 103]
         assert lance_async_row(uri, 103) == "r103"
         (record,) = [json.loads(line) for line in letters.read_text().splitlines()]
-        assert record["offset"] == ids[1].decode() and record["message"] == BAD.decode()
+        assert record["offset"] == ids[1] and record["message"] == BAD.decode()
         assert "nme" in record["error"] and record["feed"] == f"redis://127.0.0.1:6379/{key}"
         assert client.xpending(key, "aside")["pending"] == 0  # every message acknowledged
     finally:
@@ -341,7 +344,7 @@ def test_bad_redis_messages_go_to_a_jetstream_subject_and_a_missing_broker_write
     source = f"redis://127.0.0.1:6379/{key}?group=g"
     uri = mem_wal_table(tmp_path / "t.lance")
     try:
-        ids = [client.xadd(key, {"data": p}) for p in (row(101), BAD, row(103))]
+        ids = [entry_id(client.xadd(key, {"data": p})) for p in (row(101), BAD, row(103))]
         # a dead-letter broker that is not there: refused before anything is written
         nowhere = run(
             "ingest", source, uri, "--dead-letter", "redis://127.0.0.1:1/dead", "--max-bad", "1"
@@ -375,9 +378,10 @@ def test_bad_redis_messages_go_to_a_jetstream_subject_and_a_missing_broker_write
             js = nc.jetstream()
             try:
                 info = await js.stream_info(dead)
-                out = []
+                out: list[tuple[bytes, dict[str, str]]] = []
                 for seq in range(1, info.state.messages + 1):
                     msg = await js.get_msg(dead, seq)
+                    assert msg.data is not None
                     out.append((msg.data, dict(msg.headers or {})))
                 await js.delete_stream(dead)
                 return out
@@ -386,7 +390,7 @@ def test_bad_redis_messages_go_to_a_jetstream_subject_and_a_missing_broker_write
 
         ((body, headers),) = asyncio.run(letters())
         assert body == BAD
-        assert json.loads(headers["dead-letter-offset"]) == ids[1].decode()
+        assert json.loads(headers["dead-letter-offset"]) == ids[1]
         assert headers["dead-letter-feed"] == f"redis://127.0.0.1:6379/{key}"
     finally:
         client.delete(key)
@@ -450,17 +454,17 @@ def test_every_command_reads_a_bucket_through_the_aws_environment_alone(
     ]
     results = {}
     for args in steps:
-        done = run(*args, **aws)
+        done = run(*args, environ=aws)
         assert done.returncode == 0, (args, done.stderr)
         results[args[0]] = done
     assert len(results["scan"].stdout.splitlines()) == 10
     assert json.loads(results["lookup"].stdout)["name"] == "r3"
     assert json.loads(results["info"].stdout)["base_rows"] == 10
     # an unknown -s key is refused by name; no credentials at all: one line
-    typo = run("info", uri, "-s", f"aws_endpont={s3_bucket.endpoint}", **aws)
+    typo = run("info", uri, "-s", f"aws_endpont={s3_bucket.endpoint}", environ=aws)
     assert typo.returncode == 2 and "did you mean 'aws_endpoint'" in typo.stderr
     bare = {k: v for k, v in aws.items() if "KEY" not in k}
-    missing = run("info", uri, **bare)
+    missing = run("info", uri, environ=bare)
     assert missing.returncode == 2, missing.stderr
     (line,) = missing.stderr.splitlines()
     assert line.startswith(f"error: no credentials for {uri}: set AWS_ACCESS_KEY_ID"), line
@@ -470,50 +474,31 @@ def test_every_command_reads_a_bucket_through_the_aws_environment_alone(
 
 
 def test_serve_sees_tables_created_after_it_started(tmp_path: Path) -> None:
-    import socket
-
     import httpx
 
+    from .web.serving import free_port, start
+
     lance.write_dataset(kv_table(range(3)), str(tmp_path / "first.lance"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = f"http://127.0.0.1:{port}"
-    with subprocess.Popen(
-        command("serve", "--root", str(tmp_path), "--port", str(port)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env(),
-    ) as proc:
-        try:
-            deadline = time.monotonic() + 60  # only stops a hung test
-            while True:
-                try:
-                    if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.2)
-            mem_wal_table(tmp_path / "later.lance")  # made after the start, with a MemWAL
-            body = "".join(row(i).decode() + "\n" for i in (40, 41))
-            ingested = httpx.post(
-                f"{base}/tables/later/ingest",
-                content=body,
-                headers={"content-type": "application/x-ndjson"},
-                timeout=60,
-            )
-            assert ingested.status_code == 200, ingested.text
-            assert httpx.get(f"{base}/tables/later/lookup/41", timeout=30).json()["row"] == {
-                "id": 41,
-                "value": 41,
-                "name": "r41",
-            }
-            assert sorted(httpx.get(f"{base}/tables", timeout=30).json()) == ["first", "later"]
-            assert httpx.get(f"{base}/tables/none/rows", timeout=30).status_code == 404
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+    port = free_port()
+    argv = command("serve", "--root", str(tmp_path), "--port", str(port))
+    with start(argv, port, tmp_path, tmp_path / "server.log", env=env()) as server:
+        base = server.url
+        mem_wal_table(tmp_path / "later.lance")  # made after the start, with a MemWAL
+        body = "".join(row(i).decode() + "\n" for i in (40, 41))
+        ingested = httpx.post(
+            f"{base}/tables/later/ingest",
+            content=body,
+            headers={"content-type": "application/x-ndjson"},
+            timeout=60,
+        )
+        assert ingested.status_code == 200, ingested.text
+        assert httpx.get(f"{base}/tables/later/lookup/41", timeout=30).json()["row"] == {
+            "id": 41,
+            "value": 41,
+            "name": "r41",
+        }
+        assert sorted(httpx.get(f"{base}/tables", timeout=30).json()) == ["first", "later"]
+        assert httpx.get(f"{base}/tables/none/rows", timeout=30).status_code == 404
 
 
 def test_lookup_reads_the_newest_row_of_each_key(tmp_path: Path) -> None:
@@ -564,7 +549,7 @@ def test_compact_and_check_say_what_they_count(tmp_path: Path) -> None:
     assert json.loads(checked.stdout)["rows"] == info["flushed_rows"] + info["unflushed_rows"]
     assert info["flushed_rows"] + info["unflushed_rows"] == 40
     assert "deletions included" in run("check", uri).stderr
-    compacted = run("compact", uri, LANCE_ASYNC_PROGRESS_INTERVAL="0")
+    compacted = run("compact", uri, environ={"LANCE_ASYNC_PROGRESS_INTERVAL": "0"})
     assert compacted.returncode == 0, compacted.stderr
     gens = info["generations"]
     assert compacted.stderr.splitlines()[-1].startswith(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import TypedDict
 
 import anyio
 import lance
@@ -31,7 +32,18 @@ def wide(tmp_path: Path) -> str:
     return uri
 
 
-SCANS = [
+class ScanOptions(TypedDict, total=False):
+    """The scanner options the scan cases give, as both pylance and lance_async name them."""
+
+    columns: list[str]
+    filter: str
+    limit: int
+    offset: int
+    batch_size: int
+    with_row_id: bool
+
+
+SCANS: list[ScanOptions] = [
     {},
     {"columns": ["id", "c3"]},
     {"filter": "c1 > 0.5"},
@@ -46,10 +58,10 @@ SCANS = [
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("options", SCANS, ids=lambda o: ",".join(o) or "all")
-async def test_async_scan_equals_sync_to_table(wide: str, options: dict[str, object]) -> None:
+async def test_async_scan_equals_sync_to_table(wide: str, options: ScanOptions) -> None:
     ds = await la.open_dataset(wide)
     expected = lance.dataset(wide).to_table(**options)
-    stream = ds.scan(**options)  # type: ignore[arg-type]
+    stream = ds.scan(**options)
     got = await stream.to_table()
     assert got.equals(expected)
     assert stream.state is la.StreamState.CLOSED

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 import lance_async as la
-from lance_async.errors import map_engine_error
+from lance_async._engine_errors import map_engine_error
 
 
 def test_tree_has_one_base() -> None:
@@ -21,7 +21,7 @@ def test_commit_conflict_error_maps_by_type() -> None:
     from lance.commit import CommitConflictError
 
     exc = CommitConflictError("conflict with version 7")
-    exc.retryable = True  # type: ignore[attr-defined]
+    exc.retryable = True
     mapped = map_engine_error(exc)
     assert isinstance(mapped, la.ConflictError)
     assert mapped.retryable
@@ -68,12 +68,22 @@ def test_commit_conflict_error_maps_by_type() -> None:
             "Failed to claim shard aa73adaa: another writer claimed epoch 3",
             la.ConflictError,
         ),
+        (
+            "Query Execution error: Execution error: Merge insert failed: found matching row "
+            "with key values: id = 1, /rustc/48a229ce/library/core/src/task/poll.rs:291:44",
+            la.InvalidInputError,
+        ),
+        (
+            "Not supported: This merge insert configuration does not support explain_plan: "
+            "the join takes the scalar-index execution path., /home/runner/x.rs:3451:24",
+            la.MergeShapeError,
+        ),
     ],
 )
 def test_engine_messages_map_to_typed_errors(message: str, expected: type) -> None:
     mapped = map_engine_error(OSError(message))
     assert type(mapped) is expected
-    assert "/home/runner" not in str(mapped)
+    assert "/home/runner" not in str(mapped) and "/rustc/" not in str(mapped)
 
 
 def test_unknown_errors_are_left_alone() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import lance
@@ -9,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import lance_async as la
-from lance_async._filters import check_filter
+from lance_async._filters import check_filter, check_lsm_filter
 from lance_async.cli import app
 from lance_async.errors import FilterError
 
@@ -44,11 +45,11 @@ async def test_regression_text_after_the_expression_is_refused_on_every_read_pat
     # Before: scan and count_rows ignored it (reading id < 3), lsm_scan refused it
     ds = await la.write_dataset(kv_table(range(10)), table_uri)
     await ds.initialize_mem_wal()
-    attempts = {
+    attempts: dict[str, Callable[[], Awaitable[object]]] = {
         "scan": lambda: ds.scan(filter=text).to_table(),
         "count_rows": lambda: ds.count_rows(text),
         "to_table": lambda: ds.to_table(filter=text),
-        "lsm_scan": lambda: ds.lsm_scan(filter=text).to_table(),
+        "lsm_scan": lambda: ds.lsm.scan(filter=text).to_table(),
         "delete": lambda: ds.delete(text),
     }
     for name, attempt in attempts.items():
@@ -97,3 +98,18 @@ def test_regression_query_string_numbers_are_ascii_decimals() -> None:
     assert compile_filter(["id=-5", "x=-2.5E-3", "x=.5"], schema) == (
         "`id` = -5 AND `x` = -0.0025 AND `x` = 0.5"
     )
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["_rowid < 2", "`_rowaddr` > 0", '"_ROWID" = 1', "id = 1 OR _row_created_at_version = 1"],
+)
+def test_an_lsm_filter_may_not_name_a_row_id(text: str) -> None:
+    """Each LSM level numbers its own rows: a row id names no row of the table."""
+    with pytest.raises(FilterError, match="row id"):
+        check_lsm_filter(text)
+
+
+@pytest.mark.parametrize("text", ["my_rowid = 1", "_rowidx > 0", "name = '_rowid'", "id < 3"])
+def test_an_lsm_filter_may_name_columns_that_only_look_alike(text: str) -> None:
+    assert check_lsm_filter(text) == f"({text})"

@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, int]] = [
     ("lance_async.errors", 0),
     ("lance_async._faults", 0),
     ("lance_async._threads", 0),
+    ("lance_async._loopthreads", 0),
     ("lance_async._loop", 0),
     ("lance_async._schema", 0),
     ("lance_async._storage", 0),
@@ -30,6 +31,9 @@ LAYERS: list[tuple[str, int]] = [
     ("lance_async._metrics", 0),
     ("lance_async._args", 0),
     ("lance_async._table", 0),
+    ("lance_async._enginelog", 0),
+    ("lance_async._engine_errors", 0),
+    ("lance_async._retry", 0),
     ("lance_async.sources", 1),
     ("lance_async.lsm", 2),
     ("lance_async.memwal", 3),
@@ -77,8 +81,8 @@ def runtime_imports(
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node) and not type_checking:
-            for child in node.orelse:
-                visit(child)
+            for stmt in node.orelse:
+                visit(stmt)
             return
         if isinstance(node, ast.Import):
             for alias in node.names:

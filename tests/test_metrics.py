@@ -43,11 +43,12 @@ def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
 
 
 def total(found: dict[str, list[Any]], name: str, **attrs: str) -> float:
-    return sum(
+    values: list[float] = [
         p.value
         for p in found.get(name, [])
         if all(p.attributes.get(k) == v for k, v in attrs.items())
-    )
+    ]
+    return sum(values)
 
 
 @pytest.mark.asyncio
@@ -70,9 +71,9 @@ async def test_writer_puts_rows_and_ack_latency_after_a_known_ingest(
     assert total(found, "lance_async.writer.puts", table=uri) == 3
     (latency,) = found["lance_async.writer.ack_latency"]
     assert latency.count == 3 and latency.sum > 0
-    assert await ds.lsm_point_lookup(150) is not None
+    assert await ds.lsm.point_lookup(150) is not None
     assert total(points(reader), "lance_async.reads.lookups", table=uri, path="lsm") == 1
-    async with ds.lsm_scan(columns=["id"]) as stream:
+    async with ds.lsm.scan(columns=["id"]) as stream:
         assert (await stream.to_table()).num_rows == 305
     assert total(points(reader), "lance_async.reads.scans", table=uri, path="lsm") == 1
 

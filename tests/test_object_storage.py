@@ -95,28 +95,28 @@ async def test_the_whole_stack_runs_on_s3_with_storage_options_only(
         for start in range(100, 220, 20):
             await writer.put(rows(range(start, start + 20), 5))
         await writer.delete({"id": [100, 5]})  # a new row and a base row
-        assert (await writer.lsm_point_lookup(101)).column("value").to_pylist() == [5]
+        assert (await writer.lsm.point_lookup(101)).column("value").to_pylist() == [5]
         # another reader (no writer of its own) sees the acked rows, the unflushed
         # ones through the WAL tails, read from the bucket with the table's options
         reader = await la.open_dataset(uri, storage_options=options)
         assert isinstance(await reader.lsm.unflushed_rows(), dict)
-        seen = await reader.lsm_point_lookups(list(range(200, 220)), columns=["id"])
+        seen = await reader.lsm.point_lookups(list(range(200, 220)), columns=["id"])
         assert sorted(seen.column("id").to_pylist()) == list(range(200, 220))
-    snaps = await ds.shard_snapshots()  # read through the table's options
+    snaps = await ds.lsm.snapshots()  # read through the table's options
     assert snaps and sum(len(s.sstables) for s in snaps) >= 4
-    scanned = (await ds.lsm_scan(columns=["id", "value"]).to_table()).to_pylist()
+    scanned = (await ds.lsm.scan(columns=["id", "value"]).to_table()).to_pylist()
     ids = sorted(r["id"] for r in scanned)
     assert ids == sorted([*(i for i in range(50) if i != 5), 60, *range(101, 220)])
-    assert (await ds.lsm_point_lookup(3, columns=["value"])).column("value").to_pylist() == [100]
-    assert (await ds.lsm_point_lookup(100)).num_rows == 0
-    assert (await ds.lsm_point_lookup(5)).num_rows == 0
-    near = await ds.lsm_vector_search(np.full(DIM, 150.0 + 5), column="vec", k=3)
+    assert (await ds.lsm.point_lookup(3, columns=["value"])).column("value").to_pylist() == [100]
+    assert (await ds.lsm.point_lookup(100)).num_rows == 0
+    assert (await ds.lsm.point_lookup(5)).num_rows == 0
+    near = await ds.lsm.vector_search(np.full(DIM, 150.0 + 5), column="vec", k=3)
     assert near.column("id").to_pylist()[0] == 150
     assert (await ds.check_shards()).ok
     compaction = await ds.compact_mem_wal()
     assert compaction.rows_upserted > 0 and compaction.rows_deleted == 1
     assert await ds.count_rows() == len(ids)
-    assert not [s for s in await ds.shard_snapshots() if s.sstables]
+    assert not [s for s in await ds.lsm.snapshots() if s.sstables]
 
     # the dataset as a source, read with its storage options (pinned, replayable)
     copy = await la.write_dataset(ds, tmp_path / "copy.lance")
@@ -168,18 +168,15 @@ async def test_a_forgotten_storage_option_fails_instead_of_reaching_aws(
 def test_serve_takes_its_tables_from_a_bucket(
     s3_bucket: S3Bucket, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import socket
-    import time
-
     import httpx
+
+    from .web.serving import free_port, start
 
     options = s3_bucket.storage_options
     lance.write_dataset(
         rows(range(7), 1), s3_bucket.uri("tables/kv.lance"), storage_options=options
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # settings from a config file and the environment, as a deployment would set them
     config = tmp_path / "serve.json"
     config.write_text(json.dumps({"root": s3_bucket.uri("tables"), "port": 1}))
@@ -188,31 +185,11 @@ def test_serve_takes_its_tables_from_a_bucket(
         "LANCE_ASYNC_SERVE_STORAGE_OPTIONS": json.dumps(options),
         "LANCE_ASYNC_SERVE_PORT": str(port),  # the environment beats the file
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lance_async", "serve", "--config", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
-        got = httpx.get(f"http://127.0.0.1:{port}/tables/kv/rows?columns=id,value", timeout=10)
+    argv = [sys.executable, "-m", "lance_async", "serve", "--config", str(config)]
+    with start(argv, port, tmp_path, tmp_path / "server.log", env=env) as server:
+        got = httpx.get(f"{server.url}/tables/kv/rows?columns=id,value", timeout=10)
         assert got.status_code == 200
         assert sorted(json.loads(line)["id"] for line in got.text.splitlines()) == list(range(7))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        if proc.stderr is not None:
-            proc.stderr.close()
 
 
 def test_serve_settings_precedence(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -248,9 +225,9 @@ async def test_lookups_by_base_offsets_read_the_bucket_with_its_options(
     await ds.initialize_mem_wal(max_memtable_rows=20)
     async with ds.mem_wal_writer() as writer:
         await writer.put(rows(range(0, 40, 2), 9))
-    await ds.lsm_point_lookup(1)
+    await ds.lsm.point_lookup(1)
     cache.wait_built()
     assert cache.builds == 1  # the version's keys were read from the bucket
-    found = await ds.lsm_point_lookups([1, 2, 7, 79, 80])
+    found = await ds.lsm.point_lookups([1, 2, 7, 79, 80])
     assert found.column("id").to_pylist() == [1, 2, 79]
     assert found.column("value").to_pylist() == [1, 9, 1]

@@ -89,6 +89,72 @@ async def test_cancelling_the_caller_hands_over_the_error_too() -> None:
     assert len(handed) == 1 and isinstance(handed[0], OSError)
 
 
+async def test_a_call_that_says_abandoning_is_safe_is_abandoned_when_cancelled() -> None:
+    entered, go, left = threading.Event(), threading.Event(), threading.Event()
+    late: list[object] = []
+
+    def blocked() -> str:
+        entered.set()
+        go.wait(60)
+        left.set()
+        return "late"
+
+    async with anyio.create_task_group() as tg:
+        scope = anyio.CancelScope()
+
+        async def caller() -> None:
+            with scope:
+                await run_sync(
+                    blocked,
+                    abandon_on_cancel=lambda: True,
+                    on_late_result=lambda r, e: late.append(r),
+                )
+
+        tg.start_soon(caller)
+        await anyio.to_thread.run_sync(entered.wait)
+        scope.cancel()
+    assert scope.cancelled_caught and not left.is_set()
+    assert [c.what for c in abandoned_calls()] == ["an engine call"]
+    assert engine_limiter().borrowed_tokens == 0
+    go.set()
+    await eventually(lambda: not abandoned_calls(), 30, "the abandoned call to return")
+    assert late == ["late"]
+
+
+async def test_a_call_that_says_abandoning_is_unsafe_is_waited_for_and_handed_over() -> None:
+    entered, go = threading.Event(), threading.Event()
+    handed: list[object] = []
+    asked: list[bool] = []
+
+    def committing() -> str:
+        entered.set()
+        go.wait(60)
+        return "committed"
+
+    def unsafe() -> bool:
+        asked.append(True)
+        go.set()  # the call is past its point of no return: let it finish
+        return False
+
+    async with anyio.create_task_group() as tg:
+        scope = anyio.CancelScope()
+
+        async def caller() -> None:
+            with scope:
+                await run_sync(
+                    committing,
+                    abandon_on_cancel=unsafe,
+                    on_cancel_result=lambda r, e: handed.append((r, e)),
+                )
+
+        tg.start_soon(caller)
+        await anyio.to_thread.run_sync(entered.wait)
+        scope.cancel()
+    assert scope.cancelled_caught and asked == [True]
+    assert handed == [("committed", None)]
+    assert not abandoned_calls()
+
+
 async def test_errors_propagate_unchanged() -> None:
     def fail() -> None:
         raise KeyError("k")

@@ -3,7 +3,7 @@
 :class:`DatasetCore` holds the wrapped ``LanceDataset``, its storage options
 and the two patterns every operation follows: engine calls on a worker
 thread (:func:`engine_call`) and *copy, mutate, move* for anything that
-commits (:meth:`DatasetCore.mutate`): the mutation runs on a private copy
+commits (:meth:`DatasetCore._mutate`): the mutation runs on a private copy
 checked out at the latest version, and this object moves to the version it
 committed, never backwards, so concurrent reads never see the dataset object
 change under them (pylance mutates its ``LanceDataset`` in place).
@@ -22,10 +22,10 @@ import pyarrow as pa
 from lance.dataset import LanceDataset
 
 from .._args import check_seconds
+from .._engine_errors import raise_mapped
 from .._schema import primary_key
 from .._table import Table
 from .._threads import default_storage_timeout, run_sync
-from ..errors import raise_mapped
 from ..lsm.reader import LsmReader
 
 __all__ = ["DatasetCore", "engine_call"]
@@ -81,6 +81,7 @@ class DatasetCore:
         requests for ever (a MemWAL put on a store that refuses every
         request); the call's thread is then left behind (logged)."""
         self._schema_of: tuple[LanceDataset, int, pa.Schema, list[str]] | None = None
+        self._checked_out = False
         self.lsm = LsmReader(cast("Table", self))
         """The LSM reads of this table: base, flushed generations and every
         shard's WAL tail, so every durable row, from any process
@@ -100,6 +101,18 @@ class DatasetCore:
     def lance(self) -> LanceDataset:
         """The underlying ``lance.LanceDataset`` (for sync code on a worker thread)."""
         return self._ds
+
+    @property
+    def checked_out(self) -> bool:
+        """True for an object from :meth:`checkout`, until it moves to a newer
+        version (``refresh()``, ``restore()`` or a commit through it).
+
+        Plain reads of a checked-out object read its version (time travel);
+        LSM reads, which show the live state of the MemWAL, refuse it with
+        :class:`~lance_async.errors.InvalidInputError` rather than moving it
+        to the latest version (as LanceDB refuses them). No I/O.
+        """
+        return self._checked_out
 
     @property
     def uri(self) -> str:
@@ -138,23 +151,25 @@ class DatasetCore:
         return list(self._schema_and_key()[1])
 
     # -- copy, mutate, move -------------------------------------------------
-    def advance(self, dataset: LanceDataset) -> None:
+    def _advance(self, dataset: LanceDataset) -> None:
         """Move this object to ``dataset``, a newer version of the same table.
 
         Never moves backwards: an older ``dataset`` is ignored. Does not block.
         Part of the :class:`~lance_async._table.Table` protocol (the MemWAL,
         LSM and merge code move the dataset they were given this way).
         """
+        if int(dataset.version) > self.version:
+            self._checked_out = False  # moved on: no longer pinned by a checkout
         if int(dataset.version) >= self.version:
             self._ds = dataset
 
-    async def mutate(self, action: Callable[[LanceDataset], T]) -> T:
+    async def _mutate(self, action: Callable[[LanceDataset], T]) -> T:
         """Run ``action`` on a private copy at the latest version, then move here.
 
         ``action(copy)`` runs on a worker thread with a ``LanceDataset`` checked
         out at the latest version; whatever it commits, this object then moves
         to the version it left the copy at (never backwards). Engine errors
-        are mapped (:func:`~lance_async.errors.raise_mapped`). Part of the
+        are mapped (:func:`~lance_async._engine_errors.raise_mapped`). Part of the
         :class:`~lance_async._table.Table` protocol.
 
         Returns
@@ -168,5 +183,5 @@ class DatasetCore:
             return copy, result
 
         copy, result = await engine_call(work)
-        self.advance(copy)
+        self._advance(copy)
         return result

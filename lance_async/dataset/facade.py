@@ -36,9 +36,10 @@ import pyarrow as pa
 from lance.dataset import LanceDataset
 
 from .._args import check_int, check_seconds
+from .._engine_errors import map_engine_error
 from .._schema import describe_difference
 from .._threads import default_storage_timeout, run_sync
-from ..errors import DatasetNotFoundError, SchemaMismatchError, map_engine_error
+from ..errors import DatasetNotFoundError, SchemaMismatchError
 from ..sources import WriteSource, coerce_source
 from ..sources.kinds import LanceDatasetSource
 from .maintenance import MaintenanceMixin

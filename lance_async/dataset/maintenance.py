@@ -10,14 +10,27 @@ engine call has finished (a build cannot be interrupted half-way).
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pyarrow as pa
 
 from .._args import check_int, check_timedelta
 from ..errors import SchemaMismatchError
+from ..memwal.cleanup import (
+    ENGINE_DEFAULT_AGE,
+    CleanupStats,
+    engine_stats,
+    execute_plan,
+    plan_cleanup,
+    version_seconds,
+    with_engine_counts,
+)
 from ._core import DatasetCore, engine_call
+
+if TYPE_CHECKING:
+    from .._table import Table
 
 __all__ = ["MaintenanceMixin"]
 
@@ -55,7 +68,7 @@ class MaintenanceMixin(DatasetCore):
             A column is not in the table (at the call).
         """
         _check_column(self.schema, column)
-        await self.mutate(lambda d: d.create_index(column, index_type, **options))
+        await self._mutate(lambda d: d.create_index(column, index_type, **options))
         return self
 
     async def create_scalar_index(
@@ -70,7 +83,7 @@ class MaintenanceMixin(DatasetCore):
             The column is not in the table (at the call).
         """
         _check_column(self.schema, column)
-        await self.mutate(lambda d: d.create_scalar_index(column, index_type, **options))
+        await self._mutate(lambda d: d.create_scalar_index(column, index_type, **options))
         return self
 
     async def optimize_indices(self: D, **options: Any) -> D:
@@ -85,7 +98,7 @@ class MaintenanceMixin(DatasetCore):
         ConflictError
             A concurrent commit conflicted (``retryable`` says whether to try again).
         """
-        await self.mutate(lambda d: d.optimize.optimize_indices(**options))
+        await self._mutate(lambda d: d.optimize.optimize_indices(**options))
         return self
 
     async def drop_index(self: D, name: str) -> D:
@@ -99,7 +112,7 @@ class MaintenanceMixin(DatasetCore):
             unknown index name.
         """
         index = _index_name(name)
-        await self.mutate(lambda d: d.drop_index(index))
+        await self._mutate(lambda d: d.drop_index(index))
         return self
 
     async def describe_indices(self) -> list[Any]:
@@ -123,32 +136,76 @@ class MaintenanceMixin(DatasetCore):
     async def compact_files(self, **options: Any) -> Any:
         """Compact small fragments (``LanceDataset.optimize.compact_files``, every
         pylance option accepted); returns its ``CompactionMetrics``."""
-        return await self.mutate(lambda d: d.optimize.compact_files(**options))
+        return await self._mutate(lambda d: d.optimize.compact_files(**options))
 
     async def cleanup_old_versions(
         self,
         older_than: timedelta | None = None,
         retain_versions: int | None = None,
+        *,
+        mem_wal: bool = True,
         **options: Any,
-    ) -> Any:
-        """Delete old versions' files (``LanceDataset.cleanup_old_versions``);
-        returns its ``CleanupStats``.
+    ) -> CleanupStats:
+        """Delete old versions' files (``LanceDataset.cleanup_old_versions``,
+        every pylance option accepted), then what the MemWAL no longer needs.
+
+        The base table is cleaned by the engine with pylance's own rules
+        (``older_than``: versions *created* before it; ``retain_versions``;
+        default two weeks). Then, unless ``mem_wal=False``, the MemWAL's
+        garbage collector (:mod:`lance_async.memwal.cleanup`): generation
+        folders that every version left has compacted, shard manifests
+        superseded before the same cut-off, and WAL entries every kept
+        manifest has flushed (fence sentinels stay).
+
+        Returns
+        -------
+        CleanupStats
+            pylance's counts (``bytes_removed``, ``old_versions``, ...) and the
+            MemWAL's (``wal_entries_removed``, ``generations_removed``,
+            ``manifests_removed``, ``mem_wal_bytes_removed``).
 
         Raises
         ------
         ValueError, TypeError
             ``older_than`` negative or not a timedelta, ``retain_versions``
             below 1 (at the call).
+        StorageError
+            The store failed.
+
+        Notes
+        -----
+        A read holding a view older than the cut-off may get
+        :class:`~lance_async.ViewExpiredError` (never wrong rows). For a
+        retention measured from when a version stopped being current (what
+        readers need), use ``lance_async.memwal.cleanup_table`` or
+        ``lance-async cleanup``.
         """
         if older_than is not None:
             check_timedelta("older_than", older_than)
         if retain_versions is not None:
             check_int("retain_versions", retain_versions, minimum=1)
-        return await engine_call(
+        lance_stats = await engine_call(
             lambda: self._ds.cleanup_old_versions(
                 older_than=older_than, retain_versions=retain_versions, **options
             )
         )
+        base = engine_stats(lance_stats)
+        if not mem_wal:
+            return base
+        now = time.time()
+        left = await engine_call(self._ds.versions)
+        kept = sorted(int(v["version"]) for v in left)
+        if older_than is None and retain_versions is None:
+            older_than = ENGINE_DEFAULT_AGE
+        if older_than is not None:
+            retention = older_than
+        else:  # retain_versions alone: what a reader of the oldest version kept may read
+            oldest = min(version_seconds(v) for v in left)
+            retention = timedelta(seconds=max(0.0, now - oldest))
+        table = cast("Table", self)  # the assembled AsyncDataset is one
+        plan = await plan_cleanup(table, retention, now=now, retained_versions=(kept, []))
+        gc = await execute_plan(table, plan, base=False)
+        return with_engine_counts(gc, base)
 
     async def explain_cleanup_old_versions(
         self,

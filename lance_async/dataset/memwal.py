@@ -9,21 +9,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
+from typing_extensions import Unpack
+
 from .._args import check_int, check_seconds
+from .._engine_errors import raise_mapped
 from .._threads import call_timeouts
-from ..errors import raise_mapped
-from ..lsm.reader import LsmMethods
 from ..memwal import retired
 from ..memwal.check import ShardCheck, check_shards
 from ..memwal.compaction import compact_mem_wal
 from ..memwal.compactor import CompactionPolicy, Compactor
+from ..memwal.policy import WriterOptions
 from ..memwal.router import ShardRouter
 from ..memwal.sharding import Sharding, read_sharding, sharding_options
 from ..memwal.writer import AsyncShardWriter
 from ._core import DatasetCore, engine_call
 
 if TYPE_CHECKING:
-    from ..lsm.snapshots import ShardSnapshots
     from ..memwal.compaction import CompactionResult
     from .facade import AsyncDataset
 
@@ -32,7 +33,7 @@ __all__ = ["MemWalMixin"]
 D = TypeVar("D", bound="MemWalMixin")
 
 
-def _writer_options(options: dict[str, Any]) -> None:
+def _writer_options(options: WriterOptions) -> None:
     """Options every writer takes, checked at the call (a writer's own
     checks run when it is built; a routing writer builds its writers later)."""
     if "linger" in options:
@@ -41,11 +42,11 @@ def _writer_options(options: dict[str, Any]) -> None:
         check_seconds("close_timeout", options["close_timeout"])
 
 
-class MemWalMixin(LsmMethods, DatasetCore):
+class MemWalMixin(DatasetCore):
     """MemWAL writers, LSM reads and compaction of :class:`~lance_async.AsyncDataset`.
 
     The LSM reads are the dataset's :class:`~lance_async.lsm.LsmReader`
-    (``dataset.lsm``), whose methods ``lsm_scan`` & co. delegate to.
+    (``dataset.lsm``).
     """
 
     def _facade(self) -> AsyncDataset:
@@ -85,7 +86,7 @@ class MemWalMixin(LsmMethods, DatasetCore):
         """
         chosen = sharding_options(self.schema, options, manual_shards)
         storage = self._storage_options
-        await self.mutate(lambda d: retired.initialize_mem_wal(d, chosen, storage))
+        await self._mutate(lambda d: retired.initialize_mem_wal(d, chosen, storage))
         return self
 
     async def check_shards(self) -> ShardCheck:
@@ -110,13 +111,25 @@ class MemWalMixin(LsmMethods, DatasetCore):
         return dict(details) if details is not None else None
 
     @overload
-    def mem_wal_writer(self, shard_id: None = None, **options: Any) -> ShardRouter: ...
+    def mem_wal_writer(
+        self,
+        shard_id: None = None,
+        *,
+        compaction: CompactionPolicy | None = None,
+        **options: Unpack[WriterOptions],
+    ) -> ShardRouter: ...
 
     @overload
-    def mem_wal_writer(self, shard_id: str, **options: Any) -> AsyncShardWriter: ...
+    def mem_wal_writer(
+        self, shard_id: str, **options: Unpack[WriterOptions]
+    ) -> AsyncShardWriter: ...
 
     def mem_wal_writer(
-        self, shard_id: str | None = None, **options: Any
+        self,
+        shard_id: str | None = None,
+        *,
+        compaction: CompactionPolicy | None = None,
+        **options: Unpack[WriterOptions],
     ) -> AsyncShardWriter | ShardRouter:
         """A MemWAL writer; use it as ``async with``.
 
@@ -126,10 +139,13 @@ class MemWalMixin(LsmMethods, DatasetCore):
         shards are divided among processes. With a ``shard_id``: an
         :class:`~lance_async.AsyncShardWriter` of that one shard, which refuses
         rows of other shards (:class:`~lance_async.errors.WrongShardError`).
-        ``options`` are the writer's (see :class:`~lance_async.AsyncShardWriter`);
-        the router also takes ``compaction=CompactionPolicy(...)`` to compact
-        flushed generations in the background while it is open (for one
-        shard writer, run a :class:`~lance_async.memwal.Compactor` beside it).
+        ``options`` are the writer's, each a named keyword
+        (:class:`~lance_async.WriterOptions`: the commit policy, queue
+        and put limits, timeouts, and the engine writer's own, such as
+        ``durable_write`` and ``max_memtable_rows``); the router also takes
+        ``compaction=CompactionPolicy(...)`` to compact flushed generations in
+        the background while it is open (for one shard writer, run a
+        :class:`~lance_async.memwal.Compactor` beside it).
 
         Raises
         ------
@@ -139,29 +155,19 @@ class MemWalMixin(LsmMethods, DatasetCore):
         """
         _writer_options(options)
         if shard_id is None:
-            return ShardRouter(self._facade(), **options)
-        if "compaction" in options:
+            return ShardRouter(self._facade(), compaction=compaction, **options)
+        if compaction is not None:
             raise TypeError(
                 "compaction= is for the routing writer (mem_wal_writer() with no shard id); "
                 "beside one shard writer, use `async with lance_async.memwal.Compactor(ds, policy)`"
             )
         return AsyncShardWriter(self._facade(), shard_id, **options)
 
-    def shard_router(self, **options: Any) -> ShardRouter:
-        """The routing writer, as ``mem_wal_writer()`` with no shard id (``async with``)."""
-        _writer_options(options)
-        return ShardRouter(self._facade(), **options)
-
     def compactor(self, policy: CompactionPolicy | None = None) -> Compactor:
         """A background :class:`~lance_async.memwal.Compactor` of this table (``async with``)."""
         return Compactor(self._facade(), policy)
 
     # -- LSM reads (lsm/) -------------------------------------------------
-    async def shard_snapshots(self) -> ShardSnapshots:
-        """Each live MemWAL shard's flushed generations and where its WAL tail
-        starts (see :func:`lance_async.lsm.shard_snapshots`)."""
-        return await self.lsm.snapshots()
-
     async def compact_mem_wal(
         self,
         shard_ids: Iterable[str] | None = None,

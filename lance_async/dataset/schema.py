@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import pyarrow as pa
+
 from .._args import check_batch_size
 from ..errors import SchemaMismatchError
 from ._core import DatasetCore, engine_call
@@ -81,11 +83,62 @@ class SchemaMixin(DatasetCore):
         if batch_size is not None:
             check_batch_size("batch_size", batch_size)
         cols = _names(read_columns, "read_columns") if read_columns is not None else None
-        await self.mutate(
+        await self._mutate(
             lambda d: d.add_columns(
                 transforms, read_columns=cols, reader_schema=reader_schema, batch_size=batch_size
             )
         )
+        return self
+
+    async def merge(
+        self: D,
+        data_obj: Any,
+        left_on: str,
+        right_on: str | None = None,
+        schema: pa.Schema | None = None,
+    ) -> D:
+        """Add columns by joining rows on a column (``LanceDataset.merge``: a
+        left join, the dataset on the left); returns ``self`` at the new version.
+
+        Parameters
+        ----------
+        data_obj : pa.Table, reader, pandas frame, dataset or scanner
+            The new columns and the join column, as pylance takes them (an
+            :class:`AsyncDataset` too: its version now). Rows of the dataset
+            without a match get nulls.
+        left_on : str
+            The dataset's join column.
+        right_on : str, optional
+            ``data_obj``'s join column (default ``left_on``).
+        schema : pa.Schema, optional
+            ``data_obj``'s schema, for a reader that has none.
+
+        Raises
+        ------
+        TypeError
+            A join column that is not a string (at the call).
+        SchemaMismatchError
+            ``left_on`` is not a column of the table, or ``right_on`` not one
+            of a ``data_obj`` whose schema is known (before anything commits).
+        ConflictError
+            A concurrent commit conflicted.
+
+        Notes
+        -----
+        ``add_columns`` with a reader, or ``merge_insert`` with a subset of
+        the columns, do the same with a key instead of a join.
+        """
+        for name, value in (("left_on", left_on), ("right_on", right_on)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a column name, got {type(value).__name__}")
+        if left_on not in self.schema.names:
+            raise SchemaMismatchError(f"no column {left_on!r} in the table", field=left_on)
+        source = data_obj.lance if isinstance(data_obj, DatasetCore) else data_obj
+        known = getattr(source, "schema", None)
+        join = right_on or left_on
+        if isinstance(known, pa.Schema) and join not in known.names:
+            raise SchemaMismatchError(f"no column {join!r} in the data to merge", field=join)
+        await self._mutate(lambda d: d.merge(source, left_on, right_on=right_on, schema=schema))
         return self
 
     async def alter_columns(self: D, *alterations: Mapping[str, Any]) -> D:
@@ -110,7 +163,7 @@ class SchemaMixin(DatasetCore):
             if not isinstance(alteration, Mapping) or "path" not in alteration:
                 raise TypeError(f"an alteration is a dict with a 'path' key, got {alteration!r}")
         changes: list[Any] = [dict(a) for a in alterations]
-        await self.mutate(lambda d: d.alter_columns(*changes))
+        await self._mutate(lambda d: d.alter_columns(*changes))
         return self
 
     async def drop_columns(self: D, columns: Sequence[str]) -> D:
@@ -128,7 +181,7 @@ class SchemaMixin(DatasetCore):
         unknown = [n for n in names if n.split(".", 1)[0] not in self.schema.names]
         if unknown:
             raise SchemaMismatchError(f"no column {unknown[0]!r} in the table", field=unknown[0])
-        await self.mutate(lambda d: d.drop_columns(names))
+        await self._mutate(lambda d: d.drop_columns(names))
         return self
 
     async def update_metadata(
@@ -138,14 +191,16 @@ class SchemaMixin(DatasetCore):
         (``LanceDataset.update_metadata``); returns the metadata now in force.
         ``replace=True`` replaces it all."""
         checked = _string_map(values, "update_metadata")
-        return dict(await self.mutate(lambda d: d.update_metadata(checked, replace=replace)))
+        return dict(await self._mutate(lambda d: d.update_metadata(checked, replace=replace)))
 
     async def update_schema_metadata(
         self, values: Mapping[str, str | None], *, replace: bool = False
     ) -> dict[str, str]:
         """Set or remove schema metadata keys (``LanceDataset.update_schema_metadata``)."""
         checked = _string_map(values, "update_schema_metadata")
-        return dict(await self.mutate(lambda d: d.update_schema_metadata(checked, replace=replace)))
+        return dict(
+            await self._mutate(lambda d: d.update_schema_metadata(checked, replace=replace))
+        )
 
     async def update_field_metadata(
         self, field_updates: Mapping[str, Mapping[str, str | None]], *, replace: bool = False
@@ -156,7 +211,7 @@ class SchemaMixin(DatasetCore):
             field: _string_map(values, "update_field_metadata")
             for field, values in field_updates.items()
         }
-        await self.mutate(lambda d: d.update_field_metadata(checked, replace=replace))
+        await self._mutate(lambda d: d.update_field_metadata(checked, replace=replace))
 
     async def config(self) -> dict[str, str]:
         """The dataset's configuration keys (``LanceDataset.config``)."""
@@ -172,9 +227,9 @@ class SchemaMixin(DatasetCore):
         (retired MemWAL shards): leave them alone.
         """
         checked = _string_map(values, "update_config")
-        return dict(await self.mutate(lambda d: d.update_config(checked, replace=replace)))
+        return dict(await self._mutate(lambda d: d.update_config(checked, replace=replace)))
 
     async def delete_config_keys(self, keys: Iterable[str]) -> None:
         """Remove configuration keys (``LanceDataset.delete_config_keys``)."""
         names = _names(list(keys), "delete_config_keys")
-        await self.mutate(lambda d: d.delete_config_keys(names))
+        await self._mutate(lambda d: d.delete_config_keys(names))

@@ -1,4 +1,4 @@
-"""Versions and tags: checkout, refresh, restore, tags (``VersionsMixin``, ``AsyncTags``).
+"""Versions, tags, history and branches (``VersionsMixin``, ``AsyncTags``).
 
 A Lance dataset is a line of versions; a tag is a name for one of them
 (kept beside the versions, so tagging commits no version). Everything here
@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 from lance.dataset import LanceDataset
 
 from .._args import check_int
-from ..errors import DatasetNotFoundError
+from ..errors import DatasetNotFoundError, InvalidInputError
 from ._core import DatasetCore, engine_call
+from .handles import AsyncBranches, AsyncDelta
 
 __all__ = ["AsyncTags", "VersionsMixin"]
 
@@ -118,6 +119,11 @@ class VersionsMixin(DatasetCore):
         """A new ``AsyncDataset`` at ``version`` (a number or a tag);
         ``LanceDataset.checkout_version`` on a worker thread.
 
+        The new object is :attr:`checked_out`: its plain reads read that
+        version; its LSM reads, which show the live state, raise
+        :class:`~lance_async.errors.InvalidInputError` (as LanceDB's do) until
+        ``refresh()`` moves it to the latest version.
+
         Raises
         ------
         DatasetNotFoundError
@@ -130,11 +136,13 @@ class VersionsMixin(DatasetCore):
         ref = _check_reference(version)
         assert ref is not None
         try:
-            return self._new(await engine_call(lambda: self._ds.checkout_version(ref)))
+            pinned = self._new(await engine_call(lambda: self._ds.checkout_version(ref)))
         except DatasetNotFoundError as exc:
             raise DatasetNotFoundError(
                 f"the Lance dataset at {self.uri!r} has no version {version!r}"
             ) from exc.__cause__
+        pinned._checked_out = True
+        return pinned
 
     async def refresh(self: D) -> D:
         """Move this object to the latest version; returns ``self``
@@ -147,7 +155,8 @@ class VersionsMixin(DatasetCore):
 
         newer = await engine_call(work)
         if newer is not None:
-            self.advance(newer)
+            self._advance(newer)
+        self._checked_out = False
         return self
 
     async def versions(self) -> list[dict[str, Any]]:
@@ -173,7 +182,7 @@ class VersionsMixin(DatasetCore):
             copy.restore()  # type: ignore[no-untyped-call]
             return copy
 
-        self.advance(await engine_call(work))
+        self._advance(await engine_call(work))
         return self
 
     async def read_transaction(self, version: int) -> Any:
@@ -233,3 +242,123 @@ class VersionsMixin(DatasetCore):
             lambda: getattr(self._ds, how)(path, ref, storage_options=store, **options)
         )
         return type(self)(clone, storage_options=store, storage_timeout=self.storage_timeout)
+
+    # -- history and branches ------------------------------------------------
+    async def version_refs(self) -> list[dict[str, Any]]:
+        """Lightweight references to every version of this branch
+        (``LanceDataset.version_refs``: no manifest is deserialized)."""
+        return [dict(v) for v in await engine_call(self._ds.version_refs)]
+
+    async def get_transactions(self, recent_transactions: int = 10) -> list[Any]:
+        """The transactions of the ``recent_transactions`` newest versions up to
+        the one this object reads, newest first (``LanceDataset.get_transactions``;
+        None for a version written without one)."""
+        n = check_int("recent_transactions", recent_transactions, minimum=1)
+        return list(await engine_call(lambda: self._ds.get_transactions(n)))
+
+    async def delta(
+        self,
+        compared_against: int | None = None,
+        *,
+        begin_version: int | None = None,
+        end_version: int | None = None,
+    ) -> AsyncDelta:
+        """What changed between two versions (``LanceDataset.delta``).
+
+        Give ``compared_against`` (this object's version against an older
+        one), or both ``begin_version`` (exclusive) and ``end_version``.
+
+        Returns
+        -------
+        AsyncDelta
+            The changed rows as streams, the transactions awaited.
+
+        Raises
+        ------
+        ValueError, TypeError
+            Neither form, or both; a version below 1 (at the call).
+        """
+        for name, value in (
+            ("compared_against", compared_against),
+            ("begin_version", begin_version),
+            ("end_version", end_version),
+        ):
+            if value is not None:
+                check_int(name, value, minimum=0 if name == "begin_version" else 1)
+        ranged = begin_version is not None or end_version is not None
+        if (compared_against is None) == (not ranged) or (
+            ranged and (begin_version is None or end_version is None)
+        ):
+            raise ValueError("give compared_against=, or both begin_version= and end_version=")
+        ds = self._ds
+        found = await engine_call(
+            lambda: ds.delta(compared_against, begin_version=begin_version, end_version=end_version)
+        )
+        return AsyncDelta(found)
+
+    @property
+    def branches(self) -> AsyncBranches:
+        """The dataset's branches, awaitable (``LanceDataset.branches``; does not block)."""
+        return AsyncBranches(lambda: self._ds.branches)
+
+    async def create_branch(
+        self: D,
+        branch: str,
+        reference: int | str | tuple[str | None, int | None] | None = None,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+    ) -> D:
+        """A new branch from a version or tag (``LanceDataset.create_branch``);
+        returns the branch as a dataset of its own.
+
+        Parameters
+        ----------
+        branch : str
+            Its name (``"main"`` is the default branch's).
+        reference : int, str or (str, int), optional
+            A version of this branch, a tag, or ``(branch, version)``;
+            default the version this object reads.
+        storage_options : dict, optional
+            The branch's object-store options (default this dataset's).
+
+        Raises
+        ------
+        TypeError, ValueError
+            A name that is not a non-empty string, a version below 1 (at the call).
+        InvalidInputError
+            The branch exists already (the engine's refusal).
+
+        Notes
+        -----
+        Branches are experimental in pylance 14, and how a branch shares the
+        MemWAL (and lance_async's record of retired shards) is untested:
+        write a branch through the base table.
+        """
+        if not isinstance(branch, str) or not branch:
+            raise TypeError("a branch is a non-empty str")
+        if isinstance(reference, tuple):
+            name, number = reference
+            if number is not None:
+                check_int("reference version", number, minimum=1)
+            ref: int | str | tuple[str | None, int | None] = (name, number)
+        else:
+            checked = _check_reference(reference)
+            ref = self.version if checked is None else checked
+        store = dict(storage_options) if storage_options else self._storage_options
+        ds = self._ds
+
+        def work() -> LanceDataset:
+            if branch in ds.branches.list():
+                raise InvalidInputError(f"the branch {branch!r} exists already")
+            try:
+                return ds.create_branch(branch, ref, storage_options=store)
+            except OSError:
+                # pylance 14 fails a second branch of one name with an
+                # internal error ("Clone operation should not enter
+                # build_manifest"): a concurrent creation won
+                if branch in ds.branches.list():
+                    raise InvalidInputError(f"the branch {branch!r} exists already") from None
+                raise
+
+        made = await engine_call(work)
+        return type(self)(made, storage_options=store, storage_timeout=self.storage_timeout)

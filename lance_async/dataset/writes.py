@@ -21,10 +21,11 @@ import pyarrow as pa
 from lance.dataset import LanceDataset
 
 from .._args import check_choice, check_int
+from .._engine_errors import map_engine_error, raise_mapped
 from .._filters import check_filter
 from .._threads import run_sync
-from ..errors import ConflictError, ContentionError, map_engine_error, raise_mapped
-from ..merge import AsyncMergeInsertBuilder
+from ..errors import ConflictError, ContentionError
+from ..merge import AsyncMergeInsertBuilder, MergeStatistics, merge_statistics
 from ..sources import resolve_source
 from ._core import DatasetCore
 
@@ -171,7 +172,7 @@ class WritesMixin(DatasetCore):
             kwargs.setdefault("storage_options", self._storage_options)
         # the dataset object itself: its session and caches are reused, as pylance's insert does
         written = await write_source(data, self._ds, mode=mode, schema=schema, lance_kwargs=kwargs)
-        self.advance(written)
+        self._advance(written)
         return self
 
     async def delete(self, filter: str, **options: Any) -> Any:
@@ -184,7 +185,7 @@ class WritesMixin(DatasetCore):
             follows the first one and delete by that).
         """
         checked = check_filter(filter)
-        return await self.mutate(lambda d: d.delete(checked, **options))
+        return await self._mutate(lambda d: d.delete(checked, **options))
 
     async def update(
         self, values: Mapping[str, str], where: str | None = None, **options: Any
@@ -202,12 +203,12 @@ class WritesMixin(DatasetCore):
             ``where`` is not one expression.
         """
         checked = check_filter(where)
-        return dict(await self.mutate(lambda d: d.update(dict(values), where=checked, **options)))
+        return dict(await self._mutate(lambda d: d.update(dict(values), where=checked, **options)))
 
     async def truncate_table(self: D) -> D:
         """Delete every row, keeping the schema and indexes, in a new version
         (``LanceDataset.truncate_table``); returns ``self``."""
-        await self.mutate(lambda d: d.truncate_table())
+        await self._mutate(lambda d: d.truncate_table())
         return self
 
     def merge_insert(self, on: str | Iterable[str] | None = None) -> AsyncMergeInsertBuilder:
@@ -224,9 +225,29 @@ class WritesMixin(DatasetCore):
         Parameters
         ----------
         on : str or list of str, optional
-            Join columns; default the schema's primary key.
+            Join columns; default (None or an empty list, as pylance and
+            LanceDB read it) the schema's primary key.
+
+        Raises
+        ------
+        ValueError
+            No join column given and the schema marks no primary key.
+        SchemaMismatchError
+            A join column the table lacks.
         """
         return AsyncMergeInsertBuilder(cast("AsyncDataset", self), on)
+
+    def merge_statistics(self) -> MergeStatistics:
+        """Upserts of this table in the running event loop, as the group commit
+        sees them: merges in flight, upserts waiting for the next group and
+        their rows and bytes (does not block; see
+        :meth:`AsyncMergeInsertBuilder.coalesce`).
+
+        Returns
+        -------
+        MergeStatistics
+        """
+        return merge_statistics(self.uri)
 
     async def commit(
         self: D,
@@ -291,7 +312,7 @@ class WritesMixin(DatasetCore):
         committed = await run_commit(work, f"the commit to {self.uri}")
         if detached:
             return self._new(committed)
-        self.advance(committed)
+        self._advance(committed)
         return self
 
     async def commit_batch(
@@ -333,5 +354,5 @@ class WritesMixin(DatasetCore):
             return dict(LanceDataset.commit_batch(base, txns, max_retries=retries, **options))
 
         result = await run_commit(work, f"the batch commit to {self.uri}")
-        self.advance(result["dataset"])
+        self._advance(result["dataset"])
         return CommitBatchResult(self, result["merged"])

@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import DecodeError
 from .jsonrows import MAX_JSON_DEPTH
 
-__all__ = ["JsonTextSplitter", "element_error", "infer_json_sample", "to_ndjson"]
+__all__ = ["NDJSON_CHUNK", "JsonTextSplitter", "element_error", "infer_json_sample", "to_ndjson"]
 
 _WS = b" \t\r\n"
 _BOM = b"\xef\xbb\xbf"
@@ -193,9 +193,26 @@ def infer_json_sample(head: bytes) -> bytes:
     return text[: cut + 1] if cut >= 0 else text
 
 
-def to_ndjson(data: bytes) -> bytes:
-    """Whole JSON text as NDJSON (see :class:`JsonTextSplitter`)."""
+NDJSON_CHUNK = 1 << 18
+"""Bytes :func:`to_ndjson` cuts at a time: the cut's numpy arrays (several
+bytes per structural character) stay a few MB whatever the text's size."""
+
+
+def to_ndjson(data: bytes | bytearray) -> bytearray:
+    """Whole JSON text as NDJSON (see :class:`JsonTextSplitter`).
+
+    Cut :data:`NDJSON_CHUNK` bytes at a time into one buffer of the input's
+    size, so a large text costs one copy of itself (returned as that
+    ``bytearray``, not copied again into ``bytes``).
+    """
     splitter = JsonTextSplitter()
-    text = splitter.feed(data)
+    out = bytearray(len(data))  # the text is never longer than the input
+    view = memoryview(data)
+    end = 0
+    for start in range(0, len(data), NDJSON_CHUNK):
+        piece = splitter.feed(bytes(view[start : start + NDJSON_CHUNK]))
+        out[end : end + len(piece)] = piece
+        end += len(piece)
     splitter.finish()
-    return text
+    del out[end:]
+    return out

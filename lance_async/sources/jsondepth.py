@@ -51,7 +51,7 @@ def _unescaped(arr: np.ndarray, quotes: np.ndarray) -> np.ndarray:
     return np.setdiff1d(quotes, escaped, assume_unique=True) if len(escaped) else quotes
 
 
-def _depths(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+def _depths(data: bytes | bytearray) -> tuple[np.ndarray, np.ndarray]:
     """Positions of the brackets outside strings, and an upper bound of the
     nesting depth a JSON parser can reach at each (vectorized, numpy)."""
     arr = np.frombuffer(data, dtype=np.uint8)
@@ -74,7 +74,7 @@ def _depths(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     return brackets, level - floor
 
 
-def json_depth(data: bytes) -> int:
+def json_depth(data: bytes | bytearray) -> int:
     """An upper bound of how deep the JSON text ``data`` nests (0 for scalars).
 
     Parameters
@@ -99,7 +99,9 @@ def json_depth(data: bytes) -> int:
     return int(depth.max()) if len(depth) else 0
 
 
-def check_json_depth(data: bytes, *, first_line: int = 1, max_depth: int = MAX_JSON_DEPTH) -> None:
+def check_json_depth(
+    data: bytes | bytearray, *, first_line: int = 1, max_depth: int = MAX_JSON_DEPTH
+) -> None:
     """Refuse JSON text that nests deeper than ``max_depth`` levels.
 
     Call it before handing untrusted JSON to a parser that recurses: pyarrow's

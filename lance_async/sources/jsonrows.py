@@ -57,10 +57,24 @@ __all__ = [
     "coerce_columns",
     "conform_all",
     "decode_json_rows",
+    "few_chunks",
+    "is_blank",
     "json_depth",
     "rows_schema",
     "rows_table",
 ]
+
+BLOCK_BYTES = 1 << 20
+"""JSON text pyarrow's reader parses at a time (bytes): its working memory is
+about one block, and a large text becomes one chunk per block instead of
+costing its parser's copy of the whole (a line longer than a block is read
+again with larger blocks)."""
+
+COMBINE_BYTES = 8 << 20
+"""Tables up to this size (bytes) are made one chunk after decoding; larger
+ones keep their chunks (one per block) rather than being copied whole."""
+
+_BLANK = re.compile(rb"[ \t\n\r\x0b\x0c]*")
 
 ROWS_SLICE = 8_192
 """Python rows converted per pyarrow call by :func:`rows_table` (a few ms each)."""
@@ -196,11 +210,22 @@ def coerce_columns(table: pa.Table, schema: pa.Schema, extra: str = "error") -> 
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def few_chunks(table: pa.Table) -> pa.Table:
+    """``table`` as one chunk when it is small (:data:`COMBINE_BYTES`), else as
+    it is: combining a large table would copy it whole (pure CPU; blocking)."""
+    return table.combine_chunks() if table.nbytes <= COMBINE_BYTES else table
+
+
+def is_blank(data: bytes | bytearray) -> bool:
+    """True when ``data`` holds only whitespace (no copy, unlike ``strip``)."""
+    return _BLANK.fullmatch(data) is not None
+
+
 def conform_all(table: pa.Table, schema: pa.Schema) -> list[pa.RecordBatch]:
     """The non-empty batches of ``table`` checked against ``schema`` (nulls in
     non-nullable columns refused as :class:`DecodeError` naming the field)."""
     out = []
-    for batch in table.combine_chunks().to_batches():
+    for batch in few_chunks(table).to_batches():
         if batch.num_rows:
             try:
                 out.append(conform_batch(batch, schema))
@@ -210,7 +235,7 @@ def conform_all(table: pa.Table, schema: pa.Schema) -> list[pa.RecordBatch]:
 
 
 def decode_json_rows(
-    data: bytes, schema: pa.Schema, *, extra_fields: str = "error", first_line: int = 1
+    data: bytes | bytearray, schema: pa.Schema, *, extra_fields: str = "error", first_line: int = 1
 ) -> pa.Table:
     """Decode newline-delimited JSON objects into a table of ``schema``.
 
@@ -279,7 +304,7 @@ def _json_kind(value: object) -> str:
     return _JSON_KINDS.get(type(value), type(value).__name__)
 
 
-def _first_non_object(data: bytes, first_line: int) -> str | None:
+def _first_non_object(data: bytes | bytearray, first_line: int) -> str | None:
     """The first top-level JSON value of ``data`` that is not an object, as a
     line-numbered message; None if there is none (only on the error path:
     Python's JSON parser, line by line). Several values on one line (pyarrow
@@ -287,7 +312,7 @@ def _first_non_object(data: bytes, first_line: int) -> str | None:
     cannot parse is left to pyarrow's verdict."""
     check_json_depth(data, first_line=first_line)  # before Python's recursive parser
     decoder = json.JSONDecoder()
-    for number, raw in enumerate(data.split(b"\n"), first_line):
+    for number, raw in enumerate(bytes(data).split(b"\n"), first_line):
         text = raw.decode("utf-8", errors="replace")
         if number == first_line:
             text = text.removeprefix("\ufeff")
@@ -309,7 +334,7 @@ def _first_non_object(data: bytes, first_line: int) -> str | None:
     return None
 
 
-def _refuse_null_rows(table: pa.Table, data: bytes, first_line: int) -> None:
+def _refuse_null_rows(table: pa.Table, data: bytes | bytearray, first_line: int) -> None:
     """Raise if a row of ``table`` came from a top-level ``null`` of ``data``.
 
     Cheap on good data: a column without nulls proves every row held an
@@ -343,7 +368,9 @@ def _parse_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields, metadata=schema.metadata)
 
 
-def _fixed_size_lists(table: pa.Table, schema: pa.Schema, data: bytes, first_line: int) -> pa.Table:
+def _fixed_size_lists(
+    table: pa.Table, schema: pa.Schema, data: bytes | bytearray, first_line: int
+) -> pa.Table:
     """The vector columns of ``table`` cast to their fixed size (a list of
     another length is a :class:`DecodeError` naming its line and field)."""
     for i, name in enumerate(table.column_names):
@@ -356,7 +383,7 @@ def _fixed_size_lists(table: pa.Table, schema: pa.Schema, data: bytes, first_lin
         if pc.any(bad).as_py():
             row = pc.index(bad, True).as_py()
             got = lengths[row].as_py()
-            lines = [n for n, text in enumerate(data.split(b"\n")) if text.strip()]
+            lines = [n for n, text in enumerate(bytes(data).split(b"\n")) if text.strip()]
             raise _LineError(
                 f"line {first_line + lines[row]}: field {name!r} holds {got} values; "
                 f"the column takes exactly {want.list_size}",
@@ -366,23 +393,40 @@ def _fixed_size_lists(table: pa.Table, schema: pa.Schema, data: bytes, first_lin
     return table
 
 
-def _decode_json(data: bytes, schema: pa.Schema, extra_fields: str, first_line: int) -> pa.Table:
-    if not data.strip():
+def _read_blocks(buf: pa.Buffer, parse_options: pjson.ParseOptions) -> pa.Table:
+    """``buf`` read by pyarrow's JSON reader in blocks of :data:`BLOCK_BYTES`
+    (a line longer than a block: read again with blocks 16 times larger)."""
+    size = buf.size
+    block = max(min(BLOCK_BYTES, size + 1), 1 << 16)
+    while True:
+        try:
+            return pjson.read_json(
+                buf,
+                read_options=pjson.ReadOptions(use_threads=False, block_size=block),
+                parse_options=parse_options,
+            )
+        except pa.ArrowInvalid as exc:
+            if block > size or "straddl" not in str(exc):
+                raise
+            block = min(block * 16, size + 1)
+
+
+def _decode_json(
+    data: bytes | bytearray, schema: pa.Schema, extra_fields: str, first_line: int
+) -> pa.Table:
+    if is_blank(data):
         return schema.empty_table()
     if LEADING_NULL.match(data):
         where = _first_non_object(data, first_line)
         raise _LineError(where or f"line {first_line}: expected a JSON object, got null")
     behavior = "error" if extra_fields == "error" else "ignore"
-    buf = pa.py_buffer(data if data.endswith(b"\n") else data + b"\n")
+    buf = pa.py_buffer(data)  # no copy (a last line needs no newline)
     read_options = pjson.ReadOptions(use_threads=False, block_size=max(len(data) + 1, 1 << 16))
     parse_schema = _parse_schema(schema)
     try:
-        table = pjson.read_json(
+        table = _read_blocks(
             buf,
-            read_options=read_options,
-            parse_options=pjson.ParseOptions(
-                explicit_schema=parse_schema, unexpected_field_behavior=behavior
-            ),
+            pjson.ParseOptions(explicit_schema=parse_schema, unexpected_field_behavior=behavior),
         )
         if parse_schema is not schema:
             table = _fixed_size_lists(table, schema, data, first_line)
@@ -410,7 +454,7 @@ def _decode_json(data: bytes, schema: pa.Schema, extra_fields: str, first_line: 
 
 
 def _first_bad_line(
-    data: bytes, schema: pa.Schema, extra_fields: str, first_line: int
+    data: bytes | bytearray, schema: pa.Schema, extra_fields: str, first_line: int
 ) -> tuple[str, str | None] | None:
     """Find the first line that fails, and say why and in which field (only
     on the error path)."""
@@ -418,7 +462,7 @@ def _first_bad_line(
         check_json_depth(data, first_line=first_line)  # before Python's recursive parser
     except _LineError as exc:
         return str(exc), None
-    for number, line in enumerate(data.split(b"\n"), first_line):
+    for number, line in enumerate(bytes(data).split(b"\n"), first_line):
         if not line.strip():
             continue
         try:
@@ -484,13 +528,15 @@ def _out_of_range_integer(obj: dict[str, Any], schema: pa.Schema) -> tuple[str, 
     return None
 
 
-def _decode_by_line(data: bytes, schema: pa.Schema, extra_fields: str, first_line: int) -> pa.Table:
+def _decode_by_line(
+    data: bytes | bytearray, schema: pa.Schema, extra_fields: str, first_line: int
+) -> pa.Table:
     """Decode each line on its own (the error path, when every line decodes
     alone but the chunk did not: a column whose values pyarrow inferred as
     one type across lines, such as an integer past 2**53 beside a float)."""
     tables = [
         _decode_json(line, schema, extra_fields, number)
-        for number, line in enumerate(data.split(b"\n"), first_line)
+        for number, line in enumerate(bytes(data).split(b"\n"), first_line)
         if line.strip()
     ]
     return pa.concat_tables(tables) if tables else schema.empty_table()

@@ -130,7 +130,13 @@ class FactorySource(WriteSource):
     ) -> AsyncIterator[ReaderPlan]:
         if not self._probed:
             # find out, once, whether this sync factory returns an async iterable
-            made = await run_sync(self._factory, limiter=stream_limiter())
+            # (abandoned if cancelled while the factory blocks: nothing is written yet)
+            made = await run_sync(
+                self._factory,
+                limiter=stream_limiter(),
+                abandon_on_cancel=lambda: True,
+                what="a replayable source's factory",
+            )
             self._probed = True
             self.native = not isinstance(made, (AsyncIterable, Awaitable))
             self._made = made
@@ -144,7 +150,12 @@ class FactorySource(WriteSource):
         if self._made is not None or self._is_async:
             made: Any = self._call()
         else:  # a sync factory may block: call it on a worker thread
-            made = await run_sync(self._factory, limiter=stream_limiter())
+            made = await run_sync(
+                self._factory,
+                limiter=stream_limiter(),
+                abandon_on_cancel=lambda: True,
+                what="a replayable source's factory",
+            )
         if inspect.isawaitable(made):
             made = await made
         if isinstance(made, AsyncIterable):

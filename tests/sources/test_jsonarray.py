@@ -25,7 +25,8 @@ def decode(text: bytes, size: int, schema: pa.Schema = KV_SCHEMA) -> list[dict[s
     for i in range(0, len(text), size):
         batches += decoder.feed(text[i : i + size])
     batches += decoder.finish()
-    return pa.Table.from_batches(batches, schema=schema).to_pylist()
+    rows: list[dict[str, object]] = pa.Table.from_batches(batches, schema=schema).to_pylist()
+    return rows
 
 
 @pytest.mark.parametrize("indent", [None, 2])
@@ -112,7 +113,7 @@ async def test_a_writer_takes_an_integer_into_a_float_column(tmp_path: Path) -> 
         with pytest.raises(la.SchemaMismatchError, match="not numbers") as bad:
             await writer.put({"id": [4], "value": [True]})
         assert bad.value.field == "value"
-        found = await writer.lsm_point_lookup(2)
+        found = await writer.lsm.point_lookup(2)
     assert found.to_pylist()[0]["value"] == 5.0
     await anyio.lowlevel.checkpoint()
 
@@ -144,3 +145,24 @@ def test_a_feed_message_may_be_a_json_array() -> None:
     assert decode_json(messages, KV_SCHEMA).to_pylist() == TRICKY[:4]
     with pytest.raises(DecodeError, match="not closed"):
         decode_json([Message(3, b'[{"id": 1}', {}, _ack=ack)], KV_SCHEMA)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 64])
+def test_a_large_message_array_is_cut_in_chunks_with_the_same_result(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A JSON-array payload is cut to NDJSON a chunk at a time (strings,
+    escaped quotes and backslashes straddling the cuts), into one buffer:
+    the same rows as cut whole, in order."""
+    from lance_async.feeds import Message
+    from lance_async.feeds.base import decode_json
+    from lance_async.sources import jsonarray
+
+    text = b"  \n" + json.dumps(TRICKY, indent=1).encode() + b" \n"
+    whole = jsonarray.JsonTextSplitter().feed(text)
+    monkeypatch.setattr(jsonarray, "NDJSON_CHUNK", chunk)
+    cut = jsonarray.to_ndjson(text)
+    assert bytes(cut) == whole
+    assert decode_json([Message(0, text)], KV_SCHEMA).to_pylist() == TRICKY
+    with pytest.raises(DecodeError, match="after the end"):
+        jsonarray.to_ndjson(json.dumps(TRICKY[:2]).encode() + b" [1]")

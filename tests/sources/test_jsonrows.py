@@ -186,3 +186,26 @@ def test_regression_vectors_decode_into_fixed_size_list_columns() -> None:
             b'{"id": 1, "emb": [1, 2]}\n\n{"id": 2, "emb": [1, 2, 3]}\n', schema, first_line=2
         )
     assert caught.value.field == "emb"
+
+
+def test_a_large_text_is_read_in_blocks_and_a_line_longer_than_a_block_still_decodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """JSON text is parsed a block at a time (one chunk per block, no copy of
+    the whole text); a row longer than a block is read again with larger
+    blocks, so block size never changes what decodes."""
+    from lance_async.sources import jsonrows
+
+    rows = [{"id": i, "value": i, "name": "x" * (200_000 if i == 40 else 50)} for i in range(3_000)]
+    text = "\n".join(json.dumps(r) for r in rows).encode()
+    short = [r for r in rows if r["id"] != 40]
+    monkeypatch.setattr(jsonrows, "BLOCK_BYTES", 1 << 16)
+    monkeypatch.setattr(jsonrows, "COMBINE_BYTES", 0)  # keep the chunks to count them
+    blocks = decode_json_rows("\n".join(json.dumps(r) for r in short).encode(), KV_SCHEMA)
+    assert blocks.column("id").num_chunks > 1  # one chunk per block
+    assert blocks.to_pylist() == short
+    table = decode_json_rows(text, KV_SCHEMA)  # row 40 is longer than a block
+    assert table.to_pylist() == rows
+    assert table.schema.equals(KV_SCHEMA, check_metadata=True)
+    monkeypatch.setattr(jsonrows, "COMBINE_BYTES", 8 << 20)
+    assert decode_json_rows(text, KV_SCHEMA).column("id").num_chunks == 1  # small: one chunk

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 import lance_async as la
-from lance_async._threads import stream_limiter
+from lance_async._threads import run_sync, stream_limiter
 
 from ..helpers import Ticker
 
@@ -250,7 +250,7 @@ async def test_no_deadlock_when_the_consumer_is_the_only_worker_thread() -> None
 
         async with la.bridge_reader(source, SCHEMA) as bridged:
             with anyio.fail_after(10):
-                table = await la._threads.run_sync(bridged.reader.read_all)
+                table = await run_sync(bridged.reader.read_all)
         assert table.num_rows == 20
     finally:
         la.configure_threads(engine=16, stream=16)
@@ -266,7 +266,7 @@ async def test_open_streams_never_take_the_threads_their_consumers_need() -> Non
         with anyio.fail_after(10):
             async with la.iterate_reader(lambda: iter([batch(i) for i in range(8)])) as stream:
                 async for b in stream:
-                    await la._threads.run_sync(b.to_pylist, limiter=stream_limiter())
+                    await run_sync(b.to_pylist, limiter=stream_limiter())
                     encoded += 1
         assert encoded == 8
         # a second open stream waits for the reader slot, and gets it on close
