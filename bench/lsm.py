@@ -30,12 +30,14 @@ One child process measures, on one MemWAL table:
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +51,10 @@ from ._common import (
     Section,
     Series,
     Settings,
+    Table,
     Target,
     find,
+    fmt_ratio,
     fmt_vs_limit,
     log,
     percentile,
@@ -93,15 +97,15 @@ def _ingest(uri: str, n: dict[str, int]) -> dict[str, Any]:
         ads = await la.open_dataset(uri)
         await ads.initialize_mem_wal(unsharded=True)
         policy = CompactionPolicy(max_generations=8, interval=0.05)
-        opts = {
-            "max_memtable_rows": n["gen"],
-            "max_put_rows": 1000,
-            "max_wal_flush_interval_ms": 5,  # durable puts, about 5-10 ms each
-        }
         total = n["gen"] * n["gens"]
         next_new = n["base"]
         t0 = time.perf_counter()
-        async with ads.mem_wal_writer(compaction=policy, **opts) as router:
+        async with ads.mem_wal_writer(
+            compaction=policy,
+            max_memtable_rows=n["gen"],
+            max_put_rows=1000,
+            max_wal_flush_interval_ms=5,  # durable puts, about 5-10 ms each
+        ) as router:
             for batch in scan_batches(total, chunk=1000):
                 m = batch.num_rows
                 old = rng.integers(0, next_new, m // 2)
@@ -113,7 +117,7 @@ def _ingest(uri: str, n: dict[str, int]) -> dict[str, Any]:
             compactor = router.compactor
         assert compactor is not None
         stats = compactor.stats()
-        snaps = await ads.shard_snapshots()
+        snaps = await ads.lsm.snapshots()
         return {
             "ingest_s": time.perf_counter() - t0,
             "rows_put": total,
@@ -136,7 +140,7 @@ def _scan_lance_async(uri: str) -> tuple[float, int]:
         ads = await la.open_dataset(uri)
         t0 = time.perf_counter()
         rows = 0
-        async with ads.lsm_scan() as stream:
+        async with ads.lsm.scan() as stream:
             async for batch in stream:
                 rows += batch.num_rows
         return time.perf_counter() - t0, rows
@@ -153,7 +157,7 @@ def _scan_lsm_scanner(uri: str) -> tuple[float, int]:
     import lance_async as la
 
     async def snaps() -> Any:
-        return await (await la.open_dataset(uri)).shard_snapshots()
+        return await (await la.open_dataset(uri)).lsm.snapshots()
 
     raw = [s.lance for s in anyio.run(snaps)]
     ds = lance.dataset(uri)
@@ -184,13 +188,13 @@ def _lookups(uri: str, config: str, keys: list[int], lag: bool) -> dict[str, flo
         if config == LANCE_ASYNC:
 
             async def one(key: int) -> int:
-                return int((await ads.lsm_point_lookup(key)).num_rows)
+                return int((await ads.lsm.point_lookup(key)).num_rows)
 
         elif config == "lance_async_previous":
             base = lance.dataset(uri)
 
             async def one(key: int) -> int:
-                snaps = await ads.shard_snapshots()
+                snaps = await ads.lsm.snapshots()
                 raw = [s.lance for s in snaps]
 
                 def plan() -> int:
@@ -247,14 +251,14 @@ def _lookup_latency(uri: str, keys: list[int]) -> dict[str, float]:
         out = []
         for key in keys:
             t0 = time.perf_counter()
-            await ads.lsm_point_lookup(key)
+            await ads.lsm.point_lookup(key)
             out.append(time.perf_counter() - t0)
         return out
 
     mine = anyio.run(body)
 
     async def snaps() -> Any:
-        return await (await la.open_dataset(uri)).shard_snapshots()
+        return await (await la.open_dataset(uri)).lsm.snapshots()
 
     planner = LsmPointLookupPlanner(lance.dataset(uri), [s.lance for s in anyio.run(snaps)], ["id"])
     theirs = []
@@ -279,7 +283,7 @@ def _cancel(uri: str) -> dict[str, float]:
         ads = await la.open_dataset(uri)
         marks: dict[str, float] = {}
         with anyio.CancelScope() as scope:
-            async with ads.lsm_scan(batch_size=1024) as stream:
+            async with ads.lsm.scan(batch_size=1024) as stream:
                 async for _b in stream:
                     marks["cancel"] = time.perf_counter()
                     scope.cancel()
@@ -439,13 +443,13 @@ def _vectors(root: str, n_rows: int, lancedb: bool) -> dict[str, Any]:
                 }
 
             async def mine(q: np.ndarray) -> list[int]:
-                res = await w.lsm_vector_search(
+                res = await w.lsm.vector_search(
                     q, column="v", k=k, columns=["id"], nprobes=20, refine_factor=5
                 )
                 return [int(x) for x in res.column("id").to_pylist()]
 
             out[LANCE_ASYNC] = await measure(mine)
-            snaps = [s.lance for s in await ads.shard_snapshots()]
+            snaps = [s.lance for s in await ads.lsm.snapshots()]
             planner = LsmVectorSearchPlanner(lance.dataset(uri), snaps, "v", pk_columns=["id"])
 
             async def sync_planner(q: np.ndarray) -> list[int]:
@@ -534,6 +538,260 @@ def child_lsm(root: str, quick: bool, runs: int, lancedb: bool) -> dict[str, Any
 
 
 # ---------------------------------------------------------------------------
+# round three (issue 39): WAL-tail reads beside flushed ones, many generations
+# ---------------------------------------------------------------------------
+
+TAIL_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False, metadata=PK),
+        pa.field("value", pa.float64()),
+        pa.field("name", pa.string()),
+    ]
+)
+
+
+def round3_sizes(quick: bool) -> dict[str, int]:
+    """Base rows and tail rows of the WAL-tail table; rows and rows per
+    generation of the many-generations table; lookups per run."""
+    if quick:
+        return {"base": 20_000, "tail": 2_000, "rows": 60_000, "gen": 1_000, "lookups": 100}
+    return {"base": 200_000, "tail": 20_000, "rows": 1_200_000, "gen": 20_000, "lookups": 300}
+
+
+def _tail_rows(ids: np.ndarray, value: float) -> pa.Table:
+    return pa.table(
+        {"id": ids, "value": np.full(len(ids), value), "name": [f"r{i}" for i in ids]},
+        schema=TAIL_SCHEMA,
+    )
+
+
+def tail_writer_main(uri: str, rows: int, per: int, key_space: int) -> None:
+    """Put ``rows`` rows in durable puts of ``per`` keys (8 tasks, a WAL flush
+    every millisecond: about one WAL entry per put), print ``done``, hang."""
+    import anyio
+
+    import lance_async as la
+
+    async def run() -> None:
+        ds = await la.open_dataset(uri)
+        rng = np.random.default_rng(1)
+        sent = 0
+        async with ds.mem_wal_writer(max_wal_flush_interval_ms=1, min_put_interval=0.0) as w:
+
+            async def task() -> None:
+                nonlocal sent
+                while sent < rows:
+                    sent += per
+                    ids = np.unique(rng.integers(0, key_space, per))
+                    await w.put(_tail_rows(ids, 1.0))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(task)
+            print("done", flush=True)
+            await anyio.sleep_forever()
+
+    anyio.run(run)
+
+
+TAIL_READS = """
+import json, statistics, sys, time
+import anyio, numpy as np
+import lance_async as la
+
+async def main(uri, lookups):
+    ds = await la.open_dataset(uri)
+    t0 = time.perf_counter()
+    await ds.lsm.point_lookup(5)
+    first = time.perf_counter() - t0
+    keys = np.random.default_rng(7).integers(0, {key_space}, lookups)
+    lat = []
+    for k in keys:
+        t0 = time.perf_counter()
+        await ds.lsm.point_lookup(int(k))
+        lat.append(time.perf_counter() - t0)
+    lat.sort()
+    scans = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        await ds.lsm.scan(filter="id < 500").to_table()
+        scans.append(time.perf_counter() - t0)
+    print(json.dumps({{
+        "first_ms": first * 1e3,
+        "p50_ms": statistics.median(lat) * 1e3,
+        "p99_ms": lat[int(0.99 * (len(lat) - 1))] * 1e3,
+        "scan_p50_ms": statistics.median(scans) * 1e3,
+        "unflushed": sum((await ds.lsm.unflushed_rows()).values()),
+    }}))
+
+anyio.run(main, sys.argv[1], int(sys.argv[2]))
+"""
+
+
+def _tail_tables(root: str, n: dict[str, int]) -> dict[str, Any]:
+    """A table whose newest rows sit in WAL tails (the writer killed), and a
+    copy of it with those rows flushed (each shard's writer opened and closed)."""
+    import os
+    import shutil
+    import signal
+
+    import lance
+
+    tail = f"{root}/tail.lance"
+    flushed = f"{root}/flushed.lance"
+    shutil.rmtree(tail, ignore_errors=True)
+    shutil.rmtree(flushed, ignore_errors=True)
+    ds = lance.write_dataset(_tail_rows(np.arange(n["base"]), -1.0), tail)
+    ds.create_scalar_index("id", "BTREE")
+    ds.initialize_mem_wal(bucket_column="id", num_buckets=4)
+    key_space = n["base"] + n["tail"] // 2
+    t0 = time.perf_counter()
+    args = ["tail-writer", tail, str(n["tail"]), "2", str(key_space)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.lsm", *args],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "LANCE_LOG": "critical"},
+    )
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "done":
+            raise RuntimeError("the tail writer did not finish")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    written = time.perf_counter() - t0
+    shards = [s for s in os.listdir(f"{tail}/_mem_wal") if len(s) == 36]
+    entries = sum(len(os.listdir(f"{tail}/_mem_wal/{s}/wal")) for s in shards)
+    shutil.copytree(tail, flushed)
+    copy = lance.dataset(flushed)
+    for shard in shards:
+        copy.mem_wal_writer(shard).close()  # replays the tail and flushes it
+    return {
+        "tail": tail,
+        "flushed": flushed,
+        "entries": entries,
+        "shards": len(shards),
+        "write_s": written,
+        "key_space": key_space,
+    }
+
+
+def _generations(root: str, n: dict[str, int], runs: int) -> dict[str, Any]:
+    """``n["rows"]`` rows ingested into generations of ``n["gen"]`` rows (4
+    shards), nothing compacted; a copy compacted; LSM scans of the table and
+    base scans of the copy, alternating; then LSM lookups."""
+    import shutil
+
+    import anyio
+    import lance
+
+    import lance_async as la
+
+    uri = f"{root}/gens.lance"
+    shutil.rmtree(uri, ignore_errors=True)
+    cols: dict[str, Callable[[np.ndarray], object]] = {
+        "value": lambda ids: ids * 0.5,
+        "name": lambda ids: [f"n{i}" for i in ids],
+    }
+
+    def rows(lo: int, hi: int) -> pa.Table:
+        ids = np.arange(lo, hi, dtype=np.int64)
+        return pa.table({"id": ids, **{k: f(ids) for k, f in cols.items()}}, schema=TAIL_SCHEMA)
+
+    async def ingest() -> int:
+        ds = await la.write_dataset(rows(0, 0), uri)
+        await ds.create_scalar_index("id", "BTREE")
+        await ds.initialize_mem_wal()
+        async with ds.mem_wal_writer(max_memtable_rows=n["gen"]) as w:
+            step = max(1, n["gen"] // 2)
+            for lo in range(0, n["rows"], step):
+                await w.put(rows(lo, min(lo + step, n["rows"])))
+        return sum(len(s.sstables) for s in await ds.lsm.snapshots())
+
+    generations = anyio.run(ingest)
+    rng = np.random.default_rng(11)
+    keys = [int(k) for k in rng.integers(0, n["rows"] + n["rows"] // 10, n["lookups"])]
+
+    compacted = f"{root}/gens-compacted.lance"
+    shutil.rmtree(compacted, ignore_errors=True)
+    shutil.copytree(uri, compacted)
+
+    async def compact() -> None:
+        await (await la.open_dataset(compacted)).compact_mem_wal(optimize_indices=False)
+
+    anyio.run(compact)
+    base = lance.dataset(compacted)
+
+    async def reads() -> dict[str, Any]:
+        """The LSM scan and the base scans alternating, round by round (the
+        machine's load then weighs on both alike); then the lookups."""
+        ds = await la.open_dataset(uri)
+        plain = await la.open_dataset(compacted)
+        out: dict[str, Any] = {"scan_s": [], "base_scan_s": [], "base_async_scan_s": []}
+        for i in range(2 * runs + 1):
+            t0 = time.perf_counter()
+            count = 0
+            async with ds.lsm.scan() as stream:
+                async for batch in stream:
+                    count += batch.num_rows
+            if i == 0:
+                out["first_scan_s"] = time.perf_counter() - t0  # generations' keys read
+                continue
+            out["scan_s"].append(time.perf_counter() - t0)
+            out["rows"] = count
+            t0 = time.perf_counter()
+            out["base_rows"] = sum(b.num_rows for b in base.to_batches())
+            out["base_scan_s"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            async with plain.scan() as stream:
+                async for _batch in stream:
+                    pass
+            out["base_async_scan_s"].append(time.perf_counter() - t0)
+        lat = []
+        for k in keys:
+            t0 = time.perf_counter()
+            await ds.lsm.point_lookup(k)
+            lat.append(time.perf_counter() - t0)
+        out["lookup_p50_ms"] = statistics.median(lat) * 1e3
+        out["lookup_p99_ms"] = percentile(sorted(lat), 0.99) * 1e3
+        return out
+
+    result: dict[str, Any] = anyio.run(reads)
+    result["generations"] = generations
+    return result
+
+
+def child_round3(root: str, quick: bool, runs: int) -> dict[str, Any]:
+    """Issue 39's measurements, side by side in one run (child side)."""
+    n = round3_sizes(quick)
+    made = _tail_tables(root, n)
+    import os
+
+    tables = {"wal_tail": made["tail"], "flushed": made["flushed"]}
+    reads: dict[str, list[dict[str, float]]] = {label: [] for label in tables}
+    code = TAIL_READS.format(key_space=made["key_space"])
+    for _ in range(runs):  # alternating, each a fresh process
+        for label, uri in tables.items():
+            proc = subprocess.run(
+                [sys.executable, "-c", code, uri, str(n["lookups"])],
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, "LANCE_LOG": "critical"},
+            )
+            reads[label].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return {
+        "sizes": n,
+        "tail": {k: v for k, v in made.items() if k not in ("tail", "flushed")},
+        "reads": reads,
+        "generations": _generations(root, n, runs),
+    }
+
+
+# ---------------------------------------------------------------------------
 # the parent side
 # ---------------------------------------------------------------------------
 
@@ -546,6 +804,112 @@ LAG_P99_MS = 5.0
 NDJSON_SPEEDUP = 5.0
 FIRST_CALL_LAG_MS = 20.0
 CANCEL_MS = 100.0
+
+
+TAIL_P50_RATIO = 1.3
+TAIL_FIRST_RATIO = 3.0
+TAIL_SCAN_RATIO = 1.5
+GENS_SCAN_VS_BASE = 3.0
+GENS_LOOKUP_P50_MS = 6.0
+
+
+def round3_parts(res: dict[str, Any]) -> tuple[list[Table], list[Target], list[str]]:
+    """Issue 39's tables, targets and notes from :func:`child_round3`'s result."""
+    n, tail, reads, gens = res["sizes"], res["tail"], res["reads"], res["generations"]
+
+    def med(label: str, key: str) -> float:
+        values: list[float] = [r[key] for r in reads[label]]
+        return statistics.median(values)
+
+    def span(label: str, key: str) -> str:
+        values = [r[key] for r in reads[label]]
+        return f"{statistics.median(values):.2f} [{min(values):.2f}–{max(values):.2f}]"
+
+    rows = []
+    targets = []
+    for key, label, limit in (
+        ("first_ms", "first lsm_point_lookup in a fresh process (ms)", TAIL_FIRST_RATIO),
+        ("p50_ms", f"lsm_point_lookup x{n['lookups']}, p50 (ms)", TAIL_P50_RATIO),
+        ("p99_ms", f"lsm_point_lookup x{n['lookups']}, p99 (ms)", None),
+        ("scan_p50_ms", "lsm_scan(filter='id < 500'), p50 of 20 (ms)", TAIL_SCAN_RATIO),
+    ):
+        r = ratio(med("wal_tail", key), med("flushed", key))
+        rows.append([label, span("wal_tail", key), span("flushed", key), fmt_ratio(r)])
+        if limit is not None:
+            targets.append(
+                Target(
+                    f"{n['tail']:,} rows in WAL tails ({tail['entries']:,} entries, "
+                    f"{tail['shards']} shards): {label} ÷ the same rows flushed",
+                    f"{fmt_vs_limit(r, limit)} ({med('wal_tail', key):.2f} vs "
+                    f"{med('flushed', key):.2f} ms)",
+                    f"≤ {limit}x",
+                    r <= limit,
+                )
+            )
+    tables = [
+        Table(
+            f"WAL tail vs flushed, medians [min–max] of {len(reads['wal_tail'])} fresh "
+            "processes each (alternating)",
+            ["read", "WAL tail", "flushed", "tail ÷ flushed"],
+            rows,
+        )
+    ]
+    scan, base = statistics.median(gens["scan_s"]), statistics.median(gens["base_scan_s"])
+    base_async = statistics.median(gens["base_async_scan_s"])
+    r_base = ratio(scan, base)
+    tables.append(
+        Table(
+            f"{n['rows']:,} rows in {gens['generations']} generations "
+            f"(max_memtable_rows={n['gen']:,}, 4 shards), all columns",
+            ["read", "median (ms)", "min–max (ms)"],
+            [
+                [
+                    "lsm_scan (warm)",
+                    f"{scan * 1e3:.1f}",
+                    f"{min(gens['scan_s']) * 1e3:.1f}–{max(gens['scan_s']) * 1e3:.1f}",
+                ],
+                ["lsm_scan, first of the process", f"{gens['first_scan_s'] * 1e3:.1f}", ""],
+                [
+                    "base scan after compaction, pylance to_batches",
+                    f"{base * 1e3:.1f}",
+                    f"{min(gens['base_scan_s']) * 1e3:.1f}–{max(gens['base_scan_s']) * 1e3:.1f}",
+                ],
+                ["base scan after compaction, lance_async scan()", f"{base_async * 1e3:.1f}", ""],
+                [
+                    f"lsm_point_lookup x{n['lookups']}, p50 / p99",
+                    f"{gens['lookup_p50_ms']:.2f} / {gens['lookup_p99_ms']:.2f}",
+                    "",
+                ],
+            ],
+        )
+    )
+    targets.append(
+        Target(
+            f"full lsm_scan over {gens['generations']} generations ÷ base scan of the same "
+            "rows after compaction",
+            f"{fmt_vs_limit(r_base, GENS_SCAN_VS_BASE)} ({scan * 1e3:.0f} vs {base * 1e3:.0f} ms;"
+            f" vs lance_async's base scan {ratio(scan, base_async):.2f}x)",
+            f"≤ {GENS_SCAN_VS_BASE:.0f}x",
+            r_base <= GENS_SCAN_VS_BASE,
+        )
+    )
+    targets.append(
+        Target(
+            f"lsm_point_lookup p50 over {gens['generations']} generations",
+            f"{gens['lookup_p50_ms']:.2f} ms",
+            f"≤ {GENS_LOOKUP_P50_MS:.0f} ms",
+            gens["lookup_p50_ms"] <= GENS_LOOKUP_P50_MS,
+        )
+    )
+    notes = [
+        f"WAL tails: {n['tail']:,} rows put through the routing writer in durable puts of 2 "
+        f"keys from 8 tasks ({tail['entries']:,} WAL entries in {tail['write_s']:.0f} s), "
+        "the writer then killed; the flushed copy had each shard's writer opened and closed. "
+        "Every read row is a fresh process (the first lookup includes opening no writer and "
+        "reading the tails' checkpoints, which the writer and earlier readers wrote).",
+        f"Rows seen by the scans (must agree): LSM {gens['rows']:,}, base {gens['base_rows']:,}.",
+    ]
+    return tables, targets, notes
 
 
 def run(settings: Settings, shared: dict[str, Any]) -> Section:
@@ -563,6 +927,12 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         },
         timeout=1800.0,
         flavour=flavour,
+    )
+    log("lsm: round three (WAL tails, many generations)")
+    round3 = run_child(
+        "bench.lsm:child_round3",
+        {"root": str(root), "quick": settings.quick, "runs": min(settings.runs, 3)},
+        timeout=1800.0,
     )
     log("lsm: done")
     n, ing = res["sizes"], res["ingest"]
@@ -681,9 +1051,12 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         notes.append(vec["lancedb_note"])
     if not settings.lancedb:
         notes.append(f"LanceDB not measured: {settings.lancedb_note}")
+    r3_tables, r3_targets, r3_notes = round3_parts(round3)
+    targets += r3_targets
+    notes += r3_notes
     return Section(
         key="lsm",
-        title="LSM reads that stay fast (issue 18)",
+        title="LSM reads that stay fast (issues 18 and 39)",
         intro=(
             "A 1M-row, 10-column base with a BTREE key index, a sustained MemWAL ingest of "
             "42 generations through the routing writer with background compaction, then "
@@ -722,11 +1095,34 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
                 Metric("qps", "queries/s"),
                 "lance_async ÷ config (queries/s; above 1 = faster)",
             ),
+            *r3_tables,
         ],
         targets=targets,
         notes=notes,
         series=scan_series + lookup_series + vec_series,
         raw={
-            k: res[k] for k in ("ingest", "latency", "cancel", "first_call", "ndjson", "scan_rows")
+            **{
+                k: res[k]
+                for k in ("ingest", "latency", "cancel", "first_call", "ndjson", "scan_rows")
+            },
+            "round3": round3,
         },
     )
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "tail-writer":  # the killed writer of child_round3
+        tail_writer_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    elif sys.argv[1] == "round3":  # python -m bench.lsm round3 [--quick]: issue 39 alone
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as work:
+            quick = "--quick" in sys.argv
+            result = child_round3(work, quick, 3)
+            for table in round3_parts(result)[0]:
+                print(f"\n{table.title}")
+                for row in table.rows:
+                    print("  " + " | ".join(row))
+            for target in round3_parts(result)[1]:
+                print(target.line())
+            print(json.dumps(result, indent=1, default=str))

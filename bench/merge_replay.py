@@ -14,8 +14,8 @@ rows and half inserting new ones, side by side:
     reopens the target and re-reads the source on a conflict: the floor.
 ``pylance_retries0_backoff``
     The floor's loop waiting, before each retry, as long as lance_async's
-    backoff (``lance_async.merge.backoff_delay``: about 50 ms with jitter
-    before the first). Conflict cases only; informational: it splits
+    backoff (``lance_async.merge.backoff_delay``: a random slot of the last
+    attempt's length). Conflict cases only; informational: it splits
     lance_async's distance to the floor into the backoff the issue asks for
     and everything else.
 ``pylance_to_thread``
@@ -32,6 +32,11 @@ Cases: no conflict, and exactly one conflict, made deterministic by a Lance
 ``commit_lock`` whose first call lets a competing upsert of 16 of the same
 rows commit first (on its own thread, as Lance cannot be re-entered from its
 runtime thread).
+
+Service upserts (issue 41): 16 clients on one event loop, each making 8
+upserts of 50 rows one after the other (5 keys shared by all, 45 new ones
+each), as pylance calls on ``anyio.to_thread`` and as lance_async's default
+(concurrent upserts coalesced into one commit) and ``coalesce(False)``.
 
 Contention: 16 upserters started together on a 100,000-row target, each
 upserting 4,000 rows of its own LanceDataset source whose keys overlap its
@@ -78,6 +83,7 @@ from ._common import (
     fmt_vs_limit,
     link_copy,
     log,
+    percentile,
     ratio,
     run_child,
     summary_table,
@@ -110,6 +116,14 @@ METRICS = [
     Metric("wall_s", "wall (s)", 1.0, 3),
     Metric("write_mib", "written (MiB)", 1.0, 1),
     Metric("peak_rss_mib", "peak RSS (MiB)", 1.0, 0),
+]
+SERVICE_METRICS = [
+    Metric("wall_s", "all done (s)", 1.0, 3),
+    Metric("p50_ms", "upsert p50 (ms)", 1.0, 1),
+    Metric("p99_ms", "upsert p99 (ms)", 1.0, 1),
+    Metric("versions", "versions", 1.0, 0),
+    Metric("failed", "failed upserts", 1.0, 0),
+    Metric("serial", "serial order", 1.0, 0),
 ]
 CONTENTION_METRICS = [
     Metric("wall_s", "all done (s)", 1.0, 3),
@@ -399,12 +413,12 @@ def child_contention(config: str, target: str, sources: list[str]) -> dict[str, 
     Returns ``wall_s`` until all are done, ``failed`` upserters, ``attempts``
     (lance_async's passes over the sources; pylance's retries are internal)
     and ``serial`` (1.0 when the table equals the upserts applied one by one
-    in the order of the versions they committed).
+    in the order they committed: version, then place in a coalesced group).
     """
     import lance
 
     n = len(sources)
-    versions: list[int | None] = [None] * n
+    versions: list[tuple[int, int] | None] = [None] * n
     attempts = [1] * n
     failed: list[str] = []
     meter = Meter()
@@ -417,7 +431,7 @@ def child_contention(config: str, target: str, sources: list[str]) -> dict[str, 
             start.wait()
             try:
                 _upsert(ds).execute(src)
-                versions[i] = ds.version  # execute moves ds to the version it committed
+                versions[i] = (ds.version, 0)  # execute moves ds to the version it committed
             except Exception as exc:
                 failed.append(repr(exc)[:300])
 
@@ -440,7 +454,8 @@ def child_contention(config: str, target: str, sources: list[str]) -> dict[str, 
             async def one(i: int) -> None:
                 try:
                     result = await _upsert(datasets[i]).execute(srcs[i])
-                    versions[i], attempts[i] = result.version, result.num_attempts
+                    versions[i] = (result.version, result.group_index)
+                    attempts[i] = result.num_attempts
                 except la.LanceAsyncError as exc:
                     failed.append(repr(exc)[:300])
 
@@ -461,6 +476,122 @@ def child_contention(config: str, target: str, sources: list[str]) -> dict[str, 
     return out
 
 
+SERVICE_CLIENTS = 16
+SERVICE_UPSERTS = 8
+SERVICE_ROWS = 50
+SERVICE_SHARED = 5
+SERVICE_CONFIGS = ["pylance_to_thread", LANCE_ASYNC, "lance_async_alone"]
+
+
+def service_rows(client: int, j: int, seed: int = 0) -> pa.Table:
+    """Client ``client``'s upsert number ``j``: the 5 keys every client shares,
+    then 45 new keys of its own (a service upserting small JSON bodies)."""
+    own = SERVICE_ROWS - SERVICE_SHARED
+    first = 1_000_000 + (client * SERVICE_UPSERTS + j) * own
+    ids = np.concatenate([np.arange(SERVICE_SHARED), np.arange(first, first + own)]).astype(
+        np.int64
+    )
+    rng = np.random.default_rng(seed + client * 1000 + j)
+    vec = pa.FixedSizeListArray.from_arrays(
+        pa.array(rng.random(len(ids) * DIM, dtype=np.float32)), DIM
+    )
+    return pa.table({"id": pa.array(ids), "vec": vec}, schema=SCHEMA)
+
+
+def child_service(config: str, target: str) -> dict[str, float]:
+    """16 clients, each making 8 upserts of 50 rows one after the other (child side).
+
+    ``pylance_to_thread``: each upsert is ``LanceDataset.merge_insert(...)
+    .execute(table)`` (Lance's own retries) on ``anyio.to_thread``, a dataset
+    object per client. ``lance_async``: ``await ds.merge_insert(...).execute
+    (table)`` with the defaults (group commit on); ``lance_async_alone`` the
+    same with ``coalesce(False)``. Returns ``wall_s``, each upsert's latency
+    percentiles, the versions committed, failed upserts and ``serial`` (1.0
+    when the table is the upserts applied one by one in their order).
+    """
+    import anyio
+    import lance
+
+    import lance_async as la
+
+    before = lance.dataset(target).version
+    latencies: list[float] = []
+    order: dict[tuple[int, int], tuple[int, int]] = {}
+    failed: list[str] = []
+    meter = Meter()
+
+    async def main() -> None:
+        datasets: list[Any] = []
+        for _ in range(SERVICE_CLIENTS):
+            if config == "pylance_to_thread":
+                datasets.append(await anyio.to_thread.run_sync(lance.dataset, target))
+            else:
+                datasets.append(await la.open_dataset(target))
+
+        async def client(c: int) -> None:
+            for j in range(SERVICE_UPSERTS):
+                table = service_rows(c, j)
+                t0 = time.perf_counter()
+                try:
+                    if config == "pylance_to_thread":
+                        ds = datasets[c]
+
+                        def call(ds: Any = ds, table: pa.Table = table) -> int:
+                            _upsert(ds).execute(table)
+                            return int(ds.version)
+
+                        order[(c, j)] = (await anyio.to_thread.run_sync(call), 0)
+                    else:
+                        builder = _upsert(datasets[c])
+                        if config == "lance_async_alone":
+                            builder = builder.coalesce(False)
+                        result = await builder.execute(table)
+                        order[(c, j)] = (result.version, result.group_index)
+                except Exception as exc:
+                    failed.append(repr(exc)[:300])
+                latencies.append(time.perf_counter() - t0)
+
+        with meter:
+            async with anyio.create_task_group() as tg:
+                for c in range(SERVICE_CLIENTS):
+                    tg.start_soon(client, c)
+
+    anyio.run(main)
+    out = meter.result()
+    ordered = sorted(latencies)
+    out["p50_ms"] = percentile(ordered, 0.50) * 1000
+    out["p99_ms"] = percentile(ordered, 0.99) * 1000
+    out["upserts"] = float(len(latencies))
+    out["versions"] = float(lance.dataset(target).version - before)
+    out["failed"] = float(len(failed))
+    out["serial"] = float(_service_serial(target, before, order))
+    if failed:
+        out["first_error"] = failed[0]  # type: ignore[assignment]
+    return out
+
+
+def _service_serial(
+    target: str, before: int, order: dict[tuple[int, int], tuple[int, int]]
+) -> bool:
+    """Whether the table is its first version with the upserts applied one by
+    one in the order ``order`` gives them (version, then place in the group)."""
+    import lance
+
+    ds = lance.dataset(target)
+    places = list(order.values())
+    if len(set(places)) != len(places):
+        return False
+    ids, vecs = _vectors(ds.checkout_version(before).to_table())
+    state: dict[int, np.ndarray] = dict(zip(ids.tolist(), vecs, strict=True))
+    for key in sorted(order, key=lambda k: order[k]):
+        src_ids, src_vecs = _vectors(service_rows(*key))
+        state.update(zip(src_ids.tolist(), src_vecs, strict=True))
+    got_ids, got_vecs = _vectors(ds.to_table())
+    if len(got_ids) != len(state) or set(got_ids.tolist()) != set(state):
+        return False
+    return all(np.array_equal(state[k], v) for k, v in zip(got_ids.tolist(), got_vecs, strict=True))
+
+
 def _vectors(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     ids = table.column("id").to_numpy()
     flat = table.column("vec").combine_chunks().flatten().to_numpy()
@@ -468,16 +599,18 @@ def _vectors(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _serial_order_holds(
-    target: str, sources: list[str], versions: list[int | None], before: int
+    target: str, sources: list[str], versions: list[tuple[int, int] | None], before: int
 ) -> bool:
     """Whether the table equals its first version with the committed upserts
-    applied one by one, in the order of their versions."""
+    applied one by one, in the order of their commits: the version, then the
+    place in the group (upserts coalesced into one commit share its version
+    and apply in their group order, ``MergeResult.group_index``)."""
     import lance
 
     ds = lance.dataset(target)
     committed = sorted((v, i) for i, v in enumerate(versions) if v is not None)
     if len({v for v, _ in committed}) != len(committed):
-        return False  # two upserts cannot share a version
+        return False  # two upserts cannot hold one place
     ids, vecs = _vectors(ds.checkout_version(before).to_table())
     state = dict(zip(ids.tolist(), range(len(ids)), strict=True))
     rows_: list[np.ndarray] = list(vecs)
@@ -550,6 +683,38 @@ def run_contention(settings: Settings, paths: dict[str, Any], config: str) -> di
         )
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def run_service(paths: dict[str, Any], config: str) -> dict[str, float]:
+    """One service run in a fresh child, on a fresh copy of the contention target."""
+    run_dir = Path(paths["root"]) / "service_run"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir()
+    target = link_copy(paths["contention_template"], run_dir / "target.lance")
+    try:
+        return run_child("bench.merge_replay:child_service", {"config": config, "target": target})
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def service_label(paths: dict[str, Any]) -> str:
+    """The service case's name."""
+    return (
+        f"{SERVICE_CLIENTS} clients x {SERVICE_UPSERTS} upserts of {SERVICE_ROWS} rows "
+        f"({SERVICE_SHARED} keys shared by all) into {paths['sizes']['contention_target']:,} rows"
+    )
+
+
+def measure_service(settings: Settings, paths: dict[str, Any]) -> list[Series]:
+    """Every service configuration ``settings.runs`` times, alternating."""
+    case = service_label(paths)
+    by_config = {c: Series(case, c) for c in SERVICE_CONFIGS}
+    for r in range(settings.runs):
+        for config in SERVICE_CONFIGS:
+            by_config[config].samples.append(run_service(paths, config))
+        log(f"merge_replay service upserts: round {r + 1}/{settings.runs} done")
+    return list(by_config.values())
 
 
 def contention_label(paths: dict[str, Any]) -> str:
@@ -678,11 +843,54 @@ CONFLICT_VS_BACKOFF_FLOOR = 1.10
 BIG_BYTES_VS_DEFAULT = 0.55
 BIG_WALL_VS_DEFAULT = 0.90
 CONTENTION_VS_DEFAULT = 0.60
+SERVICE_P99_VS_THREAD = 0.5
+SERVICE_WALL_VS_THREAD = 0.33
+SERVICE_VERSIONS_SHARE = 0.25
 
 
 def replay_allowance(floor_mib: float) -> float:
     """Noise allowed on bytes written beyond the floor: 2% of it, at least 0.1 MiB."""
     return max(REPLAY_ALLOWANCE_MIN_MIB, REPLAY_ALLOWANCE_SHARE * floor_mib)
+
+
+def service_targets(service: list[Series]) -> list[Target]:
+    """Issue 41's targets: the default lance_async against pylance on anyio.to_thread."""
+    la_ = next((s for s in service if s.config == LANCE_ASYNC), None)
+    th = next((s for s in service if s.config == "pylance_to_thread"), None)
+    if la_ is None or th is None:
+        return []
+    serial = la_.values("serial")
+    ok = bool(serial) and all(v == 1.0 for v in serial) and sum(la_.values("failed")) == 0
+    upserts = SERVICE_CLIENTS * SERVICE_UPSERTS
+    share = la_.median("versions") / upserts
+    p99 = ratio(la_.median("p99_ms"), th.median("p99_ms"))
+    wall = ratio(la_.median("wall_s"), th.median("wall_s"))
+    return [
+        Target(
+            f"merge_replay [{la_.case}] upsert p99 vs pylance on anyio.to_thread",
+            f"{fmt_vs_limit(p99, SERVICE_P99_VS_THREAD)} ({la_.median('p99_ms'):.1f} vs "
+            f"{th.median('p99_ms'):.1f} ms)",
+            f"≤ {SERVICE_P99_VS_THREAD:.2f}x",
+            p99 <= SERVICE_P99_VS_THREAD,
+        ),
+        Target(
+            f"merge_replay [{la_.case}] all done vs pylance on anyio.to_thread, a serial order",
+            f"{fmt_vs_limit(wall, SERVICE_WALL_VS_THREAD)} ({la_.median('wall_s'):.3f} vs "
+            f"{th.median('wall_s'):.3f} s); serial order in {int(sum(serial))} of "
+            f"{len(serial)} runs, {sum(la_.values('failed')):.0f} upserts failed (pylance: "
+            f"serial in {int(sum(th.values('serial')))} of {len(th.values('serial'))}, "
+            f"{sum(th.values('failed')):.0f} failed)",
+            f"≤ {SERVICE_WALL_VS_THREAD:.2f}x, every run a serial order",
+            wall <= SERVICE_WALL_VS_THREAD and ok,
+        ),
+        Target(
+            f"merge_replay [{la_.case}] versions per upsert",
+            f"{fmt_vs_limit(share, SERVICE_VERSIONS_SHARE)} ({la_.median('versions'):.0f} "
+            f"versions for {upserts} upserts; pylance {th.median('versions'):.0f})",
+            f"≤ {SERVICE_VERSIONS_SHARE:.2f}",
+            share <= SERVICE_VERSIONS_SHARE,
+        ),
+    ]
 
 
 def targets(
@@ -811,6 +1019,7 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
     series = measure(settings, paths, cases, configs, settings.runs)
     shared["merge_series"] = series
     contention = measure_contention(settings, paths)
+    service = measure_service(settings, paths)
     lag_configs = [c for c in LAG_CONFIGS if settings.lancedb or c != "lancedb_async"]
     lag: list[Series] = [Series(cases[0][0], c) for c in lag_configs]
     t_lag = time.perf_counter()
@@ -837,8 +1046,9 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         "'Too many concurrent writers' error, reopen the target, execute again from the "
         "LanceDataset (a fresh scan).",
         f"{BACKOFF_FLOOR} (conflict cases only) is that loop with lance_async's backoff "
-        "before each retry (about 50 ms with jitter before the first, as issue 3 asks; "
-        "Iceberg waits at least 100 ms between commit retries). The conflict targets compare "
+        "before each retry (a random whole number of slots, each the last attempt's length "
+        "and at least 50 ms: 0-3 slots before the first retry, as Lance's own SlotBackoff). "
+        "The conflict targets compare "
         "with it: against the loop that retries at once they would measure the backoff, not "
         "lance_async.",
         "Targets (issue 16): the no-conflict wall time is compared with pylance's default "
@@ -883,10 +1093,24 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
                 "order of their committed versions; attempts: passes over the sources "
                 "(lance_async's replays; pylance retries inside one call, counted as 1).",
             ),
+            summary_table(
+                "Service upserts (group commit): medians [min–max]",
+                service,
+                SERVICE_METRICS,
+                SERVICE_METRICS[0],
+                "lance_async ÷ config (all done)",
+                note="Each client makes its 8 upserts one after the other, all 16 at once "
+                "on one event loop; pylance_to_thread: each a pylance merge_insert (default "
+                "retries) on anyio.to_thread, a dataset per client; lance_async: the "
+                "defaults (concurrent upserts share one commit); lance_async_alone: "
+                "coalesce(False), one commit per upsert. serial: 1 when the table is the "
+                "upserts applied one by one in their order (version, then place in the "
+                "group).",
+            ),
         ],
-        targets=targets(series, cases, contention),
+        targets=service_targets(service) + targets(series, cases, contention),
         notes=notes,
-        series=series + contention,
+        series=series + contention + service,
         raw={"paths": {k: v for k, v in paths.items() if k != "root"}, "MIB": MIB},
     )
     return section

@@ -30,7 +30,7 @@ Point lookups: the newest row for one primary key across the base table
 ``pylance_to_thread``
     16 tasks, each ``await asyncio.to_thread(...)`` on that shared planner.
 ``lance_async``
-    16 tasks, each ``await ds.lsm_point_lookup(key)`` (it rediscovers the
+    16 tasks, each ``await ds.lsm.point_lookup(key)`` (it rediscovers the
     shards' flushed generations on every call, so a lookup sees the latest).
 ``lance_async_snapshots``
     the same with ``snapshots=`` discovered once (as the sync planner has).
@@ -309,7 +309,7 @@ def _lookup_run(
 
     async def snapshots() -> Any:
         ads = await la.open_dataset(uri)
-        return await ads.shard_snapshots()
+        return await ads.lsm.snapshots()
 
     if config in ("pylance_sync", "pylance_to_thread", "pylance_in_async_def"):
         snaps = anyio.run(snapshots, backend="asyncio")
@@ -338,10 +338,10 @@ def _lookup_run(
 
         elif config in (LANCE_ASYNC, "lance_async_snapshots"):
             ads = await la.open_dataset(uri)
-            snaps = await ads.shard_snapshots() if config == "lance_async_snapshots" else None
+            snaps = await ads.lsm.snapshots() if config == "lance_async_snapshots" else None
 
             async def one(key: int) -> int:
-                return int((await ads.lsm_point_lookup(key, snapshots=snaps)).num_rows)
+                return int((await ads.lsm.point_lookup(key, snapshots=snaps)).num_rows)
 
         elif config == "lancedb_async":
             import lancedb

@@ -162,7 +162,7 @@ async def _takeover_once(work: Path, redis_url: str, ttl: float) -> float:
     await ds.initialize_mem_wal(bucket_column="id", num_buckets=BUCKETS)
     partitioner = await Partitioner.for_dataset(ds)
     candidates = [{"id": i} for i in range(64)]
-    key_of = {}  # one key of each bucket
+    key_of: dict[int, int] = {}  # one key of each bucket
     for row, p in zip(candidates, partitioner.partition_of_rows(candidates), strict=True):
         key_of.setdefault(p, row["id"])
     key = f"bench-{uuid.uuid4().hex[:8]}"

@@ -149,7 +149,7 @@ def measure_lag(work: Path, messages: int, rows: int = 10, pace: float = 0.02) -
                     await anyio.sleep(0.001)
                     continue
                 keys = [k + j for k, _ in pending for j in range(rows)]
-                found = await ds.lsm_point_lookups(keys, columns=["id"])
+                found = await ds.lsm.point_lookups(keys, columns=["id"])
                 now = time.time()
                 reads += 1
                 got = set(found.column("id").to_pylist())
@@ -200,21 +200,21 @@ def measure_tail_cost(work: Path, base: int, tail: int, lookups: int) -> dict[st
 
     async def reads() -> dict[str, float]:
         ds = await la.open_dataset(uri)
-        await ds.lsm_point_lookups(keys[:10])  # warm: caches of both layouts
+        await ds.lsm.point_lookups(keys[:10])  # warm: caches of both layouts
         one = []
         for k in keys:
             t0 = time.perf_counter()
-            await ds.lsm_point_lookup(k)
+            await ds.lsm.point_lookup(k)
             one.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         for _ in range(5):
-            await ds.lsm_point_lookups(keys[:1000])
+            await ds.lsm.point_lookups(keys[:1000])
         batch = (time.perf_counter() - t0) / 5
         scans = []
         for _ in range(3):
             t0 = time.perf_counter()
             n = 0
-            async with ds.lsm_scan(columns=["id", "value"]) as stream:
+            async with ds.lsm.scan(columns=["id", "value"]) as stream:
                 async for b in stream:
                     n += b.num_rows
             scans.append(time.perf_counter() - t0)
