@@ -238,6 +238,11 @@ CASES: list[tuple[str, Callable[[Ctx], Any]]] = [
         lambda c: c.ds.lsm.vector_search([1.0], column="v", metric="x"),
     ),
     ("LsmReader.vector_search", lambda c: c.ds.lsm.vector_search([1.0], column="v", offset=-1)),
+    ("LsmReader.full_text_search", lambda c: c.ds.lsm.full_text_search("")),
+    ("LsmReader.full_text_search", lambda c: c.ds.lsm.full_text_search(7)),
+    ("LsmReader.full_text_search", lambda c: c.ds.lsm.full_text_search("fox", limit=0)),
+    ("LsmReader.full_text_search", lambda c: c.ds.lsm.full_text_search("fox", offset=-1)),
+    ("LsmReader.full_text_search", lambda c: c.ds.lsm.full_text_search("fox", fts_columns=[])),
     (
         "LsmReader.vector_search",
         lambda c: c.ds.lsm.vector_search([1.0], column="v", k=10, offset=999_991),

@@ -31,6 +31,7 @@ __all__ = ["SLICED_BELOW", "ReadsMixin"]
 _LSM_SCAN = frozenset({"columns", "filter", "limit", "offset", "with_row_id", "batch_size"})
 _LSM_SEARCH = frozenset({"columns", "filter", "nearest", "prefilter"})
 _LSM_NEAREST = ("k", "nprobes", "refine_factor", "metric", "distance_range")
+_LSM_TEXT = frozenset({"columns", "filter", "full_text_query", "limit", "offset", "prefilter"})
 
 
 def _lsm_only(options: Mapping[str, Any], allowed: frozenset[str], call: str) -> None:
@@ -245,7 +246,12 @@ class ReadsMixin(DatasetCore):
             ``use_index`` (False: ``bypass_vector_index``), and ``columns``,
             ``filter``, ``prefilter``: unlike pylance's scanner, whose
             default is False, the LSM search prefilters unless given
-            ``prefilter=False`` (then ``postfilter``)).
+            ``prefilter=False`` (then ``postfilter``)), or
+            ``full_text_query`` (a full-text search:
+            :meth:`LsmReader.full_text_search <lance_async.LsmReader.full_text_search>`
+            with ``columns``, ``filter`` (always a prefilter: ``prefilter=False``
+            is refused), ``limit`` (default every match, as pylance's) and
+            ``offset``).
 
         Raises
         ------
@@ -256,6 +262,10 @@ class ReadsMixin(DatasetCore):
         """
         if use_lsm:
             nearest = scanner_options.get("nearest")
+            text = scanner_options.get("full_text_query")
+            if text is not None:
+                _lsm_only(scanner_options, _LSM_TEXT, "to_table")
+                return await self._lsm_text(text, scanner_options)
             if nearest is not None:
                 _lsm_only(scanner_options, _LSM_SEARCH, "to_table")
                 return await self._lsm_search(nearest, scanner_options)
@@ -271,6 +281,20 @@ class ReadsMixin(DatasetCore):
             return ds.to_table(**scanner_options)
 
         return await engine_call(read)
+
+    async def _lsm_text(self, query: Any, options: Mapping[str, Any]) -> pa.Table:
+        if options.get("prefilter") is False:
+            raise InvalidInputError(
+                "to_table(use_lsm=True, full_text_query=...) filters before ranking in every "
+                "level: prefilter=False (a postfilter) is not supported (LanceDB refuses it too)"
+            )
+        return await self.lsm.full_text_search(
+            query,
+            filter=options.get("filter"),
+            columns=options.get("columns"),
+            limit=options.get("limit"),
+            offset=options.get("offset") or 0,
+        )
 
     async def _lsm_search(self, nearest: Any, options: Mapping[str, Any]) -> pa.Table:
         if not isinstance(nearest, Mapping) or "column" not in nearest or "q" not in nearest:

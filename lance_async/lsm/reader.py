@@ -20,7 +20,9 @@ query path and aiokafka's producer delegates to one accumulator.
   (one view of the levels and one probe of each per batch);
   :meth:`LsmReader.point_lookups` is the batch form.
 * :meth:`LsmReader.vector_search` ranks each level's own nearest live rows
-  (``vector.py``).
+  (``vector.py``); :meth:`LsmReader.full_text_search` each level's own
+  matches (``text.py``). Both live in ``searches.py``, the checks every read
+  shares (and :meth:`LsmReader.snapshot`) in ``readerbase.py``.
 
 Every engine call of a read has the table's ``storage_timeout`` (a store
 that does not answer fails the read with
@@ -31,36 +33,29 @@ reach the caller mapped (a refusing store is a
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from .._args import (
     check_batch_size,
-    check_columns,
-    check_distance_range,
     check_int,
-    check_knn,
 )
 from .._filters import check_lsm_filter
 from .._metrics import record_lookup, record_scan
-from .._schema import NO_KEY
-from .._table import Table
 from .._threads import call_timeouts, run_engine
-from ..errors import InvalidInputError, SchemaMismatchError, ViewExpiredError
 from ..sources.streams import AsyncBatchStream
 from .cache import LevelCacheStats
 from .expiry import expired_views, expiring
-from .keyvalues import key_columns
-from .levels import level_cache_stats, open_view, read_view, take_snapshot
+from .levels import level_cache_stats, open_view, read_view
 from .lookup import CoalescerStats, LookupCoalescer, coalescer_for, lookup_view, split_rows
-from .memtable import MemtableMirror
+from .readerbase import fresh, no_memtables
 from .scan import output_schema, scan_view
-from .snapshots import LsmSnapshot, ShardSnapshot, ShardSnapshots, shard_snapshots
-from .vector import search_view, vector_query
+from .searches import SearchReads
+from .snapshots import LsmSnapshot, ShardSnapshot, ShardSnapshots
 from .wal import read_wal_tail
 
 __all__ = ["SLICED_BELOW", "LsmReader"]
@@ -68,30 +63,8 @@ __all__ = ["SLICED_BELOW", "LsmReader"]
 SLICED_BELOW = 16_384
 """Scans asking for smaller batches read batches of about this size and slice them."""
 
-Memtables = Callable[[], Sequence[MemtableMirror]]
-T = TypeVar("T")
 
-
-def _no_memtables() -> Sequence[MemtableMirror]:
-    return ()
-
-
-async def _fresh(read: Callable[[], Awaitable[T]], given: object) -> T:
-    """``await read()``, a "not found" made :class:`~lance_async.errors.ViewExpiredError`;
-    a read that discovers its own view (``given`` None: no snapshot list, no
-    pinned snapshot) tries once more with a fresh one when a clean-up
-    removed a file of the first."""
-    try:
-        with expired_views():
-            return await read()
-    except ViewExpiredError:
-        if given is not None:
-            raise
-    with expired_views():
-        return await read()
-
-
-class LsmReader:
+class LsmReader(SearchReads):
     """The LSM reads of one table: base, flushed generations, WAL tails, memtables.
 
     Reach it as ``dataset.lsm``, ``writer.lsm`` or ``router.lsm`` (see the
@@ -116,128 +89,6 @@ class LsmReader:
     Every engine call runs on a worker thread; nothing here blocks the event
     loop. Point lookups are coalesced per reader and event loop.
     """
-
-    def __init__(
-        self, table: Table, memtables: Memtables | None = None, *, path: str = "lsm"
-    ) -> None:
-        self._table = table
-        self._memtables = memtables or _no_memtables
-        self._path = path
-
-    def __repr__(self) -> str:
-        return f"<LsmReader {self._table.uri!r} path={self._path}>"
-
-    # -- checks (no I/O) -----------------------------------------------------
-    def _columns(self, columns: Sequence[str] | None) -> list[str] | None:
-        check_columns(columns)
-        if columns is None:
-            return None
-        schema = self._table.schema
-        missing = [c for c in columns if c not in schema.names]
-        if missing:
-            raise SchemaMismatchError(f"no column {missing[0]!r} in the table", field=missing[0])
-        return list(columns)
-
-    def _keys(self, values: Any) -> list[pa.Array]:
-        pk = self._table.primary_key
-        if not pk:
-            raise InvalidInputError(NO_KEY)
-        return key_columns(self._table.schema, pk, values)
-
-    @staticmethod
-    def _snapshots(snapshots: ShardSnapshots | None) -> list[ShardSnapshot] | None:
-        if snapshots is None:
-            return None
-        snaps = list(snapshots)
-        if not all(isinstance(s, ShardSnapshot) for s in snaps):
-            raise InvalidInputError(
-                "LSM reads take lance_async ShardSnapshot objects (dataset.lsm.snapshots())"
-            )
-        return snaps
-
-    def _pinned(
-        self, snapshot: LsmSnapshot | None, snapshots: ShardSnapshots | None
-    ) -> LsmSnapshot | None:
-        """The point-in-time view of a read, checked (no I/O)."""
-        if snapshot is None:
-            return None
-        if snapshots is not None:
-            raise ValueError("give snapshot= (a point-in-time view) or snapshots=, not both")
-        if not isinstance(snapshot, LsmSnapshot):
-            raise InvalidInputError(
-                f"snapshot= takes an LsmSnapshot (await dataset.lsm.snapshot()), "
-                f"got {type(snapshot).__name__}"
-            )
-        if snapshot.uri != self._table.uri:
-            raise InvalidInputError(
-                f"this snapshot is of {snapshot.uri!r}, not of {self._table.uri!r}"
-            )
-        return snapshot
-
-    def _check_live(self, snaps: object, pin: object) -> None:
-        """Refuse a read that discovers the live state on a checked-out table.
-
-        Such a read moves the table object to the latest version (it reads the
-        MemWAL, which is live state): on an object from ``checkout(version)``
-        that would silently end its time travel. A read of snapshots given
-        (``snapshots=``, ``snapshot=``) is allowed. LanceDB refuses the same.
-        """
-        if snaps is None and pin is None and self._table.checked_out:
-            raise InvalidInputError(
-                f"{self._table.uri!r} is checked out at version {self._table.version}: "
-                "an LSM read shows the table's live state (the MemWAL is not versioned "
-                "with the base table); read that version with plain reads, or await "
-                "refresh() (or open the table again) to read it live"
-            )
-
-    # -- reads ---------------------------------------------------------------
-    async def snapshots(self) -> list[ShardSnapshot]:
-        """Each live shard's flushed generations and where its WAL tail starts
-        (see :func:`~lance_async.lsm.snapshots.shard_snapshots`)."""
-        self._check_live(None, None)
-        self._memtables()
-        with call_timeouts(self._table.storage_timeout):
-            return await shard_snapshots(self._table)
-
-    async def snapshot(self) -> LsmSnapshot:
-        """Pin the table's LSM state now: a point-in-time view for later reads.
-
-        Every read given the result (``snapshot=``: :meth:`scan`,
-        :meth:`point_lookup`, :meth:`point_lookups`, :meth:`vector_search`)
-        sees exactly the state of this moment -- the shard set, each shard's
-        flushed generations and WAL position, the base table's version, and
-        (through a writer's or router's reader) the rows of its live
-        memtables -- however long it is held and whatever is written,
-        flushed or compacted meanwhile, in any process. Reads without one
-        see the table as it is when they run.
-
-        Returns
-        -------
-        LsmSnapshot
-            Immutable, holds no resource; one of a dataset's reader pickles
-            (another process may read the same view).
-
-        Raises
-        ------
-        InvalidInputError
-            The table has no primary key.
-        ClosedError
-            The writer (or router) this reader belongs to is not open.
-
-        Notes
-        -----
-        One thread hop: the latest version, the shard manifests, each
-        shard's WAL tail read to its end (cached for the reads that follow).
-        A view stays readable while the files it pins exist: past the
-        MemWAL's storage retention (or a ``cleanup_old_versions`` of its
-        base version) its reads raise
-        :class:`~lance_async.errors.ViewExpiredError`. A storage engine's
-        read snapshot (RocksDB's ``GetSnapshot()``) is the model.
-        """
-        self._check_live(None, None)
-        mirrors = self._memtables()
-        with call_timeouts(self._table.storage_timeout):
-            return await take_snapshot(self._table, mirrors)
 
     def scan(
         self,
@@ -313,7 +164,7 @@ class LsmReader:
         snaps = self._snapshots(snapshots)
         pin = self._pinned(snapshot, snapshots)
         self._check_live(snaps, pin)
-        memtables = self._memtables if pin is None else _no_memtables
+        memtables = self._memtables if pin is None else no_memtables
         memtables()
         table = self._table
         record_scan(table.uri, self._path)
@@ -323,7 +174,7 @@ class LsmReader:
 
         async def prepare() -> Callable[[], Any]:
             with call_timeouts(table.storage_timeout):
-                view = await _fresh(
+                view = await fresh(
                     lambda: open_view(table, snaps, memtables(), pinned=pin), snaps or pin
                 )
             return partial(
@@ -360,7 +211,7 @@ class LsmReader:
             return await run_engine(partial(answer, view))
 
         with call_timeouts(self._table.storage_timeout):
-            return await _fresh(read, snapshots or pinned)
+            return await fresh(read, snapshots or pinned)
 
     def _coalescer(self) -> LookupCoalescer:
         return coalescer_for(self, lambda: LookupCoalescer(self._lookup_batch))
@@ -462,165 +313,6 @@ class LsmReader:
         rows, owner = await self._lookup_batch(probe, cols, snaps, pin)
         order = owner.argsort(kind="stable")
         return rows.take(pa.array(order)) if len(order) else rows
-
-    async def vector_search(
-        self,
-        query: Any,
-        *,
-        column: str,
-        k: int = 10,
-        nprobes: int | None = 20,
-        filter: str | None = None,
-        columns: Sequence[str] | None = None,
-        metric: str = "l2",
-        refine_factor: int | None = None,
-        overfetch_factor: float = 1.0,
-        distance_range: tuple[float | None, float | None] | None = None,
-        offset: int = 0,
-        postfilter: bool = False,
-        bypass_vector_index: bool = False,
-        snapshots: ShardSnapshots | None = None,
-        snapshot: LsmSnapshot | None = None,
-    ) -> pa.Table:
-        """The ``k`` nearest rows across the levels, newest version per key.
-
-        Parameters
-        ----------
-        query : array-like of float, shape (dim,)
-        column : str
-            The vector column (fixed-size list of floats).
-        k : int
-            Rows to return (default 10).
-        nprobes : int, optional
-            IVF partitions to search in the base table's index (default 20).
-        filter : str, optional
-            Lance SQL, applied before ranking (a prefilter) unless
-            ``postfilter``; it may not name ``_rowid`` or ``_rowaddr``.
-        columns : list of str, optional
-            Columns to return besides ``_distance`` (default all).
-        metric : {"l2", "cosine", "dot"}
-        refine_factor : int, optional
-            Re-rank ``refine_factor * k`` base candidates with exact distances.
-        overfetch_factor : float
-            Each level gives its ``ceil(k * overfetch_factor)`` nearest live
-            rows before the merge keeps the ``k`` nearest (default 1.0, at
-            least 1.0), as pylance's ``LsmVectorSearchPlanner.plan_search``
-            takes it. Rows a newer level hides are excluded *before* ranking
-            here, so ``k`` rows come back whenever ``k`` live rows exist
-            without it; a larger pool only raises the recall of an
-            approximate base index (more of its candidates are ranked).
-        distance_range : (float or None, float or None), optional
-            ``(lower, upper)``: only rows with ``lower <= _distance < upper``
-            (half-open, in the metric's distance as ``_distance`` reports
-            it: squared L2, 1 - cosine, 1 - dot; a bound None is open), the
-            ``k`` nearest of them. pylance's ``nearest["distance_range"]``
-            and LanceDB's ``distance_range(lower_bound, upper_bound)``.
-            Applied inside each level's search, so a level whose nearest
-            rows are below ``lower`` still gives its rows in range.
-        offset : int
-            Skip the ``offset`` nearest rows of the merged ranking (default
-            0): ``offset=k`` is the second page of ``k``. Each level gives
-            ``k + offset`` rows, so a page is full whenever that many live
-            rows exist (LanceDB's ``offset``; pylance's ``offset`` over
-            ``k + offset`` nearest).
-        postfilter : bool
-            Rank first, then filter (default False: filter, then rank):
-            the ``k + offset`` nearest live rows are found unfiltered, those
-            failing ``filter`` are dropped, then ``offset`` skips; fewer
-            than ``k`` rows may come back. LanceDB's ``postfilter()``,
-            pylance's ``prefilter=False``. A key's newest version is the one
-            ranked and filtered: an older version never stands in for it.
-        bypass_vector_index : bool
-            Search the base table exactly (every row's distance) instead of
-            through its vector index; ``nprobes`` and ``refine_factor`` are
-            then unused (LanceDB's ``bypass_vector_index()``, pylance's
-            ``use_index=False``). The other levels are always exact.
-        snapshots : list of ShardSnapshot, optional
-            Only these shards, as listed (see :meth:`scan`). Default:
-            discovered now.
-        snapshot : LsmSnapshot, optional
-            Read this point-in-time view (:meth:`snapshot`) instead of now.
-
-        Returns
-        -------
-        pa.Table
-            At most ``k`` rows with ``_distance`` (float32), nearest first;
-            equal distances in key order.
-
-        Raises
-        ------
-        TypeError, ValueError
-            ``k``, ``nprobes`` or ``refine_factor`` below 1, a negative
-            ``offset`` (or ``k + offset`` above 1,000,000), an unknown
-            ``metric``, ``columns`` given as one string, ``overfetch_factor``
-            below 1 or not a number, a ``distance_range`` that is not a pair
-            of numbers (or None) with ``lower < upper``, ``postfilter`` or
-            ``bypass_vector_index`` not a bool (at the call).
-        FilterError
-            ``filter`` is not one expression, or names a row id or address
-            (at the call).
-        SchemaMismatchError
-            ``column`` or a ``columns`` entry is not in the table.
-        InvalidInputError
-            A query that is not a vector of the column's dimension.
-        ViewExpiredError
-            ``snapshot`` given and a file it pins was deleted since.
-
-        Notes
-        -----
-        The base table's search is as exact as its index (``nprobes``,
-        ``refine_factor``); the other levels are searched exactly.
-        pylance 14's ``LsmVectorSearchPlanner`` is not a substitute: it
-        returns no row when the base table has no vector index, and with an
-        IVF index on the base it misses rows held in flushed generations
-        (``docs/lsm-reads.md``; ``tests/lsm/test_vector_parity.py`` pins it).
-        """
-        check_knn(
-            {
-                "k": k,
-                "nprobes": nprobes,
-                "refine_factor": refine_factor,
-                "overfetch_factor": overfetch_factor,
-                "metric": metric,
-                "columns": columns,
-                "offset": offset,
-                "postfilter": postfilter,
-                "bypass_vector_index": bypass_vector_index,
-            }
-        )
-        bounds = check_distance_range(distance_range)
-        filter = check_lsm_filter(filter)
-        q = vector_query(self._table.schema, column, query, columns)
-        snaps = self._snapshots(snapshots)
-        pin = self._pinned(snapshot, snapshots)
-        self._check_live(snaps, pin)
-        memtables = self._memtables if pin is None else _no_memtables
-        memtables()
-        record_lookup(self._table.uri, f"{self._path}-vector")
-
-        async def search() -> pa.Table:
-            view = await open_view(self._table, snaps, memtables(), pinned=pin)
-            work = partial(
-                search_view,
-                view,
-                q,
-                column,
-                k,
-                nprobes=nprobes,
-                refine_factor=refine_factor,
-                filter=filter,
-                columns=columns,
-                metric=metric,
-                overfetch_factor=float(overfetch_factor),
-                distance_range=bounds,
-                offset=int(offset),
-                postfilter=postfilter,
-                use_index=not bypass_vector_index,
-            )
-            return await run_engine(work)
-
-        with call_timeouts(self._table.storage_timeout):
-            return await _fresh(search, snaps or pin)
 
     async def unflushed_rows(self) -> dict[str, int]:
         """Rows (puts and deletes) each live shard holds in its WAL tail:

@@ -47,7 +47,15 @@ import pyarrow as pa
 from ..errors import InvalidInputError, SchemaMismatchError
 from .levels import ROWADDR, LsmView
 
-__all__ = ["Range", "exact_knn", "in_range", "matching", "search_view", "vector_query"]
+__all__ = [
+    "Range",
+    "exact_knn",
+    "in_range",
+    "matching",
+    "search_view",
+    "serialize_addresses",
+    "vector_query",
+]
 
 _METRICS = ("l2", "cosine", "dot")
 _base_keys: OrderedDict[tuple[str, int, tuple[str, ...]], tuple[list[pa.Array], np.ndarray]] = (
@@ -139,7 +147,7 @@ def base_keys(view: LsmView) -> tuple[list[pa.Array], np.ndarray]:
     return value
 
 
-def _serialize(addresses: np.ndarray) -> bytes:
+def serialize_addresses(addresses: np.ndarray) -> bytes:
     from lance.dataset import serialize_row_addrs
 
     result: bytes = serialize_row_addrs(addresses.tolist())
@@ -207,7 +215,7 @@ def search_view(
         if table is not None:
             found.append(exact_knn(table, column, query, fetch, metric, distance_range))
     for gen, keep in view.live_generations():
-        allow = None if keep.all() else _serialize(np.sort(gen.rowaddr[keep]))
+        allow = None if keep.all() else serialize_addresses(np.sort(gen.rowaddr[keep]))
         found.append(
             gen.dataset.scanner(
                 columns=[*read, "_distance"],
@@ -226,7 +234,7 @@ def search_view(
     if view.shadow.size or hides_mem:
         keys, addresses = base_keys(view)
         hidden = addresses[view.hidden(keys)]
-        block = _serialize(hidden) if len(hidden) else None
+        block = serialize_addresses(hidden) if len(hidden) else None
     found.append(
         view.base.scanner(
             columns=[*read, "_distance"],

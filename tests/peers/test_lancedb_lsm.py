@@ -14,12 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import lance
 import numpy as np
 import pyarrow as pa
 import pytest
 
 import lance_async as la
-from lance_async.errors import FilterError
+from lance_async.errors import FilterError, InvalidInputError
 
 from .twins import PK, counts
 
@@ -410,3 +411,108 @@ async def test_a_read_by_row_id_goes_to_the_base_table(tmp_path: Path) -> None:
         await ds.to_table(use_lsm=True, filter="_rowid IN (0, 1)")
     base = await ds.to_table(filter="_rowid IN (0, 1)")
     assert base.num_rows == 2 and sorted(base["id"].to_pylist()) == [1, 2]
+
+
+TEXTS = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False, metadata=PK),
+        pa.field("text", pa.utf8(), nullable=False),
+    ]
+)
+
+
+def text_rows(rows: list[tuple[int, str]]) -> pa.Table:
+    return pa.table({"id": [r[0] for r in rows], "text": [r[1] for r in rows]}, schema=TEXTS)
+
+
+async def text_table(
+    tmp_path: Path, rows: list[tuple[int, str]], *, maintained: bool = True
+) -> la.AsyncDataset:
+    """``rows`` with an INVERTED index on ``text`` and an unsharded MemWAL
+    maintaining it (or none)."""
+    ds = await la.write_dataset(text_rows(rows), tmp_path / "texts.lance")
+    await ds.create_scalar_index("text", "INVERTED", name="text_idx")
+    await ds.initialize_mem_wal(
+        unsharded=True, maintained_indexes=["text_idx"] if maintained else []
+    )
+    return ds
+
+
+def fts_ids(table: pa.Table) -> set[int]:
+    return set(table["id"].to_pylist())
+
+
+@pytest.mark.asyncio
+async def test_a_full_text_search_sees_the_mem_wal(tmp_path: Path) -> None:
+    """Mirrors lancedb ``test_lsm_read_fts_sees_memtable``: doc 4, upserted
+    through the MemWAL and not compacted, is found beside the base table's
+    matches, and a filter restricts the matches of every level. pylance on
+    the same base table (which does not read the MemWAL) finds 1 and 3."""
+    ds = await text_table(
+        tmp_path, [(1, "the quick brown fox"), (2, "lazy dog sleeps"), (3, "quick red fox")]
+    )
+    await upsert(ds).execute(text_rows([(4, "brown fox jumps")]))
+    hits = await ds.to_table(use_lsm=True, full_text_query="fox", limit=10)
+    assert fts_ids(hits) == {1, 3, 4}
+    assert fts_ids(await ds.lsm.full_text_search("fox", fts_columns="text", limit=10)) == {1, 3, 4}
+    filtered = await ds.to_table(use_lsm=True, full_text_query="fox", filter="id > 1", limit=10)
+    assert fts_ids(filtered) == {3, 4}
+    base = lance.dataset(ds.uri).to_table(columns=["id", "_score"], full_text_query="fox")
+    assert fts_ids(base) == {1, 3}
+
+
+@pytest.mark.asyncio
+async def test_a_full_text_search_needs_no_maintained_index(tmp_path: Path) -> None:
+    """Mirrors lancedb ``test_lsm_read_fts_unmaintained_index_errors``, which
+    differs: LanceDB refuses an LSM full-text search when the MemWAL
+    maintains no FTS index (its memtable could not serve the unflushed
+    docs). lance_async indexes the unflushed rows for the read itself with
+    the base index's settings, so the search runs and finds them."""
+    ds = await text_table(tmp_path, [(1, "quick fox"), (2, "lazy dog")], maintained=False)
+    await upsert(ds).execute(text_rows([(3, "red fox"), (2, "lazy fox")]))
+    assert fts_ids(await ds.lsm.full_text_search("fox")) == {1, 2, 3}
+    assert fts_ids(await ds.lsm.full_text_search("dog")) == set()  # 2's newest text has no dog
+
+
+@pytest.mark.asyncio
+async def test_a_full_text_postfilter_is_refused(tmp_path: Path) -> None:
+    """Mirrors lancedb ``test_lsm_read_fts_postfilter_errors``: the LSM
+    full-text search always filters first, so asking for a postfilter
+    (pylance's ``prefilter=False``) is an error naming it, before any read."""
+    ds = await text_table(tmp_path, [(1, "quick fox"), (2, "lazy dog")])
+    with pytest.raises(InvalidInputError, match="postfilter"):
+        await ds.to_table(use_lsm=True, full_text_query="fox", filter="id > 0", prefilter=False)
+
+
+@pytest.mark.asyncio
+async def test_two_full_text_indexes_on_one_column_are_refused(tmp_path: Path) -> None:
+    """Mirrors lancedb ``test_lsm_read_fts_multiple_same_type_indexes_errors``:
+    with two INVERTED indexes on the column, which one ranks is not defined
+    (nor which settings tokenize the unflushed rows), so the search is
+    refused with an error naming them."""
+    ds = await la.write_dataset(text_rows([(1, "quick fox"), (2, "lazy dog")]), tmp_path / "t")
+    await ds.create_scalar_index("text", "INVERTED", name="fts_a")
+    await ds.create_scalar_index("text", "INVERTED", name="fts_b", replace=False)
+    await ds.initialize_mem_wal(unsharded=True, maintained_indexes=["fts_a"])
+    with pytest.raises(InvalidInputError, match="multiple INVERTED indexes on 'text'"):
+        await ds.to_table(use_lsm=True, full_text_query="fox")
+
+
+@pytest.mark.asyncio
+async def test_an_optimized_full_text_index_is_one_index(tmp_path: Path) -> None:
+    """Mirrors lancedb ``test_lsm_read_fts_optimized_index_not_rejected``:
+    rows added after the index, then ``optimize_indices`` (which may leave
+    the index in several segments): one logical index, not "multiple", and
+    every row matches -- as pylance finds on the same table."""
+    ds = await la.write_dataset(
+        text_rows([(i, "quick fox") for i in range(1, 6)]), tmp_path / "t.lance"
+    )
+    await ds.create_scalar_index("text", "INVERTED")
+    await ds.insert(text_rows([(i, "lazy fox") for i in range(6, 11)]))
+    await ds.optimize_indices()
+    name = (await ds.describe_indices())[0].name
+    await ds.initialize_mem_wal(unsharded=True, maintained_indexes=[name])
+    hits = await ds.lsm.full_text_search("fox", limit=20)
+    assert fts_ids(hits) == set(range(1, 11))
+    theirs = lance.dataset(ds.uri).to_table(columns=["id", "_score"], full_text_query="fox")
+    assert fts_ids(theirs) == fts_ids(hits)

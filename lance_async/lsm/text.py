@@ -1,0 +1,240 @@
+"""LSM full-text search: the rows matching a query across the levels, newest version per key.
+
+The base table is searched by the engine through its INVERTED index (rows a
+newer level hides are left out *before* ranking: ``row_addr_blocklist``, as
+the vector search does). The other levels -- each flushed generation's
+winning rows, the unflushed rows of the WAL tails and live memtables -- are
+small, hold no index of their own, and are searched together: their live
+rows that pass the filter go into one in-memory Lance dataset, indexed with
+the base index's own tokenizer settings (language, stemming, stop words,
+positions...), and searched by the engine with the same query. So a word
+matches in every level exactly as it matches in the base table, phrase and
+boolean queries included, and a key whose newest version does not match (or
+is filtered out, or deleted) never comes back in an older one.
+
+Scores are BM25 within each part (the base table's statistics for base rows,
+the unflushed part's for the rest) and the parts are merged by score, best
+first: the set of rows is exact, the order across parts is an approximation,
+as in any LSM search that scores each level on its own (LanceDB's MemWAL
+full-text search searches its levels the same way, each with its own index).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import InvalidInputError, SchemaMismatchError
+from .levels import LsmView
+from .vector import base_keys, serialize_addresses
+
+__all__ = ["TextQuery", "search_text", "text_columns", "text_query"]
+
+TextQuery = Any
+"""A query pylance's ``full_text_query`` takes: a string, a dict with
+``query`` (and ``columns``), or a ``lance.query`` query object."""
+
+_PARAMS = (
+    "base_tokenizer",
+    "language",
+    "with_position",
+    "max_token_length",
+    "lower_case",
+    "stem",
+    "remove_stop_words",
+    "custom_stop_words",
+    "ascii_folding",
+    "min_ngram_length",
+    "max_ngram_length",
+    "prefix_only",
+)
+"""The INVERTED index settings copied from the base index to the unflushed part's."""
+
+
+def text_query(query: Any, fts_columns: Sequence[str] | str | None) -> TextQuery:
+    """The query as pylance's ``full_text_query`` takes it (does not block).
+
+    Raises
+    ------
+    TypeError
+        Not a string, a dict with a string ``query``, or a ``lance.query``
+        query object; ``fts_columns`` given with a query object (it names its
+        own columns) or not a list of column names.
+    ValueError
+        An empty query string.
+    """
+    if isinstance(fts_columns, str):
+        fts_columns = [fts_columns]
+    if fts_columns is not None and (
+        not isinstance(fts_columns, (list, tuple))
+        or not fts_columns
+        or not all(isinstance(c, str) for c in fts_columns)
+    ):
+        raise TypeError("fts_columns must be a column name or a non-empty list of them")
+    if isinstance(query, Mapping):
+        unknown = sorted(set(query) - {"query", "columns"})
+        if "query" not in query or unknown:
+            raise TypeError("a full-text query dict has 'query' and optionally 'columns'")
+        columns = query.get("columns")
+        if fts_columns is not None and columns is not None:
+            raise TypeError("give the columns in the query dict or as fts_columns, not both")
+        return text_query(query["query"], columns if columns is not None else fts_columns)
+    if isinstance(query, str):
+        if not query.strip():
+            raise ValueError("the full-text query is empty")
+        return {"query": query, "columns": list(fts_columns)} if fts_columns else query
+    from lance.query import FullTextQuery
+
+    if isinstance(query, FullTextQuery):
+        if fts_columns is not None:
+            raise TypeError("a lance.query object names its columns; leave fts_columns out")
+        return query
+    raise TypeError(
+        "a full-text query is a string, a dict with 'query', or a lance.query object, "
+        f"got {type(query).__name__}"
+    )
+
+
+def _query_columns(query: TextQuery) -> list[str] | None:
+    if isinstance(query, dict):
+        columns: list[str] = query["columns"]
+        return columns
+    return None
+
+
+def text_columns(base: Any, query: TextQuery) -> dict[str, dict[str, Any]]:
+    """The columns the query searches, each with its INVERTED index's settings (blocking).
+
+    Raises
+    ------
+    SchemaMismatchError
+        A column the query names is not in the table.
+    InvalidInputError
+        The base table has no INVERTED index on a column the query searches
+        (or none at all), or more than one on a column: which one the
+        engine would rank by is not defined, and the unflushed rows would be
+        tokenized by a guess.
+    """
+    by_column: dict[str, list[str]] = {}
+    for index in base.describe_indices():
+        if "Inverted" in index.type_url and len(index.field_names) == 1:
+            by_column.setdefault(index.field_names[0], []).append(index.name)
+    wanted = _query_columns(query)
+    for name in wanted or []:
+        if name not in base.schema.names:
+            raise SchemaMismatchError(f"no column {name!r} in the table", field=name)
+    columns = wanted if wanted is not None else sorted(by_column)
+    if not columns:
+        raise InvalidInputError(
+            "a full-text search needs an INVERTED index on the base table: "
+            "await ds.create_scalar_index(column, 'INVERTED')"
+        )
+    settings: dict[str, dict[str, Any]] = {}
+    for name in columns:
+        names = by_column.get(name, [])
+        if not names:
+            raise InvalidInputError(
+                f"no INVERTED index on {name!r}: await ds.create_scalar_index({name!r}, 'INVERTED')"
+            )
+        if len(names) > 1:
+            raise InvalidInputError(
+                f"multiple INVERTED indexes on {name!r} ({', '.join(sorted(names))}): an LSM "
+                "full-text search needs one per column (drop_index the others)"
+            )
+        stats = base.stats.index_stats(names[0])
+        params = stats["indices"][0].get("params", {}) if stats.get("indices") else {}
+        settings[name] = {k: params[k] for k in _PARAMS if k in params}
+    return settings
+
+
+def _unflushed_rows(view: LsmView, read: list[str], filter: str | None) -> list[pa.Table]:
+    """The live rows of every level above the base that pass ``filter`` (blocking)."""
+    found: list[pa.Table] = []
+    for mem in view.memtables:
+        table = mem.select(read, filter)
+        if table is not None and table.num_rows:
+            found.append(table)
+    for gen, keep in view.live_generations():
+        allow = None if keep.all() else serialize_addresses(np.sort(gen.rowaddr[keep]))
+        table = gen.dataset.scanner(
+            columns=read, filter=filter, prefilter=True, row_addr_allowlist=allow
+        ).to_table()
+        if table.num_rows:
+            found.append(table)
+    return found
+
+
+def search_text(
+    view: LsmView,
+    query: TextQuery,
+    *,
+    limit: int | None,
+    offset: int = 0,
+    filter: str | None = None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """The best ``limit`` live rows matching ``query`` after the best
+    ``offset`` (blocking; see the module notes).
+
+    Returns the ``columns`` asked for (default all) and ``_score``
+    (float32), best first; equal scores in key order.
+    """
+    import lance
+
+    settings = text_columns(view.base, query)
+    cols = list(columns) if columns is not None else list(view.schema.names)
+    read = list(dict.fromkeys([*cols, *settings, *view.keys]))
+    names = list(dict.fromkeys([*cols, *view.keys]))
+    fetch = None if limit is None else limit + offset
+    found: list[pa.Table] = []
+    upper = _unflushed_rows(view, read, filter)
+    if upper:
+        fields = [view.schema.field(c) for c in read]
+        rows = pa.concat_tables(
+            [
+                pa.Table.from_arrays([t.column(c) for c in read], schema=pa.schema(fields))
+                for t in upper
+            ]
+        )
+        scratch = lance.write_dataset(rows, f"memory://lance_async-text-{uuid.uuid4().hex}")
+        for name, params in settings.items():
+            scratch.create_scalar_index(name, "INVERTED", **params)
+        found.append(
+            scratch.scanner(
+                columns=[*names, "_score"], full_text_query=query, limit=fetch
+            ).to_table()
+        )
+    block = None
+    if view.shadow.size or any(m.table.num_rows for m in view.memtables):
+        keys, addresses = base_keys(view)
+        hidden = addresses[view.hidden(keys)]
+        block = serialize_addresses(hidden) if len(hidden) else None
+    found.append(
+        view.base.scanner(
+            columns=[*names, "_score"],
+            full_text_query=query,
+            filter=filter,
+            prefilter=True,
+            limit=fetch,
+            row_addr_blocklist=block,
+        ).to_table()
+    )
+    fields = [view.schema.field(c) for c in names] + [pa.field("_score", pa.float32())]
+    schema = pa.schema(fields, metadata=view.schema.metadata)
+    parts = [
+        pa.Table.from_arrays(
+            [t.column(c) for c in names] + [t.column("_score").cast(pa.float32())], schema=schema
+        )
+        for t in found
+        if t.num_rows
+    ]
+    if not parts:
+        return schema.empty_table().select([*cols, "_score"])
+    ranked = pa.concat_tables(parts).sort_by(
+        [("_score", "descending")] + [(key, "ascending") for key in view.keys]
+    )
+    return ranked.slice(offset, limit).select([*cols, "_score"]).combine_chunks()
