@@ -580,3 +580,49 @@ async def test_an_uncommitted_merge_commits_later(tmp_path: Path) -> None:
     await ours.commit(txn)
     assert ours.version == 2
     assert (await rows(ours, "id"))["updated"].to_pylist() == [False, True] + [False] * 8
+
+
+MiB = 1 << 20
+BLOBS = pa.schema(
+    [pa.field("id", pa.int64(), nullable=False, metadata=PK), pa.field("blob", pa.large_binary())]
+)
+
+
+def blob_rows(ids: range, version: int) -> pa.Table:
+    """One 10 MiB value per id, every byte ``(id + version) % 251`` (a row tells its version)."""
+    return pa.table(
+        {"id": list(ids), "blob": [bytes([(i + version) % 251]) * (10 * MiB) for i in ids]},
+        schema=BLOBS,
+    )
+
+
+def blob_summary(table: pa.Table) -> list[tuple[int, int, int]]:
+    """(id, length, first byte) per row, sorted: 600 MiB compared by what tells rows apart."""
+    out = []
+    for i, blob in zip(table["id"].to_pylist(), table["blob"], strict=True):
+        value = blob.as_buffer()
+        out.append((i, len(value), value.to_pybytes()[:1][0]))
+    return sorted(out)
+
+
+@pytest.mark.asyncio
+async def test_an_upsert_of_a_400_mib_batch_of_large_rows(tmp_path: Path) -> None:
+    """Mirrors lance ``test_merge_insert_large_rows``: rows far larger than
+    the engine's default batches (10 MiB each), an upsert source of one
+    400 MiB batch (40 rows: 10 stored keys, 30 new) -- updated and inserted
+    as pylance does it, and every row holds its new value."""
+    ours, theirs = await twins(tmp_path, blob_rows(range(20), 0), max_rows_per_file=10)
+    incoming = blob_rows(range(10, 50), 1)
+    assert incoming.nbytes >= 400 * MiB
+    mine = await (
+        ours.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+    ).execute(incoming)
+    pylance = (
+        theirs.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+    ).execute(incoming)
+    assert counts(mine) == counts(pylance) == (30, 10, 0)
+    del incoming
+    expected = [(i, 10 * MiB, i % 251) for i in range(10)]
+    expected += [(i, 10 * MiB, (i + 1) % 251) for i in range(10, 50)]
+    assert blob_summary(await ours.to_table()) == expected
+    assert blob_summary(lance.dataset(theirs.uri).to_table()) == expected
