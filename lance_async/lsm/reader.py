@@ -52,7 +52,7 @@ from .cache import LevelCacheStats
 from .expiry import expired_views, expiring
 from .levels import level_cache_stats, open_view, read_view
 from .lookup import CoalescerStats, LookupCoalescer, coalescer_for, lookup_view, split_rows
-from .readerbase import fresh, no_memtables
+from .readerbase import fresh
 from .scan import output_schema, scan_view
 from .searches import SearchReads
 from .snapshots import LsmSnapshot, ShardSnapshot, ShardSnapshots
@@ -161,11 +161,7 @@ class LsmReader(SearchReads):
         if batch_size is not None:
             check_batch_size("batch_size", batch_size)
         filter = check_lsm_filter(filter)  # one expression, as on every read path
-        snaps = self._snapshots(snapshots)
-        pin = self._pinned(snapshot, snapshots)
-        self._check_live(snaps, pin)
-        memtables = self._memtables if pin is None else no_memtables
-        memtables()
+        views = self._views(snapshots, snapshot)
         table = self._table
         record_scan(table.uri, self._path)
         read_size, max_rows = batch_size, None
@@ -174,9 +170,7 @@ class LsmReader(SearchReads):
 
         async def prepare() -> Callable[[], Any]:
             with call_timeouts(table.storage_timeout):
-                view = await fresh(
-                    lambda: open_view(table, snaps, memtables(), pinned=pin), snaps or pin
-                )
+                view = await fresh(views.open, views.given)
             return partial(
                 expiring,
                 scan_view,

@@ -12,6 +12,8 @@ one class callers meet.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -19,15 +21,15 @@ import pyarrow as pa
 from .._args import check_columns
 from .._schema import NO_KEY
 from .._table import Table
-from .._threads import call_timeouts
+from .._threads import call_timeouts, run_engine
 from ..errors import InvalidInputError, SchemaMismatchError, ViewExpiredError
 from .expiry import expired_views
 from .keyvalues import key_columns
-from .levels import take_snapshot
+from .levels import LsmView, open_view, take_snapshot
 from .memtable import MemtableMirror
 from .snapshots import LsmSnapshot, ShardSnapshot, ShardSnapshots, shard_snapshots
 
-__all__ = ["Memtables", "ReaderBase", "fresh", "no_memtables"]
+__all__ = ["Memtables", "ReaderBase", "Views", "fresh", "no_memtables"]
 
 Memtables = Callable[[], Sequence[MemtableMirror]]
 """Returns the live memtables a reader includes (raises if their owner is closed)."""
@@ -52,6 +54,28 @@ async def fresh(read: Callable[[], Awaitable[T]], given: object) -> T:
             raise
     with expired_views():
         return await read()
+
+
+@dataclass(frozen=True)
+class Views:
+    """How one read opens its view of the levels (:meth:`ReaderBase._views`)."""
+
+    open: Callable[[], Awaitable[LsmView]]
+    """Opens the view (the table's I/O on worker threads)."""
+    given: object
+    """The snapshot list or pinned view the read was given; None: discovered now."""
+
+    async def run(self, work: Callable[[LsmView], T], timeout: float | None) -> T:
+        """Open the view and run blocking ``work(view)`` on a worker thread,
+        once more on a fresh view if a clean-up removed a file of the first
+        (:func:`fresh`); ``timeout`` is the table's storage timeout."""
+
+        async def read() -> T:
+            view = await self.open()
+            return await run_engine(partial(work, view))
+
+        with call_timeouts(timeout):
+            return await fresh(read, self.given)
 
 
 class ReaderBase:
@@ -139,6 +163,22 @@ class ReaderBase:
                 "with the base table); read that version with plain reads, or await "
                 "refresh() (or open the table again) to read it live"
             )
+
+    def _views(self, snapshots: ShardSnapshots | None, snapshot: LsmSnapshot | None) -> Views:
+        """The checks every read of the levels makes (no I/O), and how it
+        opens its view: the shards listed, the pinned view, or now (with this
+        reader's live memtables)."""
+        snaps = self._snapshots(snapshots)
+        pin = self._pinned(snapshot, snapshots)
+        self._check_live(snaps, pin)
+        memtables = self._memtables if pin is None else no_memtables
+        memtables()  # a closed owner raises here, at the call
+        table = self._table
+
+        def opener() -> Awaitable[LsmView]:
+            return open_view(table, snaps, memtables(), pinned=pin)
+
+        return Views(opener, snaps or pin)
 
     # -- reads ---------------------------------------------------------------
     async def snapshots(self) -> list[ShardSnapshot]:

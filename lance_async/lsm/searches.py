@@ -19,9 +19,7 @@ import pyarrow as pa
 from .._args import KNN_MAX_K, check_columns, check_distance_range, check_int, check_knn
 from .._filters import check_lsm_filter
 from .._metrics import record_lookup
-from .._threads import call_timeouts, run_engine
-from .levels import open_view
-from .readerbase import ReaderBase, fresh, no_memtables
+from .readerbase import ReaderBase
 from .snapshots import LsmSnapshot, ShardSnapshots
 from .text import search_text, text_query
 from .vector import search_view, vector_query
@@ -164,36 +162,25 @@ class SearchReads(ReaderBase):
         bounds = check_distance_range(distance_range)
         filter = check_lsm_filter(filter)
         q = vector_query(self._table.schema, column, query, columns)
-        snaps = self._snapshots(snapshots)
-        pin = self._pinned(snapshot, snapshots)
-        self._check_live(snaps, pin)
-        memtables = self._memtables if pin is None else no_memtables
-        memtables()
+        views = self._views(snapshots, snapshot)
         record_lookup(self._table.uri, f"{self._path}-vector")
-
-        async def search() -> pa.Table:
-            view = await open_view(self._table, snaps, memtables(), pinned=pin)
-            work = partial(
-                search_view,
-                view,
-                q,
-                column,
-                k,
-                nprobes=nprobes,
-                refine_factor=refine_factor,
-                filter=filter,
-                columns=columns,
-                metric=metric,
-                overfetch_factor=float(overfetch_factor),
-                distance_range=bounds,
-                offset=int(offset),
-                postfilter=postfilter,
-                use_index=not bypass_vector_index,
-            )
-            return await run_engine(work)
-
-        with call_timeouts(self._table.storage_timeout):
-            return await fresh(search, snaps or pin)
+        work = partial(
+            search_view,
+            query=q,
+            column=column,
+            k=k,
+            nprobes=nprobes,
+            refine_factor=refine_factor,
+            filter=filter,
+            columns=columns,
+            metric=metric,
+            overfetch_factor=float(overfetch_factor),
+            distance_range=bounds,
+            offset=int(offset),
+            postfilter=postfilter,
+            use_index=not bypass_vector_index,
+        )
+        return await views.run(work, self._table.storage_timeout)
 
     async def full_text_search(
         self,
@@ -271,19 +258,7 @@ class SearchReads(ReaderBase):
         skip = check_int("offset", offset, minimum=0, maximum=KNN_MAX_K)
         cols = self._columns(check_columns(columns))
         filter = check_lsm_filter(filter)
-        snaps = self._snapshots(snapshots)
-        pin = self._pinned(snapshot, snapshots)
-        self._check_live(snaps, pin)
-        memtables = self._memtables if pin is None else no_memtables
-        memtables()
+        views = self._views(snapshots, snapshot)
         record_lookup(self._table.uri, f"{self._path}-text")
-
-        async def search() -> pa.Table:
-            view = await open_view(self._table, snaps, memtables(), pinned=pin)
-            work = partial(
-                search_text, view, q, limit=limit, offset=skip, filter=filter, columns=cols
-            )
-            return await run_engine(work)
-
-        with call_timeouts(self._table.storage_timeout):
-            return await fresh(search, snaps or pin)
+        work = partial(search_text, query=q, limit=limit, offset=skip, filter=filter, columns=cols)
+        return await views.run(work, self._table.storage_timeout)

@@ -25,12 +25,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from ..errors import InvalidInputError, SchemaMismatchError
 from .levels import LsmView
-from .vector import base_keys, serialize_addresses
+from .vector import hidden_blocklist, live_allowlist
 
 __all__ = ["TextQuery", "search_text", "text_columns", "text_query"]
 
@@ -159,7 +158,7 @@ def _unflushed_rows(view: LsmView, read: list[str], filter: str | None) -> list[
         if table is not None and table.num_rows:
             found.append(table)
     for gen, keep in view.live_generations():
-        allow = None if keep.all() else serialize_addresses(np.sort(gen.rowaddr[keep]))
+        allow = live_allowlist(gen.rowaddr, keep)
         table = gen.dataset.scanner(
             columns=read, filter=filter, prefilter=True, row_addr_allowlist=allow
         ).to_table()
@@ -208,11 +207,7 @@ def search_text(
                 columns=[*names, "_score"], full_text_query=query, limit=fetch
             ).to_table()
         )
-    block = None
-    if view.shadow.size or any(m.table.num_rows for m in view.memtables):
-        keys, addresses = base_keys(view)
-        hidden = addresses[view.hidden(keys)]
-        block = serialize_addresses(hidden) if len(hidden) else None
+    block = hidden_blocklist(view)
     found.append(
         view.base.scanner(
             columns=[*names, "_score"],

@@ -50,7 +50,9 @@ from .levels import ROWADDR, LsmView
 __all__ = [
     "Range",
     "exact_knn",
+    "hidden_blocklist",
     "in_range",
+    "live_allowlist",
     "matching",
     "search_view",
     "serialize_addresses",
@@ -148,10 +150,27 @@ def base_keys(view: LsmView) -> tuple[list[pa.Array], np.ndarray]:
 
 
 def serialize_addresses(addresses: np.ndarray) -> bytes:
+    """Row addresses (uint64) in the form a scanner's ``row_addr_*list`` takes."""
     from lance.dataset import serialize_row_addrs
 
     result: bytes = serialize_row_addrs(addresses.tolist())
     return result
+
+
+def live_allowlist(rowaddr: np.ndarray, keep: np.ndarray) -> bytes | None:
+    """A generation's ``row_addr_allowlist``: its rows in ``keep``; None when all are."""
+    return None if keep.all() else serialize_addresses(np.sort(rowaddr[keep]))
+
+
+def hidden_blocklist(view: LsmView) -> bytes | None:
+    """The base's ``row_addr_blocklist``: its rows a newer level of ``view``
+    hides (a newer version of the key, or its deletion); None when none is
+    (blocking: reads the base's keys once per version)."""
+    if not view.shadow.size and not any(m.table.num_rows for m in view.memtables):
+        return None
+    keys, addresses = base_keys(view)
+    hidden = addresses[view.hidden(keys)]
+    return serialize_addresses(hidden) if len(hidden) else None
 
 
 def matching(table: pa.Table, filter: str) -> np.ndarray:
@@ -209,13 +228,12 @@ def search_view(
     if distance_range is not None:
         nearest["distance_range"] = distance_range
     found: list[pa.Table] = []
-    hides_mem = any(m.table.num_rows for m in view.memtables)
     for mem in view.memtables:
         table = mem.select(read, level_filter)
         if table is not None:
             found.append(exact_knn(table, column, query, fetch, metric, distance_range))
     for gen, keep in view.live_generations():
-        allow = None if keep.all() else serialize_addresses(np.sort(gen.rowaddr[keep]))
+        allow = live_allowlist(gen.rowaddr, keep)
         found.append(
             gen.dataset.scanner(
                 columns=[*read, "_distance"],
@@ -230,11 +248,7 @@ def search_view(
         base_nearest["nprobes"] = nprobes
     if refine_factor is not None and use_index:
         base_nearest["refine_factor"] = refine_factor
-    block = None
-    if view.shadow.size or hides_mem:
-        keys, addresses = base_keys(view)
-        hidden = addresses[view.hidden(keys)]
-        block = serialize_addresses(hidden) if len(hidden) else None
+    block = hidden_blocklist(view)
     found.append(
         view.base.scanner(
             columns=[*read, "_distance"],
