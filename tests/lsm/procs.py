@@ -17,6 +17,10 @@ follow it; ``{"ready": ...}`` once set up.
     in ``SNAPSHOT_FILE`` (taken by another process): prints ``{"scan": {id:
     value}, "lookups": {id: value}}``, or ``{"error": name}`` when the read
     raised a lance_async error.
+``search URI QUERIES_JSON``
+    Runs each ``[query, filter]`` of the JSON list through
+    ``ds.lsm.full_text_search`` of a table it opens: prints ``{"ids": [...]}``
+    per query, in order.
 """
 
 from __future__ import annotations
@@ -99,6 +103,13 @@ async def read(uri: str, snapshot_file: str) -> None:
     )
 
 
+async def search(uri: str, queries: str) -> None:
+    ds = await la.open_dataset(uri)
+    for query, filter in json.loads(queries):
+        got = await ds.lsm.full_text_search(query, columns=["id"], limit=None, filter=filter)
+        say(ids=got["id"].to_pylist())
+
+
 def main(argv: list[str]) -> None:
     mode, uri = argv[0], argv[1]
     if mode == "writer":
@@ -119,6 +130,8 @@ def main(argv: list[str]) -> None:
         anyio.run(compactor, uri, argv[2])
     elif mode == "read":
         anyio.run(read, uri, argv[2])
+    elif mode == "search":
+        anyio.run(search, uri, argv[2])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

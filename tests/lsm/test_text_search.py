@@ -12,9 +12,12 @@ the base table, and an older version never stands in for a newer one.
 
 from __future__ import annotations
 
+import json
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import anyio
 import lance
 import numpy as np
 import pyarrow as pa
@@ -25,6 +28,7 @@ import lance_async as la
 from lance_async.errors import FilterError, InvalidInputError, SchemaMismatchError
 
 from ..helpers import PK
+from .test_wal_tail import Proc
 
 SCHEMA = pa.schema(
     [
@@ -145,6 +149,34 @@ async def test_every_query_matches_the_engine_on_the_newest_rows(tmp_path: Path)
         every = await found(ds.lsm, " ".join(WORDS))
         for level in (range(150), range(200, 240), range(240, 260)):  # base, generations, tail
             assert every & set(level), level
+
+
+@pytest.mark.asyncio
+async def test_another_process_finds_what_the_writer_wrote(tmp_path: Path) -> None:
+    """The writer keeps its shard open with rows in its WAL tail; a reader in
+    another process, which has no memtable of it, finds the same rows as the
+    engine on every key's newest row (the tail is read from storage)."""
+    model = Model(37)
+    ds = await levels(tmp_path, model)
+    async with ds.mem_wal_writer(SHARD, max_memtable_rows=100_000) as w:
+        await w.put(model.table(REWORDED_BY_TAIL, reword=True))
+        await w.put(model.table(list(range(240, 260))))
+        await w.delete({"id": DELETED})
+        model.delete(DELETED)
+        assert (await ds.lsm.unflushed_rows())[SHARD] >= 3 + 20 + 3
+        oracle = model.oracle(tmp_path / "oracle.lance")
+        asked = [[q, f] for q in ("fox", "quick dog", "plain") for f in (None, "cat = 'a'")]
+        proc = Proc("search", ds.uri, json.dumps(asked))
+        try:
+            lines = await anyio.to_thread.run_sync(lambda: list(islice(proc.lines(), len(asked))))
+        finally:
+            proc.kill()
+        for (query, filter), line in zip(asked, lines, strict=True):
+            ids = line["ids"]
+            assert len(ids) == len(set(ids)), "a key came back twice"
+            expected = truth(oracle, query, filter)
+            assert set(ids) == expected, (query, filter, sorted(set(ids) ^ expected))
+        assert set(lines[4]["ids"]) == {*REWORDED_BY_GENERATIONS, *REWORDED_BY_TAIL}
 
 
 @pytest.mark.asyncio
