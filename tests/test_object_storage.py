@@ -231,3 +231,32 @@ async def test_lookups_by_base_offsets_read_the_bucket_with_its_options(
     found = await ds.lsm.point_lookups([1, 2, 7, 79, 80])
     assert found.column("id").to_pylist() == [1, 2, 79]
     assert found.column("value").to_pylist() == [1, 9, 1]
+
+
+@pytest.mark.asyncio
+async def test_full_text_search_reads_every_level_from_the_bucket(s3_bucket: S3Bucket) -> None:
+    """The base's INVERTED index, a flushed generation and a WAL tail, all
+    read with the table's storage options (a reader opened on its own)."""
+    uri, options = s3_bucket.uri("text.lance"), s3_bucket.storage_options
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False, metadata=PK), pa.field("text", pa.utf8())]
+    )
+
+    def texts(ids: range, words: str) -> pa.Table:
+        return pa.table({"id": list(ids), "text": [words] * len(ids)}, schema=schema)
+
+    ds = await la.write_dataset(texts(range(20), "red fox"), uri, storage_options=options)
+    await ds.create_scalar_index("text", "INVERTED")
+    await ds.initialize_mem_wal(manual_shards=True)
+    shard = str(uuid.uuid4())
+    async with ds.mem_wal_writer(shard) as writer:
+        await writer.put(texts(range(0, 10), "blue river"))  # flushed at close: a generation
+    async with ds.mem_wal_writer(shard) as writer:
+        await writer.put(texts(range(30, 33), "red river"))  # the WAL tail
+        reader = await la.open_dataset(uri, storage_options=options)
+        assert sum((await reader.lsm.unflushed_rows()).values()) >= 3
+        assert any(s.sstables for s in await reader.lsm.snapshots())
+        red = await reader.lsm.full_text_search("red", columns=["id"], limit=None)
+        river = await reader.lsm.full_text_search("river", columns=["id"], limit=None)
+    assert sorted(red.column("id").to_pylist()) == [*range(10, 20), 30, 31, 32]
+    assert sorted(river.column("id").to_pylist()) == [*range(10), 30, 31, 32]
