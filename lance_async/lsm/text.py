@@ -12,6 +12,14 @@ matches in every level exactly as it matches in the base table, phrase and
 boolean queries included, and a key whose newest version does not match (or
 is filtered out, or deleted) never comes back in an older one.
 
+The unflushed part's dataset is kept for the reads that follow (a few, the
+last used): a read of the same levels -- the same shard levels and WAL
+tails, which are immutable objects cached while nothing new is flushed or
+written -- with the same columns, filter and index settings searches it
+again instead of building it again (building is most of a search's cost);
+a new generation, a longer tail or a live memtable's next put is another
+set of levels and builds its own.
+
 Scores are BM25 within each part (the base table's statistics for base rows,
 the unflushed part's for the rest) and the parts are merged by score, best
 first: the set of rows is exact, the order across parts is an approximation,
@@ -21,8 +29,11 @@ full-text search searches its levels the same way, each with its own index).
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -167,6 +178,74 @@ def _unflushed_rows(view: LsmView, read: list[str], filter: str | None) -> list[
     return found
 
 
+SCRATCH_ENTRIES = 4
+"""Unflushed parts kept for later reads (the last used)."""
+
+
+@dataclass
+class _Scratch:
+    """An unflushed part, indexed, and the levels it was built from."""
+
+    levels: tuple[object, ...]
+    """The view's shard levels and unflushed levels (held: their identities key it)."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while it is built: a read of the same levels waits instead of building too."""
+    built: bool = False
+    dataset: Any = None
+    """The in-memory Lance dataset; None when no row of the levels passes the filter."""
+
+
+_scratch_lock = threading.Lock()
+_scratch: OrderedDict[tuple[Any, ...], _Scratch] = OrderedDict()
+
+
+def _build_scratch(
+    view: LsmView, read: list[str], filter: str | None, settings: dict[str, dict[str, Any]]
+) -> Any:
+    """The unflushed part's rows in a new in-memory dataset with the base
+    index's settings, or None without rows (blocking)."""
+    import lance
+
+    upper = _unflushed_rows(view, read, filter)
+    if not upper:
+        return None
+    fields = [view.schema.field(c) for c in read]
+    rows = pa.concat_tables(
+        [pa.Table.from_arrays([t.column(c) for c in read], schema=pa.schema(fields)) for t in upper]
+    )
+    scratch = lance.write_dataset(rows, f"memory://lance_async-text-{uuid.uuid4().hex}")
+    for name, params in settings.items():
+        scratch.create_scalar_index(name, "INVERTED", **params)
+    return scratch
+
+
+def _unflushed_part(
+    view: LsmView, read: list[str], filter: str | None, settings: dict[str, dict[str, Any]]
+) -> Any:
+    """The unflushed part of ``view`` (:func:`_build_scratch`), built once per
+    set of levels, columns, filter and settings (blocking; see the module notes)."""
+    levels = (*view.shards, *view.memtables)
+    key = (
+        view.base.uri,
+        tuple(id(level) for level in levels),
+        tuple(read),
+        filter,
+        repr(sorted((name, sorted(p.items())) for name, p in settings.items())),
+    )
+    with _scratch_lock:
+        entry = _scratch.get(key)
+        if entry is None or any(a is not b for a, b in zip(entry.levels, levels, strict=True)):
+            entry = _scratch[key] = _Scratch(levels)
+        _scratch.move_to_end(key)
+        while len(_scratch) > SCRATCH_ENTRIES:
+            _scratch.popitem(last=False)
+    with entry.lock:
+        if not entry.built:
+            entry.dataset = _build_scratch(view, read, filter, settings)
+            entry.built = True
+    return entry.dataset
+
+
 def search_text(
     view: LsmView,
     query: TextQuery,
@@ -182,26 +261,14 @@ def search_text(
     Returns the ``columns`` asked for (default all) and ``_score``
     (float32), best first; equal scores in key order.
     """
-    import lance
-
     settings = text_columns(view.base, query)
     cols = list(columns) if columns is not None else list(view.schema.names)
     read = list(dict.fromkeys([*cols, *settings, *view.keys]))
     names = list(dict.fromkeys([*cols, *view.keys]))
     fetch = None if limit is None else limit + offset
     found: list[pa.Table] = []
-    upper = _unflushed_rows(view, read, filter)
-    if upper:
-        fields = [view.schema.field(c) for c in read]
-        rows = pa.concat_tables(
-            [
-                pa.Table.from_arrays([t.column(c) for c in read], schema=pa.schema(fields))
-                for t in upper
-            ]
-        )
-        scratch = lance.write_dataset(rows, f"memory://lance_async-text-{uuid.uuid4().hex}")
-        for name, params in settings.items():
-            scratch.create_scalar_index(name, "INVERTED", **params)
+    scratch = _unflushed_part(view, read, filter, settings)
+    if scratch is not None:
         found.append(
             scratch.scanner(
                 columns=[*names, "_score"], full_text_query=query, limit=fetch

@@ -64,6 +64,8 @@ _base_keys: OrderedDict[tuple[str, int, tuple[str, ...]], tuple[list[pa.Array], 
     OrderedDict()
 )
 _base_lock = threading.Lock()
+_blocklists: OrderedDict[tuple[Any, ...], tuple[tuple[object, ...], bytes | None]] = OrderedDict()
+"""The last few views' blocklists, keyed by the identity of their levels (held)."""
 
 
 def _distances(vectors: pa.Array | pa.ChunkedArray, query: np.ndarray, metric: str) -> np.ndarray:
@@ -168,9 +170,22 @@ def hidden_blocklist(view: LsmView) -> bytes | None:
     (blocking: reads the base's keys once per version)."""
     if not view.shadow.size and not any(m.table.num_rows for m in view.memtables):
         return None
+    # the levels are immutable objects, cached while nothing new is flushed
+    # or written: the same ones hide the same base rows of one version
+    levels = (*view.shards, *view.memtables)
+    cache_key = (view.base.uri, int(view.base.version), tuple(id(level) for level in levels))
+    with _base_lock:
+        hit = _blocklists.get(cache_key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], levels, strict=True)):
+        return hit[1]
     keys, addresses = base_keys(view)
     hidden = addresses[view.hidden(keys)]
-    return serialize_addresses(hidden) if len(hidden) else None
+    block = serialize_addresses(hidden) if len(hidden) else None
+    with _base_lock:
+        _blocklists[cache_key] = (levels, block)
+        while len(_blocklists) > 4:
+            _blocklists.popitem(last=False)
+    return block
 
 
 def matching(table: pa.Table, filter: str) -> np.ndarray:

@@ -254,6 +254,50 @@ async def test_a_snapshot_keeps_its_matches(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_the_unflushed_part_is_built_once_per_set_of_levels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Searches of unchanged levels reuse the indexed unflushed part; every
+    write (a put, a delete, a flush) makes another set of levels, whose
+    first search builds its own and sees the write."""
+    from lance_async.lsm import text
+
+    builds: list[int] = []
+    build = text._build_scratch
+
+    def counted(*args: Any) -> Any:
+        builds.append(1)
+        return build(*args)
+
+    monkeypatch.setattr(text, "_build_scratch", counted)
+    model = Model(43)
+    ds = await levels(tmp_path, model)
+    async with ds.mem_wal_writer(SHARD, max_memtable_rows=100_000) as w:
+        first = await found(ds.lsm, "fox")
+        for query in ("fox", "quick", "plain"):
+            await found(ds.lsm, query)
+            await found(ds.lsm, query)
+        assert len(builds) == 1  # one filter, one set of columns, the same levels
+        await found(ds.lsm, "fox", filter="cat = 'a'")
+        assert len(builds) == 2  # another filter: its own part
+        new = pa.table({"id": [700], "cat": ["a"], "text": ["fox"]}, schema=SCHEMA)
+        await w.put(new)
+        for reader in (ds.lsm, w.lsm):  # the stored tail, the live memtable
+            assert await found(reader, "fox") == first | {700}
+        in_base = min(k for k in first if k < 150)  # a base row that matches, reworded now
+        await w.put(model.table([in_base], reword=True))
+        first.discard(in_base)
+        for reader in (ds.lsm, w.lsm):  # its base row is hidden by the newer level
+            assert await found(reader, "fox") == first | {700}
+        builds.clear()
+        await w.delete({"id": [700]})
+        assert await found(ds.lsm, "fox") == first
+        assert await found(ds.lsm, "fox") == first
+        assert len(builds) == 1
+    assert await found(ds.lsm, "fox") == first  # flushed at close: a generation now
+
+
+@pytest.mark.asyncio
 async def test_to_table_use_lsm_routes_a_full_text_query(tmp_path: Path) -> None:
     model = Model(41)
     ds = await levels(tmp_path, model)
