@@ -11,7 +11,8 @@ comparing lance_async with pylance sync calls, pylance wrapped in
 5. sharding        -- routing cost and worker take-over time (issue 13)
 6. object_storage  -- durable ingestion on S3 (moto) vs local; 1-3 workers (issue 14)
 7. lsm             -- LSM reads under background compaction, lookups, cancel,
-                      NDJSON, first engine call, LSM vector search (issue 18)
+                      NDJSON, first engine call, LSM vector and full-text
+                      search (issues 18, 39)
 8. visibility      -- durable rows seen from another process: visibility lag,
                       WAL-tail read cost (issue 23)
 9. event-loop lag of a 1 ms ticker during each workload (issue 8)

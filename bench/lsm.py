@@ -25,7 +25,8 @@ One child process measures, on one MemWAL table:
   IVF_PQ index, flushed generations and a live memtable: queries/s, p50/p99
   latency and recall@10 against exact search, for ``lance_async`` (the
   writer's search, memtable included), the sync planner
-  (``LsmVectorSearchPlanner``, flushed levels only) and LanceDB.
+  (``LsmVectorSearchPlanner``, flushed levels only) and LanceDB;
+* LSM full-text search (no target; ``text_search.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from . import text_search
 from ._common import (
     LANCE_ASYNC,
     PK,
@@ -534,6 +536,8 @@ def child_lsm(root: str, quick: bool, runs: int, lancedb: bool) -> dict[str, Any
     log_line = f"lsm child: vectors ({n['vec']:,} rows)"
     print(log_line, file=sys.stderr, flush=True)
     out["vectors"] = _vectors(root, n["vec"], lancedb)
+    print("lsm child: full-text search", file=sys.stderr, flush=True)
+    out["text"] = text_search.measure(root, quick)
     return out
 
 
@@ -1051,6 +1055,7 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
         notes.append(vec["lancedb_note"])
     if not settings.lancedb:
         notes.append(f"LanceDB not measured: {settings.lancedb_note}")
+    text_table, text_series = text_search.table(res["text"])
     r3_tables, r3_targets, r3_notes = round3_parts(round3)
     targets += r3_targets
     notes += r3_notes
@@ -1095,11 +1100,12 @@ def run(settings: Settings, shared: dict[str, Any]) -> Section:
                 Metric("qps", "queries/s"),
                 "lance_async ÷ config (queries/s; above 1 = faster)",
             ),
+            text_table,
             *r3_tables,
         ],
         targets=targets,
         notes=notes,
-        series=scan_series + lookup_series + vec_series,
+        series=scan_series + lookup_series + vec_series + text_series,
         raw={
             **{
                 k: res[k]
