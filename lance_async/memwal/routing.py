@@ -269,15 +269,16 @@ rows here, not two (the concatenated run and the sorted take of it)."""
 PIECEWISE_BATCH_BYTES = 256 << 10
 
 
-def _piecewise(sharding: Sharding, batches: Sequence[pa.RecordBatch]) -> bool:
-    """Whether to cut this run shard by shard, batch by batch (large batches)."""
+def _piecewise(sharding: Sharding, batches: Sequence[pa.RecordBatch], nbytes: int) -> bool:
+    """Whether to cut this run shard by shard, batch by batch (large batches;
+    ``nbytes``: the room its entries hold, their batches' size as queued)."""
     column = sharding.column
     if len(batches) < 2 or column is None or sharding.kind == "unsharded":
         return False
-    if not all(column in b.schema.names for b in batches):
-        return False  # the whole run's check names the missing column
-    total = sum(int(b.nbytes) for b in batches)
-    return total >= PIECEWISE_BYTES and total >= PIECEWISE_BATCH_BYTES * len(batches)
+    if nbytes < PIECEWISE_BYTES or nbytes < PIECEWISE_BATCH_BYTES * len(batches):
+        return False  # small batches, the common run: nothing more to look at
+    # the whole run's check names a missing column
+    return all(b.schema.get_field_index(column) >= 0 for b in batches)
 
 
 def _take_pieces(
@@ -322,7 +323,7 @@ def split_run(sharding: Sharding, fit: TableFit, entries: Sequence[Entry]) -> Ru
     batches, owner, lengths = _run_batches(entries)
     if not batches:
         return RunCuts([], [0] * len(entries))
-    piecewise = _piecewise(sharding, batches)
+    piecewise = _piecewise(sharding, batches, sum(e.nbytes for e in entries))
     table: pa.RecordBatch | None = None
     if piecewise:  # large batches: only the sharded column is concatenated
         column = sharding.column

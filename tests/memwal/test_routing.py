@@ -385,3 +385,26 @@ def test_a_run_of_batches_whose_schemas_differ_is_cut_under_the_table_schema() -
     whole = _concat_run(fit, [first, second])
     assert whole.column("id").to_pylist() == [0, 1, 2, 3, 4]
     assert whole.schema.equals(KV_SCHEMA, check_metadata=True)
+
+
+@pytest.mark.asyncio
+async def test_a_run_is_cut_batch_by_batch_only_when_its_queued_bytes_say_large(
+    table_uri: str,
+) -> None:
+    """The choice reads the bytes the entries hold room for (counted once, at
+    the send), not each batch's size again: a run of many small sends is
+    concatenated; one of large batches is cut batch by batch, unless a batch
+    lacks the sharded column (the concatenated run's check then names it)."""
+    from lance_async.memwal.routing import PIECEWISE_BATCH_BYTES, PIECEWISE_BYTES, _piecewise
+
+    ds = await keyed(table_uri)
+    sharding = await ds.sharding()
+    small = [kv_table(range(i, i + 10)).to_batches()[0] for i in range(0, 1_000, 10)]
+    assert not _piecewise(sharding, small, sum(b.nbytes for b in small))
+    two = small[:2]
+    large = max(PIECEWISE_BYTES, 2 * PIECEWISE_BATCH_BYTES)
+    assert _piecewise(sharding, two, large)
+    assert not _piecewise(sharding, two, PIECEWISE_BYTES - 1)
+    keyless = pa.RecordBatch.from_pydict({"value": [1]})
+    assert not _piecewise(sharding, [two[0], keyless], large)
+    assert not _piecewise(sharding, two[:1], large)  # one batch: nothing to join
