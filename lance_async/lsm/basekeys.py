@@ -35,7 +35,20 @@ from typing import Any
 
 from .keyindex import KeyIndex
 
-__all__ = ["BaseKeyCache", "BaseKeys", "base_keys"]
+__all__ = ["BaseKeyCache", "BaseKeys", "VersionId", "base_keys", "version_id"]
+
+VersionId = tuple[int, Any]
+"""A base version's number and commit time (a ``datetime``)."""
+
+
+def version_id(base: Any) -> VersionId:
+    """Which version of which table a dataset object reads: its number and
+    its commit time (pylance's ``get_version()``, from the loaded manifest:
+    no I/O). The number alone does not tell a table deleted and created
+    again at the same URI from the old one; caches of a version key on
+    both."""
+    return int(base.version), base.get_version()["timestamp"]
+
 
 log = logging.getLogger("lance_async.memwal")
 
@@ -60,7 +73,7 @@ class BaseKeys:
         Position of each key in the version's in-order scan (its row offset).
     """
 
-    version: int
+    version: VersionId
     dataset: Any
     index: KeyIndex
 
@@ -72,9 +85,9 @@ class _Slot:
 
     def __init__(self) -> None:
         self.entry: BaseKeys | None = None
-        self.seen_version = -1
+        self.seen_version: VersionId | None = None
         self.seen = 0
-        self.skip: int | None = None  # a version not to index (too large, or its build failed)
+        self.skip: VersionId | None = None  # not to index (too large, or its build failed)
 
 
 class BaseKeyCache:
@@ -113,7 +126,7 @@ class BaseKeyCache:
         Counts the lookup; the ``min_lookups``-th of a version starts its
         build unless one is running. Does not block.
         """
-        version = int(base.version)
+        version = version_id(base)
         name = (str(base.uri), tuple(keys))
         with self._lock:
             slot = self._slots.get(name)
@@ -132,7 +145,9 @@ class BaseKeyCache:
             if (
                 slot.seen < self.min_lookups
                 or slot.skip == version
-                or (entry is not None and entry.version > version)  # an old version's lookup
+                # an older version's lookup (commit times order a table's versions,
+                # and a table made again at the URI commits after the old one)
+                or (entry is not None and entry.version[1] > version[1])
                 or self._building is not None
             ):
                 return None
@@ -147,10 +162,13 @@ class BaseKeyCache:
         return None
 
     def _build(
-        self, base: Any, version: int, name: tuple[str, tuple[str, ...]], slot: _Slot
+        self, base: Any, version: VersionId, name: tuple[str, tuple[str, ...]], slot: _Slot
     ) -> None:
         try:
-            pinned = base.checkout_version(version)
+            pinned = base.checkout_version(version[0])
+            if version_id(pinned) != version:  # the table was made again meanwhile
+                slot.skip = version
+                return
             if pinned.count_rows() > self.max_rows:
                 slot.skip = version
                 return
@@ -163,11 +181,11 @@ class BaseKeyCache:
                     pinned.take([offset])
                 offset += rows
             with self._lock:
-                if slot.entry is None or slot.entry.version < version:
+                if slot.entry is None or slot.entry.version[1] < version[1]:
                     slot.entry = entry
                 self.builds += 1
         except Exception as exc:  # a failed build only means the engine's path
-            log.debug("lance_async: base keys of %s v%d not built: %s", name[0], version, exc)
+            log.debug("lance_async: base keys of %s v%d not built: %s", name[0], version[0], exc)
             slot.skip = version
         finally:
             with self._lock:

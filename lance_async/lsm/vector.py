@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import InvalidInputError, SchemaMismatchError
+from .basekeys import version_id
 from .levels import ROWADDR, LsmView
 
 __all__ = [
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 _METRICS = ("l2", "cosine", "dot")
-_base_keys: OrderedDict[tuple[str, int, tuple[str, ...]], tuple[list[pa.Array], np.ndarray]] = (
+_base_keys: OrderedDict[tuple[str, Any, tuple[str, ...]], tuple[list[pa.Array], np.ndarray]] = (
     OrderedDict()
 )
 _base_lock = threading.Lock()
@@ -137,7 +138,7 @@ def exact_knn(
 def base_keys(view: LsmView) -> tuple[list[pa.Array], np.ndarray]:
     """(key columns, row addresses) of every base row, read once per version (blocking)."""
     base = view.base
-    cache_key = (base.uri, int(base.version), tuple(view.keys))
+    cache_key = (base.uri, version_id(base), tuple(view.keys))
     with _base_lock:
         hit = _base_keys.get(cache_key)
     if hit is not None:
@@ -173,7 +174,7 @@ def hidden_blocklist(view: LsmView) -> bytes | None:
     # the levels are immutable objects, cached while nothing new is flushed
     # or written: the same ones hide the same base rows of one version
     levels = (*view.shards, *view.memtables)
-    cache_key = (view.base.uri, int(view.base.version), tuple(id(level) for level in levels))
+    cache_key = (view.base.uri, version_id(view.base), tuple(id(level) for level in levels))
     with _base_lock:
         hit = _blocklists.get(cache_key)
     if hit is not None and all(a is b for a, b in zip(hit[0], levels, strict=True)):
