@@ -30,14 +30,15 @@ dropped when compaction deletes their file.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._memory import lsm_cache_bytes, memory_freed
 
-__all__ = ["GENERATION_OVERHEAD", "LevelCache", "LevelCacheStats"]
+__all__ = ["GENERATION_OVERHEAD", "LevelCache", "LevelCacheStats", "SameLevels", "keep_live"]
 
 GENERATION_OVERHEAD = 64 << 10
 """Bytes counted per cached generation beyond its arrays: its open
@@ -201,3 +202,54 @@ class LevelCache:
             return LevelCacheStats(
                 len(self._entries), self.nbytes, self.budget(), self.evicted, self.dropped
             )
+
+
+class SameLevels:
+    """Which level objects a cached result was made from, held weakly.
+
+    A view's levels -- each shard's resolved generations, each WAL tail and
+    live memtable -- are immutable objects that the caches above hand out
+    again while nothing new is flushed or written, so their identities name
+    a set of rows. A result cached for one view (the full-text search's
+    indexed unflushed part, the vector and text searches' blocklist of
+    hidden base rows) serves a later view only when :meth:`of` says it reads
+    the very same objects; the weak references keep none of them alive, and
+    an object gone can never be mistaken for a new one at the same address.
+
+    Parameters
+    ----------
+    levels : sequence of object
+        The level objects, in the view's order.
+    """
+
+    __slots__ = ("_refs",)
+
+    def __init__(self, levels: Sequence[object]) -> None:
+        self._refs = tuple(weakref.ref(level) for level in levels)
+
+    def of(self, levels: Sequence[object]) -> bool:
+        """Whether ``levels`` are the very objects this was made from (does not block)."""
+        return len(levels) == len(self._refs) and all(
+            ref() is level for ref, level in zip(self._refs, levels, strict=True)
+        )
+
+    def alive(self) -> bool:
+        """Whether every object it was made from still exists: once one is gone
+        no view can read the same set again, and the cached result is dead weight."""
+        return all(ref() is not None for ref in self._refs)
+
+    def key(self) -> tuple[int, ...]:
+        """The objects' identities (a dictionary key; check with :meth:`of`)."""
+        return tuple(id(ref()) for ref in self._refs)
+
+
+def keep_live(
+    cache: OrderedDict[Any, Any], limit: int, levels: Callable[[Any], SameLevels]
+) -> None:
+    """Drop from ``cache`` (most recently used last) every entry whose levels
+    are gone, then the least recently used beyond ``limit`` (does not block;
+    the caller holds the cache's lock)."""
+    for key in [k for k, v in cache.items() if not levels(v).alive()]:
+        del cache[key]
+    while len(cache) > limit:
+        cache.popitem(last=False)

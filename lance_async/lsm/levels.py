@@ -662,8 +662,11 @@ class _Read:
                 parts.setdefault(part.shard_id, []).append(part)
         else:
             parts = _unflushed_parts(self.taken, snaps)
+        mirrors = {m.shard_id: m for m, _ in self.taken} if self.pinned is None else {}
         mems: list[MemLevel] = [
-            resolve_memtable(shard, live, keys) for shard, live in parts.items() if live
+            resolve_memtable(shard, live, keys, mirrors.get(shard))
+            for shard, live in parts.items()
+            if live
         ]
         for snap in snaps:
             if snap.shard_id not in parts:

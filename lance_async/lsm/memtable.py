@@ -101,6 +101,9 @@ class MemtableMirror:
         self._version = 0
         self._stats: dict[str, Any] | None = None  # memtable_stats() after the last call
         self.broken: BaseException | None = None
+        self.resolved: tuple[Any, Any] | None = None
+        """The readers' newest-row-per-key level of these rows (``unflushed.resolve_memtable``),
+        dropped whenever the rows change."""
 
     # -- the committer's side --------------------------------------------------
     def reopened(self, epoch: int) -> None:
@@ -164,6 +167,7 @@ class MemtableMirror:
             with self._lock:
                 self._parts.setdefault(target, []).append(relabelled)
                 self._version += 1
+                self.resolved = None
             if not after.get("frozen_count") and any(g < after["generation"] for g in self._parts):
                 self._forget_flushed()
             return after
@@ -199,6 +203,7 @@ class MemtableMirror:
                 del self._parts[g]
             if gone:
                 self._version += 1
+                self.resolved = None
         if gone:
             memory_freed()  # the flushed rows go with the last reference to them
 

@@ -12,13 +12,14 @@ matches in every level exactly as it matches in the base table, phrase and
 boolean queries included, and a key whose newest version does not match (or
 is filtered out, or deleted) never comes back in an older one.
 
-The unflushed part's dataset is kept for the reads that follow (a few, the
-last used): a read of the same levels -- the same shard levels and WAL
-tails, which are immutable objects cached while nothing new is flushed or
-written -- with the same columns, filter and index settings searches it
-again instead of building it again (building is most of a search's cost);
-a new generation, a longer tail or a live memtable's next put is another
-set of levels and builds its own.
+The unflushed part's dataset is kept for the reads that follow: a read of
+the same levels -- the same shard levels, WAL tails and live memtables,
+immutable objects handed out again while nothing new is flushed or written
+(``cache.SameLevels``) -- with the same columns, filter and index settings
+searches it again instead of building it again (building is most of a
+search's cost). A new generation, a longer tail or a live memtable's next
+put is another set of levels, whose first search builds its own; a part
+goes once its levels are gone (at most four are kept, the last used).
 
 Scores are BM25 within each part (the base table's statistics for base rows,
 the unflushed part's for the rest) and the parts are merged by score, best
@@ -39,6 +40,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import InvalidInputError, SchemaMismatchError
+from .cache import SameLevels, keep_live
 from .levels import LsmView
 from .vector import hidden_blocklist, live_allowlist
 
@@ -179,15 +181,14 @@ def _unflushed_rows(view: LsmView, read: list[str], filter: str | None) -> list[
 
 
 SCRATCH_ENTRIES = 4
-"""Unflushed parts kept for later reads (the last used)."""
+"""Unflushed parts kept for later reads at most (the last used, of live levels)."""
 
 
 @dataclass
 class _Scratch:
     """An unflushed part, indexed, and the levels it was built from."""
 
-    levels: tuple[object, ...]
-    """The view's shard levels and unflushed levels (held: their identities key it)."""
+    levels: SameLevels
     lock: threading.Lock = field(default_factory=threading.Lock)
     """Held while it is built: a read of the same levels waits instead of building too."""
     built: bool = False
@@ -223,22 +224,24 @@ def _unflushed_part(
     view: LsmView, read: list[str], filter: str | None, settings: dict[str, dict[str, Any]]
 ) -> Any:
     """The unflushed part of ``view`` (:func:`_build_scratch`), built once per
-    set of levels, columns, filter and settings (blocking; see the module notes)."""
+    set of levels and search shape (blocking; see the module notes). A part
+    whose levels are gone (a write made a new set, and nothing holds the
+    old one) is dropped at the next build."""
     levels = (*view.shards, *view.memtables)
+    same = SameLevels(levels)
     key = (
         view.base.uri,
-        tuple(id(level) for level in levels),
         tuple(read),
         filter,
         repr(sorted((name, sorted(p.items())) for name, p in settings.items())),
+        same.key(),
     )
     with _scratch_lock:
         entry = _scratch.get(key)
-        if entry is None or any(a is not b for a, b in zip(entry.levels, levels, strict=True)):
-            entry = _scratch[key] = _Scratch(levels)
+        if entry is None or not entry.levels.of(levels):
+            entry = _scratch[key] = _Scratch(same)
+            keep_live(_scratch, SCRATCH_ENTRIES, lambda e: e.levels)
         _scratch.move_to_end(key)
-        while len(_scratch) > SCRATCH_ENTRIES:
-            _scratch.popitem(last=False)
     with entry.lock:
         if not entry.built:
             entry.dataset = _build_scratch(view, read, filter, settings)

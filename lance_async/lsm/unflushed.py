@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from .keyindex import KeyIndex, first_occurrence
-from .memtable import MemPart
+from .memtable import MemPart, MemtableMirror
 from .snapshots import ShardSnapshot
 from .wal import TOMBSTONE, TailRows, read_wal_tail
 
@@ -92,8 +92,33 @@ class MemLevel:
         return result
 
 
-def resolve_memtable(shard_id: str, parts: Sequence[MemPart], keys: Sequence[str]) -> MemLevel:
-    """The newest row per key among a shard's mirrored memtable parts (blocking)."""
+def resolve_memtable(
+    shard_id: str,
+    parts: Sequence[MemPart],
+    keys: Sequence[str],
+    mirror: MemtableMirror | None = None,
+) -> MemLevel:
+    """The newest row per key among a shard's mirrored memtable parts (blocking).
+
+    ``mirror``, the live writer's mirror the parts were taken from, keeps the
+    result until its rows change: reads of unchanged rows get the same
+    level object (the read caches of the levels key on their identity) and
+    skip the work. A part only ever grows, so its generation and row count
+    tell its rows apart.
+    """
+    if mirror is None:
+        return _resolve(shard_id, parts, keys)
+    key = (tuple(keys), tuple((p.generation, p.table.num_rows) for p in parts))
+    hit = mirror.resolved
+    if hit is not None and hit[0] == key:
+        level: MemLevel = hit[1]
+        return level
+    level = _resolve(shard_id, parts, keys)
+    mirror.resolved = (key, level)
+    return level
+
+
+def _resolve(shard_id: str, parts: Sequence[MemPart], keys: Sequence[str]) -> MemLevel:
     ordered = sorted(parts, key=lambda p: p.generation)
     table = pa.concat_tables([p.table for p in ordered]) if ordered else None
     if table is None or table.num_rows == 0:

@@ -46,6 +46,7 @@ import pyarrow as pa
 
 from ..errors import InvalidInputError, SchemaMismatchError
 from .basekeys import version_id
+from .cache import SameLevels, keep_live
 from .levels import ROWADDR, LsmView
 
 __all__ = [
@@ -65,8 +66,8 @@ _base_keys: OrderedDict[tuple[str, Any, tuple[str, ...]], tuple[list[pa.Array], 
     OrderedDict()
 )
 _base_lock = threading.Lock()
-_blocklists: OrderedDict[tuple[Any, ...], tuple[tuple[object, ...], bytes | None]] = OrderedDict()
-"""The last few views' blocklists, keyed by the identity of their levels (held)."""
+_blocklists: OrderedDict[tuple[Any, ...], tuple[SameLevels, bytes | None]] = OrderedDict()
+"""The blocklists of the last few sets of levels read (of live ones only)."""
 
 
 def _distances(vectors: pa.Array | pa.ChunkedArray, query: np.ndarray, metric: str) -> np.ndarray:
@@ -174,18 +175,18 @@ def hidden_blocklist(view: LsmView) -> bytes | None:
     # the levels are immutable objects, cached while nothing new is flushed
     # or written: the same ones hide the same base rows of one version
     levels = (*view.shards, *view.memtables)
-    cache_key = (view.base.uri, version_id(view.base), tuple(id(level) for level in levels))
+    same = SameLevels(levels)
+    cache_key = (view.base.uri, version_id(view.base), same.key())
     with _base_lock:
         hit = _blocklists.get(cache_key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], levels, strict=True)):
+    if hit is not None and hit[0].of(levels):
         return hit[1]
     keys, addresses = base_keys(view)
     hidden = addresses[view.hidden(keys)]
     block = serialize_addresses(hidden) if len(hidden) else None
     with _base_lock:
-        _blocklists[cache_key] = (levels, block)
-        while len(_blocklists) > 4:
-            _blocklists.popitem(last=False)
+        _blocklists[cache_key] = (same, block)
+        keep_live(_blocklists, 4, lambda entry: entry[0])
     return block
 
 
