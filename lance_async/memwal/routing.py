@@ -277,6 +277,10 @@ def _piecewise(sharding: Sharding, batches: Sequence[pa.RecordBatch], nbytes: in
         return False
     if nbytes < PIECEWISE_BYTES or nbytes < PIECEWISE_BATCH_BYTES * len(batches):
         return False  # small batches, the common run: nothing more to look at
+    # a slice's room counts its whole buffer: the batches' own bytes decide
+    total = sum(int(b.nbytes) for b in batches)
+    if total < PIECEWISE_BYTES or total < PIECEWISE_BATCH_BYTES * len(batches):
+        return False
     # the whole run's check names a missing column
     return all(b.schema.get_field_index(column) >= 0 for b in batches)
 

@@ -401,10 +401,16 @@ async def test_a_run_is_cut_batch_by_batch_only_when_its_queued_bytes_say_large(
     sharding = await ds.sharding()
     small = [kv_table(range(i, i + 10)).to_batches()[0] for i in range(0, 1_000, 10)]
     assert not _piecewise(sharding, small, sum(b.nbytes for b in small))
-    two = small[:2]
-    large = max(PIECEWISE_BYTES, 2 * PIECEWISE_BATCH_BYTES)
+    two = [kv_table(range(i, i + 200_000)).to_batches()[0] for i in (0, 200_000)]
+    large = sum(b.nbytes for b in two)
+    assert large >= max(PIECEWISE_BYTES, 2 * PIECEWISE_BATCH_BYTES)
     assert _piecewise(sharding, two, large)
-    assert not _piecewise(sharding, two, PIECEWISE_BYTES - 1)
+    assert not _piecewise(sharding, two, PIECEWISE_BYTES - 1)  # the entries say small
+    # slices of one large buffer hold room for all of it: their own bytes decide
+    buffer = kv_table(range(200_000)).to_batches()[0]
+    slices = [buffer.slice(i, 10) for i in range(0, 1_000, 10)]
+    queued = sum(b.get_total_buffer_size() for b in slices)
+    assert queued >= PIECEWISE_BYTES and not _piecewise(sharding, slices, queued)
     keyless = pa.RecordBatch.from_pydict({"value": [1]})
     assert not _piecewise(sharding, [two[0], keyless], large)
     assert not _piecewise(sharding, two[:1], large)  # one batch: nothing to join
