@@ -30,10 +30,12 @@ full-text search searches its levels the same way, each with its own index).
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -249,6 +251,27 @@ def _unflushed_part(
     return entry.dataset
 
 
+def _text_fields(schema: pa.Schema) -> list[str]:
+    """The string columns of ``schema`` (what a full-text query may search)."""
+    return [
+        f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+    ]
+
+
+@contextmanager
+def _missing_columns() -> Iterator[None]:
+    """The engine's "field path ... does not exist" (a query object naming a
+    column the table lacks) as :class:`~lance_async.errors.SchemaMismatchError`."""
+    try:
+        yield
+    except ValueError as exc:
+        found = re.search(r"field path '([^']*)' does not exist", str(exc))
+        if found is None:
+            raise
+        name = found.group(1)
+        raise SchemaMismatchError(f"no column {name!r} in the table", field=name) from exc
+
+
 def search_text(
     view: LsmView,
     query: TextQuery,
@@ -266,28 +289,32 @@ def search_text(
     """
     settings = text_columns(view.base, query)
     cols = list(columns) if columns is not None else list(view.schema.names)
-    read = list(dict.fromkeys([*cols, *settings, *view.keys]))
+    # a query object names its columns out of sight, and the engine searches an
+    # unindexed one by scanning it: every text column goes into the unflushed part
+    named = [] if isinstance(query, (str, Mapping)) else _text_fields(view.schema)
+    read = list(dict.fromkeys([*cols, *settings, *named, *view.keys]))
     names = list(dict.fromkeys([*cols, *view.keys]))
     fetch = None if limit is None else limit + offset
     found: list[pa.Table] = []
     scratch = _unflushed_part(view, read, filter, settings)
-    if scratch is not None:
+    with _missing_columns():
+        if scratch is not None:
+            found.append(
+                scratch.scanner(
+                    columns=[*names, "_score"], full_text_query=query, limit=fetch
+                ).to_table()
+            )
+        block = hidden_blocklist(view)
         found.append(
-            scratch.scanner(
-                columns=[*names, "_score"], full_text_query=query, limit=fetch
+            view.base.scanner(
+                columns=[*names, "_score"],
+                full_text_query=query,
+                filter=filter,
+                prefilter=True,
+                limit=fetch,
+                row_addr_blocklist=block,
             ).to_table()
         )
-    block = hidden_blocklist(view)
-    found.append(
-        view.base.scanner(
-            columns=[*names, "_score"],
-            full_text_query=query,
-            filter=filter,
-            prefilter=True,
-            limit=fetch,
-            row_addr_blocklist=block,
-        ).to_table()
-    )
     fields = [view.schema.field(c) for c in names] + [pa.field("_score", pa.float32())]
     schema = pa.schema(fields, metadata=view.schema.metadata)
     parts = [

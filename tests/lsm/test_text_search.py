@@ -180,6 +180,31 @@ async def test_another_process_finds_what_the_writer_wrote(tmp_path: Path) -> No
 
 
 @pytest.mark.asyncio
+async def test_a_query_object_on_an_unindexed_column_searches_it_in_every_level(
+    tmp_path: Path,
+) -> None:
+    """A ``lance.query`` object may name a text column without an index: the
+    engine then scans it, on the base as on the unflushed rows, whatever the
+    columns asked for; a column the table lacks is a SchemaMismatchError."""
+    model = Model(47)
+    ds = await levels(tmp_path, model)
+    async with ds.mem_wal_writer(SHARD, max_memtable_rows=100_000) as w:
+        await w.put(model.table(REWORDED_BY_TAIL, reword=True))  # their category flips
+        oracle = model.oracle(tmp_path / "oracle.lance")
+        query = MatchQuery("a", "cat")
+        expected = truth(oracle, query)
+        # base and generation rows match; the flipped keys' old rows must not
+        assert expected & set(range(150)) and expected & set(range(200, 240))
+        assert not expected & set(REWORDED_BY_TAIL)
+        for reader in (ds.lsm, w.lsm):
+            assert await found(reader, query) == expected
+            got = await reader.full_text_search(query, columns=["text"], limit=None)
+            assert got.num_rows == len(expected)
+        with pytest.raises(SchemaMismatchError, match="nope"):
+            await w.lsm.full_text_search(MatchQuery("a", "nope"))
+
+
+@pytest.mark.asyncio
 async def test_the_base_index_settings_hold_in_every_level(tmp_path: Path) -> None:
     """An index without stemming: "fox" does not match "foxes" in the base
     table, and so not in the MemWAL either (the unflushed rows are indexed
