@@ -259,17 +259,26 @@ def _text_fields(schema: pa.Schema) -> list[str]:
 
 
 @contextmanager
-def _missing_columns() -> Iterator[None]:
-    """The engine's "field path ... does not exist" (a query object naming a
-    column the table lacks) as :class:`~lance_async.errors.SchemaMismatchError`."""
+def _engine_refusals() -> Iterator[None]:
+    """The engine's refusals of a query, said in this library's terms: "field
+    path ... does not exist" (a query object naming a column the table
+    lacks) as :class:`~lance_async.errors.SchemaMismatchError`; a phrase
+    query on an index without positions as
+    :class:`~lance_async.errors.InvalidInputError` naming the setting."""
     try:
         yield
     except ValueError as exc:
         found = re.search(r"field path '([^']*)' does not exist", str(exc))
-        if found is None:
-            raise
-        name = found.group(1)
-        raise SchemaMismatchError(f"no column {name!r} in the table", field=name) from exc
+        if found is not None:
+            name = found.group(1)
+            raise SchemaMismatchError(f"no column {name!r} in the table", field=name) from exc
+        if "position is not found but required for phrase" in str(exc):
+            raise InvalidInputError(
+                "a phrase query needs an INVERTED index with positions: create it with "
+                "await ds.create_scalar_index(column, 'INVERTED', with_position=True) "
+                "(drop_index the one without first)"
+            ) from exc
+        raise
 
 
 def search_text(
@@ -297,7 +306,7 @@ def search_text(
     fetch = None if limit is None else limit + offset
     found: list[pa.Table] = []
     scratch = _unflushed_part(view, read, filter, settings)
-    with _missing_columns():
+    with _engine_refusals():
         if scratch is not None:
             found.append(
                 scratch.scanner(

@@ -202,6 +202,9 @@ async def test_a_query_object_on_an_unindexed_column_searches_it_in_every_level(
             assert got.num_rows == len(expected)
         with pytest.raises(SchemaMismatchError, match="nope"):
             await w.lsm.full_text_search(MatchQuery("a", "nope"))
+        # the index was built without positions: a phrase query says which setting
+        with pytest.raises(InvalidInputError, match="with_position=True"):
+            await w.lsm.full_text_search(PhraseQuery("brown fox", "text"))
 
 
 @pytest.mark.asyncio
