@@ -61,10 +61,11 @@ def hint_once(ds: Any, uri: str, storage_options: dict[str, str] | None) -> None
     if generations or tail:
         log.warning(
             "lance_async: a plain read of %s sees the base table only; its MemWAL holds "
-            "%d flushed generation(s) not compacted yet and %d row(s) in WAL tails, durable "
-            "and not in this read: pass use_lsm=True (or use ds.lsm.scan / point_lookup; "
-            "lance-async scan --lsm) to read them, or compact (ds.compact_mem_wal(); "
-            "lance-async compact) to move them into the base table",
+            "%d flushed generation(s) not compacted yet and %d row write(s) (puts and "
+            "deletes) in WAL tails, durable and not in this read: pass use_lsm=True (or "
+            "use ds.lsm.scan / point_lookup; lance-async scan --lsm) to read them, or "
+            "compact (ds.compact_mem_wal(); lance-async compact) to move them into the base "
+            "table",
             uri,
             generations,
             tail,
