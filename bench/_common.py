@@ -612,6 +612,49 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     return float(ordered[idx])
 
 
+async def query_pool(
+    count: int,
+    search: Callable[[int], Awaitable[Sequence[int]]],
+    tasks: int,
+    right: Sequence[set[int]],
+) -> dict[str, float]:
+    """Run queries ``0..count-1`` through ``search`` from ``tasks`` tasks at once.
+
+    ``search(i)`` answers query ``i`` with the ids it found; ``right[i]`` is
+    the set its answers count as hits in. Returns queries/s over the wall
+    time, latency p50 / p99 (ms) and ``hits``, the answers found in their
+    ``right`` sets (the caller divides it by what a right answer holds).
+    Needs a running event loop (anyio).
+    """
+    import anyio
+
+    lat: list[float] = []
+    hits = 0
+    pending = list(range(count))
+
+    async def worker() -> None:
+        nonlocal hits
+        while pending:
+            i = pending.pop()
+            t0 = time.perf_counter()
+            got = await search(i)
+            lat.append(time.perf_counter() - t0)
+            hits += len(set(got) & right[i])
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(tasks):
+            tg.start_soon(worker)
+    wall = time.perf_counter() - t0
+    ordered = sorted(lat)
+    return {
+        "qps": count / wall,
+        "p50_ms": percentile(ordered, 0.5) * 1000,
+        "p99_ms": percentile(ordered, 0.99) * 1000,
+        "hits": float(hits),
+    }
+
+
 class LatencyHistogram:
     """Latencies in fixed log-spaced bins: constant memory, whatever the count.
 

@@ -60,6 +60,7 @@ from ._common import (
     fmt_vs_limit,
     log,
     percentile,
+    query_pool,
     ratio,
     run_child,
     summary_table,
@@ -418,31 +419,13 @@ def _vectors(root: str, n_rows: int, lancedb: bool) -> dict[str, Any]:
             exact = [set(ids[np.argsort(((mat - q) ** 2).sum(1))[:k]].tolist()) for q in queries]
 
             async def measure(search: Any) -> dict[str, float]:
-                lat: list[float] = []
-                hits = 0
-                pending = list(range(len(queries)))
+                async def one(i: int) -> list[int]:
+                    found: list[int] = await search(queries[i])
+                    return found
 
-                async def worker() -> None:
-                    nonlocal hits
-                    while pending:
-                        i = pending.pop()
-                        t0 = time.perf_counter()
-                        got = await search(queries[i])
-                        lat.append(time.perf_counter() - t0)
-                        hits += len(set(got) & exact[i])
-
-                t0 = time.perf_counter()
-                async with anyio.create_task_group() as tg:
-                    for _ in range(TASKS):
-                        tg.start_soon(worker)
-                wall = time.perf_counter() - t0
-                ordered = sorted(lat)
-                return {
-                    "qps": len(queries) / wall,
-                    "p50_ms": percentile(ordered, 0.5) * 1000,
-                    "p99_ms": percentile(ordered, 0.99) * 1000,
-                    "recall_at_10": hits / (k * len(queries)),
-                }
+                out = await query_pool(len(queries), one, TASKS, exact)
+                out["recall_at_10"] = out.pop("hits") / (k * len(queries))
+                return out
 
             async def mine(q: np.ndarray) -> list[int]:
                 res = await w.lsm.vector_search(

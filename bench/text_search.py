@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ._common import LANCE_ASYNC, PK, Metric, Series, Table, percentile, summary_table
+from ._common import LANCE_ASYNC, PK, Metric, Series, Table, query_pool, summary_table
 
 TASKS = 16
 LIMIT = 10
@@ -115,32 +114,13 @@ def measure(root: str, quick: bool) -> dict[str, Any]:
         return best
 
     async def run_all(search: Any, best: list[tuple[set[int], int]]) -> dict[str, float]:
-        lat: list[float] = []
-        hits = 0
-        pending = list(range(len(queries)))
+        async def one(i: int) -> list[int]:
+            found: list[int] = await search(queries[i])
+            return found
 
-        async def worker() -> None:
-            nonlocal hits
-            while pending:
-                i = pending.pop()
-                t0 = time.perf_counter()
-                got = await search(queries[i])
-                lat.append(time.perf_counter() - t0)
-                hits += len(set(got) & best[i][0])
-
-        t0 = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for _ in range(TASKS):
-                tg.start_soon(worker)
-        wall = time.perf_counter() - t0
-        ordered = sorted(lat)
-        expected = sum(n for _, n in best) or 1
-        return {
-            "qps": len(queries) / wall,
-            "p50_ms": percentile(ordered, 0.5) * 1000,
-            "p99_ms": percentile(ordered, 0.99) * 1000,
-            "recall_at_10": hits / expected,
-        }
+        out = await query_pool(len(queries), one, TASKS, [b[0] for b in best])
+        out["recall_at_10"] = out.pop("hits") / (sum(n for _, n in best) or 1)
+        return out
 
     def pylance_search(dataset: Any) -> Any:
         async def search(q: str) -> list[int]:
