@@ -121,16 +121,21 @@ async def levels(tmp_path: Path, model: Model, **index: Any) -> la.AsyncDataset:
     return ds
 
 
+async def tail_writes(ds: la.AsyncDataset, w: la.AsyncShardWriter, model: Model) -> None:
+    """Rewords, new keys and deletes that stay in the writer's WAL tail."""
+    await w.put(model.table(REWORDED_BY_TAIL, reword=True))
+    await w.put(model.table(list(range(240, 260))))
+    await w.delete({"id": DELETED})
+    model.delete(DELETED)
+    assert (await ds.lsm.unflushed_rows())[SHARD] >= 3 + 20 + 3
+
+
 @pytest.mark.asyncio
 async def test_every_query_matches_the_engine_on_the_newest_rows(tmp_path: Path) -> None:
     model = Model(23)
     ds = await levels(tmp_path, model, with_position=True)
     async with ds.mem_wal_writer(SHARD, max_memtable_rows=100_000) as w:
-        await w.put(model.table(REWORDED_BY_TAIL, reword=True))
-        await w.put(model.table(list(range(240, 260))))
-        await w.delete({"id": DELETED})
-        model.delete(DELETED)
-        assert (await ds.lsm.unflushed_rows())[SHARD] >= 3 + 20 + 3
+        await tail_writes(ds, w, model)
         oracle = model.oracle(tmp_path / "oracle.lance", with_position=True)
         compared = 0
         for query in QUERIES:
@@ -159,11 +164,7 @@ async def test_another_process_finds_what_the_writer_wrote(tmp_path: Path) -> No
     model = Model(37)
     ds = await levels(tmp_path, model)
     async with ds.mem_wal_writer(SHARD, max_memtable_rows=100_000) as w:
-        await w.put(model.table(REWORDED_BY_TAIL, reword=True))
-        await w.put(model.table(list(range(240, 260))))
-        await w.delete({"id": DELETED})
-        model.delete(DELETED)
-        assert (await ds.lsm.unflushed_rows())[SHARD] >= 3 + 20 + 3
+        await tail_writes(ds, w, model)
         oracle = model.oracle(tmp_path / "oracle.lance")
         asked = [[q, f] for q in ("fox", "quick dog", "plain") for f in (None, "cat = 'a'")]
         proc = Proc("search", ds.uri, json.dumps(asked))
