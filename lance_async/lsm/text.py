@@ -42,6 +42,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import InvalidInputError, SchemaMismatchError
+from .basekeys import VersionId, version_id
 from .cache import SameLevels, keep_live
 from .levels import LsmView
 from .vector import hidden_blocklist, live_allowlist
@@ -133,10 +134,7 @@ def text_columns(base: Any, query: TextQuery) -> dict[str, dict[str, Any]]:
         engine would rank by is not defined, and the unflushed rows would be
         tokenized by a guess.
     """
-    by_column: dict[str, list[str]] = {}
-    for index in base.describe_indices():
-        if "Inverted" in index.type_url and len(index.field_names) == 1:
-            by_column.setdefault(index.field_names[0], []).append(index.name)
+    by_column = _inverted_indexes(base)
     wanted = _query_columns(query)
     for name in wanted or []:
         if name not in base.schema.names:
@@ -155,14 +153,42 @@ def text_columns(base: Any, query: TextQuery) -> dict[str, dict[str, Any]]:
                 f"no INVERTED index on {name!r}: await ds.create_scalar_index({name!r}, 'INVERTED')"
             )
         if len(names) > 1:
+            listed = ", ".join(sorted(n for n, _ in names))
             raise InvalidInputError(
-                f"multiple INVERTED indexes on {name!r} ({', '.join(sorted(names))}): an LSM "
+                f"multiple INVERTED indexes on {name!r} ({listed}): an LSM "
                 "full-text search needs one per column (drop_index the others)"
             )
-        stats = base.stats.index_stats(names[0])
-        params = stats["indices"][0].get("params", {}) if stats.get("indices") else {}
-        settings[name] = {k: params[k] for k in _PARAMS if k in params}
+        settings[name] = names[0][1]
     return settings
+
+
+_indexes_lock = threading.Lock()
+_indexes: OrderedDict[tuple[str, VersionId], dict[str, list[tuple[str, dict[str, Any]]]]] = (
+    OrderedDict()
+)
+
+
+def _inverted_indexes(base: Any) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """Per column, the base version's single-column INVERTED indexes: (name,
+    the settings of :data:`_PARAMS` it was built with) -- read once per
+    version (blocking: ``describe_indices``, ``index_stats``)."""
+    key = (str(base.uri), version_id(base))
+    with _indexes_lock:
+        hit = _indexes.get(key)
+    if hit is not None:
+        return hit
+    by_column: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for index in base.describe_indices():
+        if "Inverted" in index.type_url and len(index.field_names) == 1:
+            stats = base.stats.index_stats(index.name)
+            params = stats["indices"][0].get("params", {}) if stats.get("indices") else {}
+            settings = {k: params[k] for k in _PARAMS if k in params}
+            by_column.setdefault(index.field_names[0], []).append((index.name, settings))
+    with _indexes_lock:
+        _indexes[key] = by_column
+        while len(_indexes) > 8:
+            _indexes.popitem(last=False)
+    return by_column
 
 
 def _unflushed_rows(view: LsmView, read: list[str], filter: str | None) -> list[pa.Table]:
