@@ -106,7 +106,11 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
       exists already: :class:`InvalidInputError`), "Merge insert failed:
       found matching row" (``when_matched_fail()`` met a stored key:
       :class:`InvalidInputError`), "does not support explain_plan" (a merge
-      plan the engine cannot explain: :class:`MergeShapeError`).
+      plan the engine cannot explain: :class:`MergeShapeError`), "FTS field
+      path ... does not exist" (a full-text query naming a missing column:
+      :class:`SchemaMismatchError`), "position is not found but required for
+      phrase" (a phrase query on an index without positions:
+      :class:`InvalidInputError` naming ``with_position=True``).
     """
     from lance.commit import CommitConflictError as _LanceConflict
 
@@ -144,6 +148,17 @@ def map_engine_error(exc: BaseException) -> LanceAsyncError | None:
     if "Stale SSTable compaction" in text:
         return StaleCompactionError(
             f"another compaction already merged these generations: {_message(exc)}"
+        )
+    if "FTS field path '" in text and "' does not exist" in text:
+        name = text.split("FTS field path '", 1)[1].split("' does not exist", 1)[0]
+        return SchemaMismatchError(
+            f"no column {name!r} in the table (a full-text query names it)", field=name
+        )
+    if "position is not found but required for phrase" in text:
+        return InvalidInputError(
+            "a phrase query needs an INVERTED index with positions: create it with "
+            "await ds.create_scalar_index(column, 'INVERTED', with_position=True) "
+            "(drop_index the one without first)"
         )
     if text.startswith("Invalid user input"):
         return InvalidInputError(f"the engine rejected the input: {message}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import lance
 import pyarrow as pa
 import pytest
@@ -383,3 +385,18 @@ def test_a_missing_table_is_not_a_storage_error() -> None:
         )
     )
     assert type(mapped) is la.DatasetNotFoundError
+
+
+@pytest.mark.asyncio
+async def test_full_text_refusals_are_said_in_the_librarys_terms(tmp_path: Any) -> None:
+    """On every read path (here a plain one): a query object naming a missing
+    column is a SchemaMismatchError; a phrase query on an index built
+    without positions names the setting that makes one."""
+    from lance.query import MatchQuery, PhraseQuery
+
+    ds = await la.write_dataset(pa.table({"id": [1], "text": ["brown fox"]}), tmp_path / "t")
+    await ds.create_scalar_index("text", "INVERTED")
+    with pytest.raises(la.SchemaMismatchError, match="nope"):
+        await ds.to_table(full_text_query=MatchQuery("x", "nope"))
+    with pytest.raises(la.InvalidInputError, match="with_position=True"):
+        await ds.to_table(full_text_query=PhraseQuery("brown fox", "text"))

@@ -30,12 +30,10 @@ full-text search searches its levels the same way, each with its own index).
 
 from __future__ import annotations
 
-import re
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,29 +282,6 @@ def _text_fields(schema: pa.Schema) -> list[str]:
     ]
 
 
-@contextmanager
-def _engine_refusals() -> Iterator[None]:
-    """The engine's refusals of a query, said in this library's terms: "field
-    path ... does not exist" (a query object naming a column the table
-    lacks) as :class:`~lance_async.errors.SchemaMismatchError`; a phrase
-    query on an index without positions as
-    :class:`~lance_async.errors.InvalidInputError` naming the setting."""
-    try:
-        yield
-    except ValueError as exc:
-        found = re.search(r"field path '([^']*)' does not exist", str(exc))
-        if found is not None:
-            name = found.group(1)
-            raise SchemaMismatchError(f"no column {name!r} in the table", field=name) from exc
-        if "position is not found but required for phrase" in str(exc):
-            raise InvalidInputError(
-                "a phrase query needs an INVERTED index with positions: create it with "
-                "await ds.create_scalar_index(column, 'INVERTED', with_position=True) "
-                "(drop_index the one without first)"
-            ) from exc
-        raise
-
-
 def search_text(
     view: LsmView,
     query: TextQuery,
@@ -332,24 +307,23 @@ def search_text(
     fetch = None if limit is None else limit + offset
     found: list[pa.Table] = []
     scratch = _unflushed_part(view, read, filter, settings)
-    with _engine_refusals():
-        if scratch is not None:
-            found.append(
-                scratch.scanner(
-                    columns=[*names, "_score"], full_text_query=query, limit=fetch
-                ).to_table()
-            )
-        block = hidden_blocklist(view)
+    if scratch is not None:
         found.append(
-            view.base.scanner(
-                columns=[*names, "_score"],
-                full_text_query=query,
-                filter=filter,
-                prefilter=True,
-                limit=fetch,
-                row_addr_blocklist=block,
+            scratch.scanner(
+                columns=[*names, "_score"], full_text_query=query, limit=fetch
             ).to_table()
         )
+    block = hidden_blocklist(view)
+    found.append(
+        view.base.scanner(
+            columns=[*names, "_score"],
+            full_text_query=query,
+            filter=filter,
+            prefilter=True,
+            limit=fetch,
+            row_addr_blocklist=block,
+        ).to_table()
+    )
     fields = [view.schema.field(c) for c in names] + [pa.field("_score", pa.float32())]
     schema = pa.schema(fields, metadata=view.schema.metadata)
     parts = [
